@@ -1,0 +1,92 @@
+"""Windows -> padded batches: dynamic padding, length grouping, token counts for throughput."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from qa_train.features import Features
+
+
+class WindowDataset(Dataset):
+    """Index -> one window as numpy slices; padding happens per batch in `Collator`."""
+
+    def __init__(self, features: Features, with_labels: bool) -> None:
+        self.f = features
+        self.with_labels = with_labels
+
+    def __len__(self) -> int:
+        return len(self.f)
+
+    def __getitem__(self, i: int) -> dict:
+        lo, hi = self.f.row_start[i], self.f.row_start[i + 1]
+        item = {"input_ids": self.f.input_ids[lo:hi], "token_type_ids": self.f.token_type_ids[lo:hi],
+                "feature_index": i}
+        if self.with_labels:
+            item["start_positions"] = self.f.start_positions[i]
+            item["end_positions"] = self.f.end_positions[i]
+        return item
+
+
+class Collator:
+    """Pad to the batch's longest window rounded up to `multiple` (tensor-core friendly), or to `max_length`."""
+
+    def __init__(self, pad_token_id: int, max_length: int, pad_to_max_length: bool, multiple: int = 8) -> None:
+        self.pad_token_id = pad_token_id
+        self.max_length = max_length
+        self.pad_to_max_length = pad_to_max_length
+        self.multiple = multiple
+
+    def width(self, longest: int) -> int:
+        if self.pad_to_max_length:
+            return self.max_length
+        return min(self.max_length, -(-longest // self.multiple) * self.multiple)
+
+    def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
+        lengths = np.fromiter((len(x["input_ids"]) for x in items), dtype=np.int64, count=len(items))
+        width = self.width(int(lengths.max()))
+        ids = np.full((len(items), width), self.pad_token_id, dtype=np.int64)
+        types = np.zeros((len(items), width), dtype=np.int64)
+        for row, x in enumerate(items):
+            ids[row, : lengths[row]] = x["input_ids"]
+            types[row, : lengths[row]] = x["token_type_ids"]
+        mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+        batch = {"input_ids": torch.from_numpy(ids), "token_type_ids": torch.from_numpy(types),
+                 "attention_mask": torch.from_numpy(mask),
+                 "feature_index": torch.tensor([x["feature_index"] for x in items], dtype=torch.long),
+                 # Counted here on the host so the train loop never syncs with the device for them.
+                 "num_tokens": torch.tensor([int(lengths.sum()), len(items) * width], dtype=torch.long)}
+        if "start_positions" in items[0]:
+            batch["start_positions"] = torch.tensor([int(x["start_positions"]) for x in items], dtype=torch.long)
+            batch["end_positions"] = torch.tensor([int(x["end_positions"]) for x in items], dtype=torch.long)
+        return batch
+
+
+class LengthGroupedSampler(Sampler[int]):
+    """Shuffled order in which each run of `group` windows is sorted by length, so batches pad little.
+
+    Deterministic in (seed, epoch) so a resumed run sees the same order; `set_epoch` is called
+    through accelerate's prepared dataloader.
+    """
+
+    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int, groups_per_mega: int = 50) -> None:
+        self.lengths = lengths
+        self.group = batch_size * groups_per_mega
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self) -> Iterator[int]:
+        rng = np.random.default_rng((self.seed, self.epoch))
+        order = rng.permutation(len(self.lengths))
+        chunks = [order[i: i + self.group] for i in range(0, len(order), self.group)]
+        sorted_chunks = [c[np.argsort(-self.lengths[c], kind="stable")] for c in chunks]
+        return iter(np.concatenate(sorted_chunks).tolist())

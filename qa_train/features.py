@@ -1,0 +1,202 @@
+"""Examples -> overlapping token windows ("features") with answer labels, cached on disk.
+
+Each unique context is tokenised once and windows are cut from its tokens, instead of
+re-tokenising the context with every one of its questions as `tokenizer(q, c, stride=...)` does:
+SQuAD has ~4.6 questions per context, so this is most of the featurisation time saved.
+Windows follow the tokenizer's overflow semantics: `max_ctx` context tokens each, consecutive
+windows sharing `doc_stride` tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from qa_train.data import Examples
+
+# As in the original BERT SQuAD recipe: a longer question is cut so the context keeps its room.
+MAX_QUERY_LENGTH = 64
+CACHE_VERSION = "1"
+
+
+@dataclass
+class PairTemplate:
+    """Where the special tokens go around (question, context) for this tokenizer's model family."""
+
+    prefix: np.ndarray
+    middle: np.ndarray
+    suffix: np.ndarray
+    type_question: int
+    type_context: int
+    cls_index: int
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> PairTemplate:
+        enc = tokenizer("q", "c", add_special_tokens=True)
+        seq = enc.sequence_ids()
+        ids = np.asarray(enc["input_ids"], dtype=np.int32)
+        q_pos = [i for i, s in enumerate(seq) if s == 0]
+        c_pos = [i for i, s in enumerate(seq) if s == 1]
+        types = enc.get("token_type_ids") or [0] * len(ids)
+        cls_id = tokenizer.cls_token_id
+        prefix = ids[: q_pos[0]]
+        return cls(
+            prefix=prefix, middle=ids[q_pos[-1] + 1: c_pos[0]], suffix=ids[c_pos[-1] + 1:],
+            type_question=types[q_pos[0]], type_context=types[c_pos[0]],
+            cls_index=int(np.flatnonzero(prefix == cls_id)[0]) if cls_id in prefix else 0,
+        )
+
+    @property
+    def num_special(self) -> int:
+        return len(self.prefix) + len(self.middle) + len(self.suffix)
+
+
+@dataclass
+class Features:
+    """Ragged windows in flat arrays: window i is input_ids[row_start[i]:row_start[i+1]]."""
+
+    input_ids: np.ndarray        # int32 [total_tokens]
+    token_type_ids: np.ndarray   # int8 [total_tokens]
+    row_start: np.ndarray        # int64 [F + 1]
+    example_index: np.ndarray    # int32 [F]
+    context_offset: np.ndarray   # int32 [F]: position of the window's first context token in the window
+    context_span: np.ndarray     # int32 [F, 2]: [first, end) context token indices of the window
+    start_positions: np.ndarray  # int32 [F]: cls_index when the answer is not wholly inside
+    end_positions: np.ndarray    # int32 [F]
+
+    def __len__(self) -> int:
+        return len(self.example_index)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.row_start)
+
+    def save(self, path: Path) -> None:
+        """Atomic: write a temporary file in the same folder, then rename."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
+        os.close(fd)
+        np.savez(tmp, **self.__dict__)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> Features:
+        with np.load(path) as z:
+            return cls(**{k: z[k] for k in z.files})
+
+
+def _char_to_token(offsets: np.ndarray, start_char: int, end_char: int) -> tuple[int, int]:
+    """First and last context tokens covering [start_char, end_char)."""
+    start = int(np.searchsorted(offsets[:, 0], start_char, side="right")) - 1
+    end = int(np.searchsorted(offsets[:, 1], end_char, side="left"))
+    return max(start, 0), min(end, len(offsets) - 1)
+
+
+def tokenize_contexts(tokenizer, contexts: list[str]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    enc = tokenizer(contexts, add_special_tokens=False, return_offsets_mapping=True,
+                    return_attention_mask=False, return_token_type_ids=False)
+    ids = [np.asarray(x, dtype=np.int32) for x in enc["input_ids"]]
+    offs = [np.asarray(x, dtype=np.int32).reshape(-1, 2) for x in enc["offset_mapping"]]
+    return ids, offs
+
+
+def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int) -> Features:
+    """Cut every question's context into windows; label the first gold answer (train and eval alike)."""
+    tpl = PairTemplate.from_tokenizer(tokenizer)
+    unique: dict[str, int] = {}
+    ctx_index = np.asarray([unique.setdefault(c, len(unique)) for c in examples.contexts], dtype=np.int64)
+    ctx_ids, ctx_offs = tokenize_contexts(tokenizer, list(unique))
+    q_ids = tokenizer([q.lstrip() for q in examples.questions], add_special_tokens=False,
+                      return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+
+    pieces: list[np.ndarray] = []
+    types: list[np.ndarray] = []
+    meta: list[tuple[int, int, int, int, int, int]] = []
+    for i, question in enumerate(q_ids):
+        q = np.asarray(question[:MAX_QUERY_LENGTH], dtype=np.int32)
+        c, off = ctx_ids[ctx_index[i]], ctx_offs[ctx_index[i]]
+        max_ctx = max_seq_length - len(q) - tpl.num_special
+        if max_ctx <= doc_stride:
+            raise ValueError(f"{examples.source}: question {examples.ids[i]}: --max_seq_length {max_seq_length} "
+                             f"leaves {max_ctx} context tokens per window, not more than --doc_stride {doc_stride}")
+        head = np.concatenate([tpl.prefix, q, tpl.middle])
+        head_types = np.full(len(head), tpl.type_question, dtype=np.int8)
+        tail_types = np.full(max_ctx + len(tpl.suffix), tpl.type_context, dtype=np.int8)
+        ans_tok = None
+        if examples.answer_texts[i]:
+            s_char = examples.answer_starts[i][0]
+            ans_tok = _char_to_token(off, s_char, s_char + len(examples.answer_texts[i][0]))
+        start = 0
+        while True:
+            end = min(start + max_ctx, len(c))
+            pieces.append(np.concatenate([head, c[start:end], tpl.suffix]))
+            types.append(np.concatenate([head_types, tail_types[: end - start + len(tpl.suffix)]]))
+            s_pos = e_pos = tpl.cls_index
+            if ans_tok is not None and start <= ans_tok[0] and ans_tok[1] < end:
+                s_pos, e_pos = len(head) + ans_tok[0] - start, len(head) + ans_tok[1] - start
+            meta.append((i, len(head), start, end, s_pos, e_pos))
+            if end >= len(c):
+                break
+            start += max_ctx - doc_stride
+    meta_arr = np.asarray(meta, dtype=np.int64).reshape(-1, 6)
+    lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
+    return Features(
+        input_ids=np.concatenate(pieces).astype(np.int32),
+        token_type_ids=np.concatenate(types),
+        row_start=np.concatenate([[0], np.cumsum(lengths)]),
+        example_index=meta_arr[:, 0].astype(np.int32),
+        context_offset=meta_arr[:, 1].astype(np.int32),
+        context_span=meta_arr[:, 2:4].astype(np.int32),
+        start_positions=meta_arr[:, 4].astype(np.int32),
+        end_positions=meta_arr[:, 5].astype(np.int32),
+    )
+
+
+def window_offsets(features: Features, examples: Examples, tokenizer, width: int) -> np.ndarray:
+    """[F, width, 2] character offsets of each window's context tokens; (-1, -1) elsewhere."""
+    unique = list(dict.fromkeys(examples.contexts))
+    position = {c: k for k, c in enumerate(unique)}
+    _, ctx_offs = tokenize_contexts(tokenizer, unique)
+    out = np.full((len(features), width, 2), -1, dtype=np.int32)
+    for f in range(len(features)):
+        off = ctx_offs[position[examples.contexts[features.example_index[f]]]]
+        first, end = features.context_span[f]
+        base = features.context_offset[f]
+        out[f, base: base + end - first] = off[first:end]
+    return out
+
+
+def cache_key(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int) -> str:
+    vocab = tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer") else str(len(tokenizer))
+    h = hashlib.sha256()
+    for part in (CACHE_VERSION, examples.fingerprint, str(len(examples)), hashlib.sha256(vocab.encode()).hexdigest(),
+                 str(max_seq_length), str(doc_stride)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:24]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("QA_TRAIN_CACHE", Path.home() / ".cache" / "qa_train")) / "features"
+
+
+def load_or_featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int,
+                      overwrite: bool = False) -> tuple[Features, bool]:
+    """Reuse cached windows when the data, tokenizer and window settings are the same; returns (features, hit)."""
+    path = cache_dir() / f"{cache_key(examples, tokenizer, max_seq_length, doc_stride)}.npz"
+    if path.is_file() and not overwrite:
+        try:
+            return Features.load(path), True
+        except (OSError, ValueError, KeyError):
+            pass  # a cache from an incompatible version: rebuild it
+    features = featurize(examples, tokenizer, max_seq_length, doc_stride)
+    try:
+        features.save(path)
+    except OSError:
+        pass  # a read-only cache folder only costs time
+    return features, False

@@ -1,0 +1,151 @@
+"""W&B, metrics.json, the per-step log and the end-of-run summary. Main process only.
+
+W&B is driven directly rather than through `Accelerator(log_with="wandb")` because a run must
+fall back to offline mode without credentials and a tracker failure must never stop training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("qa_train")
+
+
+def atomic_write_json(path: Path, payload: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def _has_wandb_credentials() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return "api.wandb.ai" in netrc.read_text() or bool(os.environ.get("WANDB_BASE_URL"))
+    except OSError:
+        return False
+
+
+class Tracker:
+    """Writes on the main process; every other rank gets a tracker that does nothing."""
+
+    def __init__(self, enabled: bool, output_dir: Path, use_wandb: bool) -> None:
+        self.enabled = enabled
+        self.output_dir = output_dir
+        self.run = None
+        self.use_wandb = enabled and use_wandb
+        self.step_log = output_dir / "train_log.jsonl"
+
+    def start(self, project: str, name: str | None, config: dict[str, Any], resuming: bool) -> None:
+        if not self.enabled:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        if not resuming and self.step_log.exists():
+            self.step_log.unlink()
+        if not self.use_wandb:
+            return
+        # Without credentials wandb.init raises in a non-interactive job; offline runs sync later.
+        mode = os.environ.get("WANDB_MODE") or ("online" if _has_wandb_credentials() else "offline")
+        try:
+            import wandb
+
+            self.run = wandb.init(project=project, name=name, config=config, mode=mode,
+                                  dir=str(self.output_dir), group=os.environ.get("WANDB_RUN_GROUP"),
+                                  resume="allow" if resuming else None,
+                                  id=os.environ.get("WANDB_RUN_ID"))
+            log.info("W&B run %s (mode=%s)", getattr(self.run, "name", "?"), mode)
+        except Exception as err:  # noqa: BLE001 - any tracker failure must leave training running
+            warnings.warn(f"W&B disabled: wandb.init failed: {err}", stacklevel=2)
+            self.run = None
+
+    def _wandb(self, fn: str, *args: Any, **kwargs: Any) -> None:
+        if self.run is None:
+            return
+        try:
+            getattr(self.run, fn)(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001
+            warnings.warn(f"W&B {fn} failed, continuing without it: {err}", stacklevel=2)
+            self.run = None
+
+    def log_step(self, step: int, values: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        with self.step_log.open("a") as f:
+            f.write(json.dumps({"step": step, **values}) + "\n")
+        self._wandb("log", values, step=step)
+
+    def finish(self, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        atomic_write_json(self.output_dir / "metrics.json", metrics)
+        summary = {k: v for k, v in _flatten(metrics).items() if not k.startswith("args/")}
+        if self.run is not None:
+            try:
+                self.run.summary.update(summary)
+            except Exception as err:  # noqa: BLE001
+                warnings.warn(f"W&B summary failed: {err}", stacklevel=2)
+            self._wandb("finish")
+
+
+    def close(self) -> None:
+        self._wandb("finish")
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{name}/"))
+        elif not isinstance(value, list):
+            out[name] = value
+    return out
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.2f}{unit}"
+    return f"{value}{unit}"
+
+
+def summary_table(m: dict[str, Any]) -> str:
+    """One screen: what a user compares strategies by."""
+    mem = m.get("peak_memory_gb") or {}
+    rss = m.get("peak_host_rss_gb") or {}
+    before = ""
+    if m.get("initial_exact_match") is not None:
+        before = f"  (untrained: EM {_fmt(m['initial_exact_match'])}, F1 {_fmt(m['initial_f1'])})"
+    rows = [
+        ("strategy", f"{m['strategy']} (zero_stage={m['zero_stage']}, offload={m['offload']}), "
+                     f"world_size={m['world_size']}, {m['mixed_precision']}"),
+        ("exact match / F1", f"{_fmt(m.get('exact_match'))} / {_fmt(m.get('f1'))}{before}"),
+        ("train steps", f"{m['train_steps']} x global batch {m['global_batch_size']} "
+                        f"({m['num_train_features']} windows of {m['max_seq_length']} max)"),
+        ("throughput", f"{_fmt(m.get('train_samples_per_second'))} samples/s, "
+                       f"{_fmt(m.get('train_tokens_per_second'))} tokens/s "
+                       f"({_fmt(m.get('train_padded_tokens_per_second'))} padded)"),
+        ("step time", f"{_fmt(m.get('train_step_time_s_mean'), ' s')}, MFU {_fmt(m.get('mfu'))}"),
+        ("peak memory", f"max {_fmt(mem.get('max'), ' GB')} / mean {_fmt(mem.get('mean'), ' GB')} per rank "
+                        f"[{m.get('peak_memory_source')}]"),
+        ("peak host RSS", f"max {_fmt(rss.get('max'), ' GB')} per rank (lifetime)"),
+        ("runtime", f"{_fmt(m.get('train_runtime_s'), ' s')} training, {_fmt(m.get('total_runtime_s'), ' s')} total"),
+        ("output", str(m.get("output_dir"))),
+    ]
+    width = max(len(k) for k, _ in rows)
+    line = "-" * (width + 60)
+    return "\n".join([line, *(f"{k:<{width}}  {v}" for k, v in rows), line])
