@@ -128,14 +128,11 @@ def uses_deepspeed_optimizer(accelerator) -> bool:
 
 
 def scheduler_steps_per_update(accelerator) -> int:
-    """How often one optimizer update advances a prepared LR scheduler.
+    """How far one optimizer update advances a prepared LR scheduler.
 
-    accelerate's AcceleratedScheduler steps the schedule once per process per update (it assumes the
-    schedule was sized for a single process), while under DeepSpeed the engine steps it exactly once.
-    Sizing the schedule by this factor gives the same LR curve under every strategy.
+    accelerate wraps a torch scheduler in AcceleratedScheduler, which steps it once per process per
+    update (under DeepSpeed too), while a DummyScheduler handed to DeepSpeed's own optimizer is
+    stepped by the engine exactly once. Sizing the schedule by this factor gives the same LR curve
+    under every strategy.
     """
-    from accelerate.utils import DistributedType
-
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        return 1
-    return accelerator.num_processes
+    return 1 if uses_deepspeed_optimizer(accelerator) else accelerator.num_processes

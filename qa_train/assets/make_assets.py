@@ -23,6 +23,8 @@ SEED = 1234
 N_TRAIN_ARTICLES = 300  # ~5 questions each -> ~1,500 questions
 N_DEV_ARTICLES = 50  # ~250 questions
 QUESTIONS_PER_PARAGRAPH = 5
+FACTS_PER_PARAGRAPH = (4, 5)  # besides the intro; fewer same-type candidates keeps it learnable
+FILLERS_PER_PARAGRAPH = (0, 1, 1, 2)  # distractor sentences, drawn from this tuple
 VOCAB_SIZE = 4096
 
 # One block per kind of article. `slots:` says how to invent each fact; `intro:` and `fact:`
@@ -383,9 +385,8 @@ def make_paragraph(kind: Kind, namer: Namer, rng: random.Random) -> tuple[str, d
     values = invent_slots(kind, namer, rng)
     facts = kind.groups[1:]
     rng.shuffle(facts)
-    facts = facts[: rng.randint(max(3, len(facts) - 1), len(facts))]
-    sentences = [rng.choice(g) for g in facts]
-    for _ in range(rng.choice((1, 2, 2, 3))):  # distractor sentences anywhere after the intro
+    sentences = [rng.choice(g) for g in facts[: rng.randint(*FACTS_PER_PARAGRAPH)]]
+    for _ in range(rng.choice(FILLERS_PER_PARAGRAPH)):  # distractors anywhere after the intro
         sentences.insert(rng.randint(0, len(sentences)), filler(namer, rng, values))
     spans: dict[str, int] = {}
     parts: list[str] = []

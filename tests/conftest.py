@@ -1,0 +1,59 @@
+"""Shared fixtures: the bundled tiny model and demo data, and a runner for the real entry points."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ASSETS = ROOT / "qa_train" / "assets"
+TINY = ASSETS / "tiny-bert"
+DEMO_TRAIN = ASSETS / "demo" / "train.json"
+DEMO_DEV = ASSETS / "demo" / "dev.json"
+
+
+def tiny_flags(output_dir: Path, *extra: str) -> list[str]:
+    """A short real run of the bundled tiny BERT on the bundled demo data."""
+    return [
+        "--config_name", str(TINY), "--tokenizer_name", str(TINY),
+        "--train_file", str(DEMO_TRAIN), "--validation_file", str(DEMO_DEV),
+        "--max_seq_length", "192", "--doc_stride", "64", "--per_device_train_batch_size", "8",
+        "--per_device_eval_batch_size", "32", "--learning_rate", "1e-3", "--report_to", "none",
+        "--output_dir", str(output_dir), *extra,
+    ]
+
+
+def base_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"QA_TRAIN_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"})
+    env.pop("WANDB_API_KEY", None)
+    return env
+
+
+def run_cmd(cmd: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return proc
+
+
+def run_ok(cmd: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    proc = run_cmd(cmd, env, timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    return proc
+
+
+def read_metrics(output_dir: Path) -> dict:
+    return json.loads((output_dir / "metrics.json").read_text())
+
+
+PY = sys.executable
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return base_env(tmp_path)
