@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +18,16 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 DEMO_MODEL_DIR = ASSETS / "tiny-bert"
 DEMO_TRAIN_FILE = ASSETS / "demo" / "train.json"
 DEMO_VALIDATION_FILE = ASSETS / "demo" / "dev.json"
+
+# `--offline_demo`: the bundled tiny BERT and demo data, sized for about a minute on two CPU cores.
+# Explicit flags still override these.
+DEMO_DEFAULTS: dict[str, Any] = {
+    "config_name": str(DEMO_MODEL_DIR), "tokenizer_name": str(DEMO_MODEL_DIR),
+    "train_file": str(DEMO_TRAIN_FILE), "validation_file": str(DEMO_VALIDATION_FILE),
+    "max_seq_length": 256, "doc_stride": 64, "per_device_train_batch_size": 16, "learning_rate": 1e-3,
+    "weight_decay": 0.01, "warmup_ratio": 0.1, "num_train_epochs": 6.0, "logging_steps": 20,
+    "eval_before_training": True,
+}
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 
@@ -226,7 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> TrainArgs:
     """Parse and validate; argparse exits with code 2 on unknown flags, ConfigError is raised on bad values."""
-    namespace = build_parser().parse_args(argv)
+    parser = build_parser()
+    parser.add_argument("--offline_demo", action="store_true",
+                        help="Train the bundled tiny BERT on the bundled demo data (no network needed).")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--offline_demo" in argv:
+        parser.set_defaults(**DEMO_DEFAULTS)
+    namespace = parser.parse_args(argv)
+    del namespace.offline_demo
     if namespace.run_name is None:
         namespace.run_name = os.environ.get("QA_TRAIN_RUN_NAME") or Path(namespace.output_dir).name
     return TrainArgs(**vars(namespace))

@@ -26,6 +26,8 @@ from qa_train.tracking import Tracker
 
 log = logging.getLogger("qa_train")
 PREEMPT_FILE = "PREEMPT"
+# Test hook: slows each step so a test can kill or signal a run part-way; never set in real runs.
+STEP_DELAY_S = float(os.environ.get("QA_TRAIN_TEST_STEP_DELAY_S", "0"))
 
 
 def resolve_mixed_precision(flag: str) -> str:
@@ -99,7 +101,10 @@ def make_loaders(args: TrainArgs, data: Data, tokenizer, on_cuda: bool) -> tuple
     train_set = WindowDataset(data.train_features, with_labels=True)
     sampler = (LengthGroupedSampler(data.train_features.lengths, args.per_device_train_batch_size, args.seed)
                if args.group_by_length else RandomSampler(train_set))
-    train = DataLoader(train_set, batch_size=args.per_device_train_batch_size, sampler=sampler, **common)
+    # An own generator: otherwise every new iterator draws a seed from the global RNG, and a resumed
+    # run (which makes one more iterator after restoring RNG state) would see different dropout.
+    train = DataLoader(train_set, batch_size=args.per_device_train_batch_size, sampler=sampler,
+                       generator=torch.Generator().manual_seed(args.seed), **common)
     evaluation = None
     if data.eval_features is not None:
         eval_set = WindowDataset(data.eval_features, with_labels=False)
@@ -188,8 +193,8 @@ def fit(accelerator, args: TrainArgs, model, optimizer, scheduler, train_dl, pla
     t0 = time.perf_counter()
     model.train()
     while state.completed_steps < plan.total_steps:
-        train_dl.set_epoch(state.epoch)
         loader = accelerator.skip_first_batches(train_dl, state.batches_in_epoch) if state.batches_in_epoch else train_dl
+        loader.set_epoch(state.epoch)  # the shuffle of epoch e is a function of (seed, e) alone
         for batch in loader:
             real, padded = batch.pop("num_tokens")
             batch.pop("feature_index")
@@ -210,6 +215,8 @@ def fit(accelerator, args: TrainArgs, model, optimizer, scheduler, train_dl, pla
                 continue
             state.completed_steps += 1
             meter.optimizer_step(sync)
+            if STEP_DELAY_S:
+                time.sleep(STEP_DELAY_S)
             if state.completed_steps % args.logging_steps == 0 or state.completed_steps == plan.total_steps:
                 loss_mean, stop_now = _reduce_log(accelerator, running, micro, stop.requested())
                 result.last_loss = loss_mean

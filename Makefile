@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make demo` trains on the bundled offline data, `make test` runs the tests.
+# Both create .venv and install what is missing first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A CPU build of torch is installed first so nothing pulls the CUDA wheels; on a GPU machine use
+# `make install TORCH_SPEC=torch` (or install torch yourself first).
+TORCH_SPEC ?= torch==2.13.0
+DEMO_DIR ?= runs/demo
+
+.PHONY: install demo test bench-data clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: install
+	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(PY) -m qa_train --offline_demo --output_dir $(DEMO_DIR)
+
+test: install
+	$(PY) -m pytest -q
+
+bench-data: install
+	$(PY) -m qa_train.bench_data
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

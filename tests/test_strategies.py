@@ -1,0 +1,126 @@
+"""Every strategy by swapping the config file: two CPU processes through the real launcher.
+
+DDP is the reference: with the same seed, data order and fp32 math, ZeRO stages (and offload)
+must follow its LR schedule exactly and its loss curve to rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import PY, ROOT, base_env, read_metrics, run_ok, tiny_flags
+
+pytestmark = pytest.mark.distributed
+STEPS = 8
+PORTS = iter(range(29620, 29700))
+
+
+def launch_cmd(config: str, out: Path, *extra: str) -> list[str]:
+    return [PY, "-m", "qa_train.launch", "--cpu", "--config_file", f"accelerate_configs/{config}.yaml",
+            "--num_processes", "2", "--main_process_port", str(next(PORTS)), "--",
+            *tiny_flags(out, "--max_train_steps", str(STEPS), "--logging_steps", "1", "--no_eval",
+                        "--checkpointing_steps", "4", *extra)]
+
+
+def step_log(out: Path) -> dict[int, dict]:
+    """Last entry per step: a resumed run re-logs the steps after its checkpoint."""
+    entries = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    return {e["step"]: e for e in entries}
+
+
+def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """Weights as the strategy itself stored them, consolidated independently of our export."""
+    if (checkpoint / "model.safetensors").is_file():
+        return load_file(checkpoint / "model.safetensors")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag="pytorch_model")
+
+
+def assert_export_is_trained(out: Path) -> None:
+    exported = load_file(out / "final" / "model.safetensors")
+    reference = trained_weights(out / "checkpoints" / f"step_{STEPS:08d}")
+    assert set(exported) <= set(reference) and "qa_outputs.weight" in exported
+    for name, tensor in exported.items():
+        assert tensor.numel() > 0 and tensor.shape == reference[name].shape, name
+        torch.testing.assert_close(tensor.float(), reference[name].float(), rtol=0, atol=0, msg=name)
+    assert any(t.abs().sum() > 0 for t in exported.values())
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("ddp")
+    out = tmp / "run"
+    run_ok(launch_cmd("ddp", out), base_env(tmp))
+    return out
+
+
+def test_ddp_reference_run(ddp_run: Path) -> None:
+    m = read_metrics(ddp_run)
+    assert (m["world_size"], m["strategy"], m["zero_stage"], m["offload"]) == (2, "ddp", None, "none")
+    assert m["train_loss_per_rank"][0] == m["train_loss_per_rank"][1]
+    assert sorted(step_log(ddp_run)) == list(range(1, STEPS + 1))
+    assert_export_is_trained(ddp_run)
+
+
+@pytest.mark.parametrize(
+    ("config", "stage", "offload"),
+    [("zero1", 1, "none"), ("zero2", 2, "none"), ("zero3", 3, "none"),
+     ("zero2_offload", 2, "optimizer"), ("zero3_offload", 3, "optimizer+params")],
+)
+def test_zero_matches_ddp(config: str, stage: int, offload: str, ddp_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / config
+    run_ok(launch_cmd(config, out), base_env(tmp_path))
+    m = read_metrics(out)
+    assert (m["world_size"], m["strategy"], m["zero_stage"], m["offload"]) == (2, f"zero{stage}", stage, offload)
+    assert m["train_loss_per_rank"][0] == m["train_loss_per_rank"][1]
+    ours, ref = step_log(out), step_log(ddp_run)
+    assert sorted(ours) == sorted(ref)
+    for step in ref:
+        assert ours[step]["train/lr"] == ref[step]["train/lr"], f"LR differs at step {step}"
+        assert ours[step]["train/loss"] == pytest.approx(ref[step]["train/loss"], rel=1e-4), f"loss at step {step}"
+    assert_export_is_trained(out)
+
+
+def _kill_after_checkpoint(cmd: list[str], env: dict[str, str], out: Path) -> None:
+    env = {**env, "QA_TRAIN_TEST_STEP_DELAY_S": "0.7"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 400
+    try:
+        while not (out / "checkpoints" / "step_00000004" / "trainer_state.json").exists():
+            assert proc.poll() is None, "run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.2)
+        time.sleep(1.0)  # let it train on past the checkpoint, so the resume must redo steps
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank, no chance to clean up
+        proc.wait()
+    assert not (out / "metrics.json").exists()
+
+
+@pytest.mark.parametrize(("config", "tol"), [("ddp", 0.0), ("zero2", 1e-5)])
+def test_kill_and_resume_matches_uninterrupted(config: str, tol: float, ddp_run: Path, tmp_path: Path) -> None:
+    env = base_env(tmp_path)
+    out = tmp_path / "killed"
+    cmd = launch_cmd(config, out)
+    _kill_after_checkpoint(cmd, env, out)
+    run_ok([*cmd, "--resume_from_checkpoint", "latest"], env)
+    ours, ref = step_log(out), step_log(ddp_run)
+    assert sorted(ours) == list(range(1, STEPS + 1))
+    for step in ref:
+        assert ours[step]["train/lr"] == ref[step]["train/lr"], f"LR differs at step {step}"
+        assert ours[step]["train/loss"] == pytest.approx(ref[step]["train/loss"], rel=tol, abs=tol)
+    resumed = load_file(out / "final" / "model.safetensors")
+    uninterrupted = load_file(ddp_run / "final" / "model.safetensors")
+    for name, tensor in uninterrupted.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=tol, atol=tol, msg=name)
