@@ -169,6 +169,11 @@ class StopRequest:
     def requested(self) -> bool:
         return self.flag or self.file.exists()
 
+    def clear(self, is_main: bool) -> None:
+        """The request is spent once its checkpoint exists; a resumed run must not stop at once."""
+        if is_main:
+            self.file.unlink(missing_ok=True)
+
 
 @dataclass
 class Fit:
@@ -227,6 +232,7 @@ def fit(accelerator, args: TrainArgs, model, optimizer, scheduler, train_dl, pla
                                                           "train/epoch": state.epoch})
                 if stop_now:
                     checkpoint.save_checkpoint(accelerator, args.output_dir, state, args.save_total_limit)
+                    stop.clear(accelerator.is_main_process)
                     result.preempted = True
                     break
             if isinstance(every, int) and state.completed_steps % every == 0:

@@ -1,0 +1,218 @@
+"""Benchmark strategies: the same flags and step count under each accelerate config, then one report.
+
+    python -m qa_train.bench [--configs single ddp zero2 ...] [--num_processes 2] [--cpu]
+                             [--output_dir runs/bench] [--max_train_steps 30] [-- qa_train flags]
+    python -m qa_train.bench --ablation [...]     # padding / length grouping on and off, one process
+
+Runs go one at a time through `python -m qa_train.launch` (so every rank has the machine to itself),
+each into OUTPUT_DIR/<run name> with its log in launch.log there. A failed run is reported and the
+others still run; the exit status is 1 if any failed. Without model/data flags after `--`, the
+bundled tiny BERT and demo data are used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from qa_train import report
+from qa_train.config import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
+# Runs that need devices this machine lacks are skipped with the reason printed.
+CPU_UNSUPPORTED = {"fsdp": "accelerate does not apply FSDP on CPU (qa_train.launch refuses it); run it on GPUs"}
+# (flags that replace it, default flags): a default model or dataset is dropped as a whole as soon
+# as the user names any model or dataset flag, so `-- --model_name_or_path bert-base-uncased` is enough.
+DEFAULT_GROUPS: list[tuple[set[str], list[str]]] = [
+    ({"model_name_or_path", "config_name", "tokenizer_name"},
+     ["--config_name", str(DEMO_MODEL_DIR), "--tokenizer_name", str(DEMO_MODEL_DIR)]),
+    ({"dataset_name", "dataset_config_name", "train_file", "validation_file"},
+     ["--train_file", str(DEMO_TRAIN_FILE), "--validation_file", str(DEMO_VALIDATION_FILE)]),
+]
+# Sized like tests/conftest.py's tiny_flags; later flags win, so anything after `--` overrides these.
+DEFAULT_FLAGS = ["--max_seq_length", "192", "--doc_stride", "64", "--per_device_train_batch_size", "8",
+                 "--per_device_eval_batch_size", "32", "--learning_rate", "1e-3", "--report_to", "none",
+                 "--save_final_model", "false", "--logging_steps", "10"]
+LOG_TAIL_LINES = 25
+
+
+@dataclass
+class Plan:
+    """One benchmark run: its name, config, process count and the flags peculiar to it."""
+
+    name: str
+    config: str
+    processes: int
+    extra: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    plan: Plan
+    run_dir: Path
+    log: Path
+    returncode: int
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and (self.run_dir / "metrics.json").is_file()
+
+
+def available_configs() -> list[str]:
+    """Every accelerate config, the single-process baseline first."""
+    names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    return sorted(names, key=lambda n: n != "single")
+
+
+def model_and_data_defaults(user_flags: list[str]) -> list[str]:
+    given = {f[2:].split("=")[0] for f in user_flags if f.startswith("--")}
+    return [flag for names, defaults in DEFAULT_GROUPS if not given & names for flag in defaults]
+
+
+def last_value(flags: list[str], name: str, default: str) -> str:
+    """The value argparse will end up with for `--name` (last occurrence wins)."""
+    value = default
+    for i, flag in enumerate(flags):
+        if flag == f"--{name}" and i + 1 < len(flags):
+            value = flags[i + 1]
+        elif flag.startswith(f"--{name}="):
+            value = flag.split("=", 1)[1]
+    return value
+
+
+def strategy_plans(configs: list[str], processes: int, on_cpu: bool) -> list[Plan]:
+    plans = []
+    for name in configs:
+        if not (CONFIG_DIR / f"{name}.yaml").is_file():
+            raise SystemExit(f"qa_train.bench: error: --configs {name}: no {CONFIG_DIR / name}.yaml "
+                             f"(have: {', '.join(available_configs())})")
+        if on_cpu and name in CPU_UNSUPPORTED:
+            print(f"skipping {name}: {CPU_UNSUPPORTED[name]}", flush=True)
+            continue
+        plans.append(Plan(name, name, 1 if name == "single" else processes))
+    return plans
+
+
+def ablation_plans(train_flags: list[str]) -> list[Plan]:
+    """Speed features on and off under one process: fixed-length padding, dynamic padding, length grouping."""
+    seq = last_value(train_flags, "max_seq_length", "384")
+    return [Plan(f"single-pad{seq}", "single", 1, ["--pad_to_max_length", "true", "--group_by_length", "false"]),
+            Plan("single-dynamic", "single", 1, ["--pad_to_max_length", "false", "--group_by_length", "false"]),
+            Plan("single-grouped", "single", 1, ["--pad_to_max_length", "false", "--group_by_length", "true"])]
+
+
+def free_port(taken: set[int]) -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            taken.add(port)
+            return port
+
+
+def run_one(plan: Plan, opts: argparse.Namespace, train_flags: list[str], port: int) -> Outcome:
+    run_dir = (Path(opts.output_dir) / plan.name).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.json").unlink(missing_ok=True)  # a stale file must not pass for this run's result
+    cmd = [sys.executable, "-m", "qa_train.launch", *(["--cpu"] if opts.cpu else []),
+           "--config_file", str(CONFIG_DIR / f"{plan.config}.yaml"), "--num_processes", str(plan.processes),
+           "--main_process_port", str(port), "--", *train_flags, *plan.extra,
+           "--max_train_steps", str(opts.max_train_steps), "--output_dir", str(run_dir), "--run_name", plan.name]
+    log = run_dir / "launch.log"
+    print(f"[bench] {plan.name}: {plan.config} x {plan.processes} process(es), log {log}", flush=True)
+    with log.open("w") as f:
+        f.write("+ " + " ".join(cmd) + "\n")
+        f.flush()
+        code = _run_logged(cmd, f, opts.timeout_s)
+    return Outcome(plan, run_dir, log, code)
+
+
+def _run_logged(cmd: list[str], log: IO[str], timeout_s: float) -> int:
+    # From the repo root: the configs name their DeepSpeed JSON relative to it. Own session, so a
+    # timeout takes down the launcher and every rank it started.
+    proc = subprocess.Popen(cmd, cwd=CONFIG_DIR.parent, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.write(f"\n[bench] killed after {timeout_s} s\n")
+        return 124
+    except BaseException:  # Ctrl-C: the ranks are in their own session and would not see it
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
+def describe_failure(outcome: Outcome) -> str:
+    lines = outcome.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    why = f"exit {outcome.returncode}" if outcome.returncode else "exit 0 but no metrics.json"
+    tail = "\n".join(f"    {line}" for line in lines)
+    return f"[bench] FAILED {outcome.plan.name} ({why}); log {outcome.log}, last lines:\n{tail}"
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    cut = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser(prog="python -m qa_train.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", nargs="+", default=None,
+                   help="Config names from accelerate_configs/ (default: all that can run here).")
+    p.add_argument("--num_processes", type=int, default=None,
+                   help="Processes for multi-process configs (default: 2 on CPU, every visible GPU).")
+    p.add_argument("--cpu", action="store_true", help="Run on CPU processes (default when no GPU is visible).")
+    p.add_argument("--output_dir", default="runs/bench", help="One sub-directory per run, plus report/.")
+    p.add_argument("--max_train_steps", type=int, default=30, help="Optimizer steps per run.")
+    p.add_argument("--ablation", action="store_true",
+                   help="Instead of strategies: padding to max length vs dynamic vs length-grouped, one process.")
+    p.add_argument("--timeout_s", type=float, default=3600, help="Per-run wall-clock limit.")
+    p.add_argument("--wandb", action="store_true", help="Also log the report to W&B.")
+    opts = p.parse_args(argv[:cut])
+    if opts.ablation and opts.configs:
+        p.error("--ablation runs the single config only; drop --configs")
+    if opts.max_train_steps <= 0:
+        p.error(f"--max_train_steps must be positive, got {opts.max_train_steps}")
+    return opts, argv[cut + 1:]
+
+
+def resolve_device(opts: argparse.Namespace) -> None:
+    import torch
+
+    if not opts.cpu and not torch.cuda.is_available():
+        print("[bench] no GPU visible: running on CPU processes", flush=True)
+        opts.cpu = True
+    if opts.num_processes is None:
+        opts.num_processes = 2 if opts.cpu else torch.cuda.device_count()
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts, user_flags = parse(sys.argv[1:] if argv is None else argv)
+    resolve_device(opts)
+    train_flags = [*model_and_data_defaults(user_flags), *DEFAULT_FLAGS, *user_flags]
+    plans = (ablation_plans(train_flags) if opts.ablation
+             else strategy_plans(opts.configs or available_configs(), opts.num_processes, opts.cpu))
+    ports: set[int] = set()
+    outcomes = [run_one(plan, opts, train_flags, free_port(ports)) for plan in plans]
+    failed = [o for o in outcomes if not o.ok]
+    for outcome in failed:
+        print(describe_failure(outcome), file=sys.stderr, flush=True)
+    done = [o.run_dir for o in outcomes if o.ok]
+    if done:
+        out = Path(opts.output_dir) / "report"
+        rows, _ = report.build_report(done, out, wandb_project="qa-train" if opts.wandb else None)
+        print(report.markdown_table(rows))
+        print(f"\n[bench] report: {out / 'report.md'}")
+    print(f"[bench] {len(done)} of {len(outcomes)} runs finished"
+          + (f"; failed: {', '.join(o.plan.name for o in failed)}" if failed else ""), flush=True)
+    return 1 if failed or not outcomes else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""slurm/train.sbatch on a fake 2-node cluster: real launch, real ranks, on loopback.
+
+tests/fake_slurm puts `sbatch`, `srun` and `scontrol` first on PATH; each "node" is a process
+with the variables a real cluster sets (SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NODELIST, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import PY, base_env, read_metrics, run_ok, tiny_flags
+
+pytestmark = pytest.mark.distributed
+FAKE = Path(__file__).resolve().parent / "fake_slurm"
+
+
+def cluster_env(tmp_path: Path, job_id: str, config: str, port: int) -> dict[str, str]:
+    env = base_env(tmp_path)
+    env.update({
+        "PATH": f"{FAKE}:{Path(PY).parent}:{env['PATH']}", "FAKE_SLURM_DIR": str(tmp_path / "slurm-state"),
+        "FAKE_SLURM_JOB_ID": job_id, "FAKE_SLURM_PYTHON": PY, "QA_TRAIN_CPU": "1", "PROCS_PER_NODE": "1",
+        "CONFIG": f"accelerate_configs/{config}.yaml", "OUTPUT_DIR": str(tmp_path / "out"),
+        "LOG_DIR": str(tmp_path / "logs"), "MAIN_PORT": str(port), "CHECKPOINTING_STEPS": "4",
+        "OMP_NUM_THREADS": "1",  # two "nodes" share two cores
+    })
+    return env
+
+
+def train_flags(steps: int) -> list[str]:
+    flags = tiny_flags(Path("unused"), "--max_train_steps", str(steps), "--logging_steps", "1", "--no_eval")
+    i = flags.index("--output_dir")
+    return flags[:i] + flags[i + 2:]  # the batch script sets --output_dir from OUTPUT_DIR
+
+
+@pytest.mark.parametrize(("config", "strategy", "port"), [("ddp", "ddp", 29721), ("zero2", "zero2", 29722)])
+def test_two_nodes_form_one_world(config: str, strategy: str, port: int, tmp_path: Path) -> None:
+    env = cluster_env(tmp_path, f"71{port % 100}", config, port)
+    proc = run_ok(["sbatch", "--nodes", "2", "slurm/train.sbatch", *train_flags(6)], env)
+    assert "2 nodes x 1 = 2 processes" in proc.stdout
+    m = read_metrics(tmp_path / "out")
+    assert (m["world_size"], m["strategy"], m["train_steps"]) == (2, strategy, 6)
+    assert m["train_loss_per_rank"][0] == m["train_loss_per_rank"][1]
+    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert logs == ["node0.log", "node1.log"]
+    # Each node launched with its own rank: a rank read once on the submit host would give two rank-0s.
+    node1 = (tmp_path / "logs" / "node1.log").read_text()
+    assert "--machine_rank 1" in node1 or "--node_rank 1" in node1
+
+
+def test_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:
+    env = cluster_env(tmp_path, "7301", "ddp", 29731)
+    env.update({"FAKE_SLURM_SIGNAL_AFTER": "25", "QA_TRAIN_TEST_STEP_DELAY_S": "1.0"})
+    proc = run_ok(["sbatch", "--nodes", "2", "slurm/train.sbatch", *train_flags(40)], env, timeout=900)
+    assert "warning signal" in proc.stdout and "job requeued" in proc.stdout
+    assert "start 1" in proc.stdout  # the fake scheduler ran the requeued job
+    node0 = (tmp_path / "logs" / "node0.log").read_text()
+    assert "stop requested: checkpoint saved at step" in node0
+    stopped_at = int(node0.split("stop requested: checkpoint saved at step ")[1].split(";")[0])
+    assert 0 < stopped_at < 40
+    assert f"resumed from {tmp_path / 'out'}/checkpoints/step_{stopped_at:08d}" in node0
+    m = read_metrics(tmp_path / "out")
+    assert (m["world_size"], m["train_steps"]) == (2, 40)
+    steps = {json.loads(x)["step"] for x in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()}
+    assert steps == set(range(1, 41))
+    assert not (tmp_path / "out" / "PREEMPT").exists()
