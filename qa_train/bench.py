@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import yaml
+
 from qa_train import report
 from qa_train.config import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
 
@@ -96,8 +98,13 @@ def strategy_plans(configs: list[str], processes: int, on_cpu: bool) -> list[Pla
         if on_cpu and name in CPU_UNSUPPORTED:
             print(f"skipping {name}: {CPU_UNSUPPORTED[name]}", flush=True)
             continue
-        plans.append(Plan(name, name, 1 if name == "single" else processes))
+        plans.append(Plan(name, name, 1 if is_single_process(name) else processes))
     return plans
+
+
+def is_single_process(config: str) -> bool:
+    cfg = yaml.safe_load((CONFIG_DIR / f"{config}.yaml").read_text()) or {}
+    return str(cfg.get("distributed_type", "NO")) == "NO"
 
 
 def ablation_plans(train_flags: list[str]) -> list[Plan]:
@@ -126,19 +133,30 @@ def run_one(plan: Plan, opts: argparse.Namespace, train_flags: list[str], port: 
            "--config_file", str(CONFIG_DIR / f"{plan.config}.yaml"), "--num_processes", str(plan.processes),
            "--main_process_port", str(port), "--", *train_flags, *plan.extra,
            "--max_train_steps", str(opts.max_train_steps), "--output_dir", str(run_dir), "--run_name", plan.name]
-    log = run_dir / "launch.log"
-    print(f"[bench] {plan.name}: {plan.config} x {plan.processes} process(es), log {log}", flush=True)
+    log, env = run_dir / "launch.log", thread_env(plan.processes, opts.cpu)
+    threads = f", {env['OMP_NUM_THREADS']} thread(s) each" if opts.cpu else ""
+    print(f"[bench] {plan.name}: {plan.config} x {plan.processes} process(es){threads}, log {log}", flush=True)
     with log.open("w") as f:
         f.write("+ " + " ".join(cmd) + "\n")
         f.flush()
-        code = _run_logged(cmd, f, opts.timeout_s)
+        code = _run_logged(cmd, env, f, opts.timeout_s)
     return Outcome(plan, run_dir, log, code)
 
 
-def _run_logged(cmd: list[str], log: IO[str], timeout_s: float) -> int:
+def thread_env(processes: int, on_cpu: bool) -> dict[str, str]:
+    """On CPU, split the cores evenly between ranks for every config. torchrun would give each DDP
+    rank 1 thread while a lone process takes every core; unequal splits skew the comparison, and an
+    OMP_NUM_THREADS the user set is kept as is."""
+    env = dict(os.environ)
+    if on_cpu and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // processes))
+    return env
+
+
+def _run_logged(cmd: list[str], env: dict[str, str], log: IO[str], timeout_s: float) -> int:
     # From the repo root: the configs name their DeepSpeed JSON relative to it. Own session, so a
     # timeout takes down the launcher and every rank it started.
-    proc = subprocess.Popen(cmd, cwd=CONFIG_DIR.parent, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=CONFIG_DIR.parent, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
         return proc.wait(timeout=timeout_s)

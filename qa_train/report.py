@@ -181,6 +181,7 @@ def throughput_figure(rows: list[Row]) -> Figure:
     ax = fig.add_subplot()
     bars = ax.bar(bar_labels(rows), [r.samples_per_s or 0.0 for r in rows], label="samples/s", color="tab:blue")
     ax.bar_label(bars, fmt="%.1f")
+    ax.margins(y=0.1)
     ax.set_ylabel("training samples / s (all ranks)")
     ax.set_title("Throughput by strategy")
     return fig
@@ -198,6 +199,7 @@ def memory_figure(rows: list[Row]) -> Figure:
     bars = ax.bar([i + width / 2 for i in x], host, width, label=HOST_SERIES, color="tab:orange")
     ax.bar_label(bars, fmt="%.2f")
     ax.set_xticks(x, bar_labels(rows))
+    ax.margins(y=0.3)  # headroom for the legend and the value labels
     ax.set_ylabel("GB, max over ranks")
     ax.set_title("Peak memory per rank during training")
     ax.legend()

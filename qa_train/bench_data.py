@@ -1,0 +1,121 @@
+"""Time featurisation, post-processing and start-up on SQuAD-sized inputs; prints the figures.
+
+    python -m qa_train.bench_data [--train_file train-v1.1.json --validation_file dev-v1.1.json]
+                                  [--tokenizer_name bert-base-uncased]
+
+Without files it writes synthetic SQuAD-shaped data of the real size (87,599 training questions
+on 18,896 paragraphs, 10,570 dev questions on 2,067) from the bundled vocabulary, with context
+lengths spread so that a few percent need a second window, as in SQuAD v1.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from qa_train.config import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
+
+
+def synthetic_squad(path: Path, paragraphs: int, questions: int, seed: int) -> None:
+    """SQuAD-shaped nested JSON: ~120-word contexts (long tail), ~10-word questions, short answers."""
+    rng = random.Random(seed)
+    words = sorted({w for f in (DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE)
+                    for a in json.loads(f.read_text())["data"] for p in a["paragraphs"]
+                    for w in p["context"].split()})
+    data, qid = [], 0
+    per_para = np.random.default_rng(seed).multinomial(questions, [1 / paragraphs] * paragraphs)
+    for p in range(paragraphs):
+        n_words = int(min(650, max(25, rng.lognormvariate(4.7, 0.45))))
+        context = " ".join(rng.choice(words) for _ in range(n_words))
+        qas = []
+        for _ in range(max(1, per_para[p])):
+            tokens = context.split()
+            k = rng.randrange(len(tokens) - 3)
+            answer = " ".join(tokens[k:k + rng.randint(1, 3)])
+            start = len(" ".join(tokens[:k])) + (1 if k else 0)
+            question = " ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + "?"
+            qas.append({"id": f"q{qid}", "question": question, "answers": [{"text": answer, "answer_start": start}]})
+            qid += 1
+        data.append({"title": f"t{p // 40}", "paragraphs": [{"context": context, "qas": qas}]})
+    path.write_text(json.dumps({"version": "1.1", "data": data}))
+
+
+def timed(fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def bench_features(train_file: Path, dev_file: Path, tokenizer_name: str, max_len: int, stride: int) -> dict:
+    from transformers import AutoTokenizer
+
+    from qa_train.data import load_file
+    from qa_train.features import featurize, window_offsets
+    from qa_train.postprocess import postprocess_predictions
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_name)
+    train, t_load = timed(load_file, train_file)
+    feats, t_train = timed(featurize, train, tok, max_len, stride)
+    dev = load_file(dev_file)
+    dev_feats, t_dev = timed(featurize, dev, tok, max_len, stride)
+    offsets, t_off = timed(window_offsets, dev_feats, dev, tok, max_len)
+    rng = np.random.default_rng(0)
+    start = rng.standard_normal((len(dev_feats), max_len)).astype(np.float32)
+    end = rng.standard_normal((len(dev_feats), max_len)).astype(np.float32)
+    _, t_post = timed(postprocess_predictions, start, end, offsets, dev_feats.example_index, dev.ids, dev.contexts)
+    return {"train_questions": len(train), "train_features": len(feats), "load_validate_train_s": t_load,
+            "featurize_train_s": t_train, "dev_questions": len(dev), "dev_features": len(dev_feats),
+            "featurize_dev_s": t_dev, "dev_offsets_s": t_off, "postprocess_dev_s": t_post,
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
+
+
+def bench_startup(workdir: Path) -> float:
+    """Seconds from `python -m qa_train` to its first log line."""
+    cmd = [sys.executable, "-m", "qa_train", "--offline_demo", "--max_train_steps", "1", "--no_eval",
+           "--report_to", "none", "--save_final_model", "false", "--output_dir", str(workdir / "startup")]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    first = None
+    for line in proc.stderr:
+        if " qa_train: " in line and first is None:
+            first = time.perf_counter() - t0
+    proc.wait()
+    return first if first is not None else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--train_file", type=Path)
+    p.add_argument("--validation_file", type=Path)
+    p.add_argument("--tokenizer_name", default=str(DEMO_MODEL_DIR))
+    p.add_argument("--max_seq_length", type=int, default=384)
+    p.add_argument("--doc_stride", type=int, default=128)
+    p.add_argument("--skip_startup", action="store_true")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        train, dev = args.train_file, args.validation_file
+        if train is None or dev is None:
+            train, dev = work / "train.json", work / "dev.json"
+            synthetic_squad(train, 18_896, 87_599, seed=1)
+            synthetic_squad(dev, 2_067, 10_570, seed=2)
+        figures = bench_features(train, dev, args.tokenizer_name, args.max_seq_length, args.doc_stride)
+        if not args.skip_startup:
+            figures["startup_to_first_log_s"] = bench_startup(work)
+    for key, value in figures.items():
+        print(f"{key:28s} {value:,.3f}" if isinstance(value, float) else f"{key:28s} {value:,}")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
