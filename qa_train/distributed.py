@@ -16,18 +16,23 @@ class LaunchError(RuntimeError):
     """The processes that started do not form the world the launcher meant."""
 
 
-def check_world(num_processes: int) -> None:
-    """Refuse a launch whose processes do not see each other.
+def check_world(accelerator) -> None:
+    """Refuse a launch whose processes do not form one data-parallel world.
 
     `accelerate launch --multi_gpu` on a machine without CUDA starts N processes that each believe
-    they are alone (num_processes == 1) and silently train N independent models.
+    they are alone (num_processes == 1), or, once a gloo group exists, that see N processes but
+    run without any distributed wrapper (distributed_type NO): either way N separate models.
     """
+    from accelerate.utils import DistributedType
+
     launcher = int(os.environ.get("WORLD_SIZE", "1"))
-    if launcher != num_processes:
+    seen = accelerator.num_processes
+    if launcher != seen or (launcher > 1 and accelerator.distributed_type == DistributedType.NO):
         raise LaunchError(
-            f"the launcher started WORLD_SIZE={launcher} processes but this one sees a world of {num_processes}: "
-            "they would train separate models. On a CPU-only machine use `python -m qa_train.launch --cpu "
-            "--config_file ...` (torchrun with ACCELERATE_USE_CPU=true for DDP, gloo for DeepSpeed)."
+            f"the launcher started WORLD_SIZE={launcher} processes but this one sees a world of {seen} "
+            f"(distributed type {accelerator.distributed_type.value}): they would train separate models. "
+            "On a CPU-only machine use `python -m qa_train.launch --cpu --config_file ...` (torchrun with "
+            "ACCELERATE_USE_CPU=true for DDP, gloo for DeepSpeed)."
         )
 
 

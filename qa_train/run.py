@@ -25,7 +25,7 @@ def run(args: TrainArgs) -> dict[str, Any] | None:
     t_start = time.perf_counter()
     accelerator, mixed_precision = make_accelerator(args)
     setup_logging(accelerator.is_main_process)
-    distributed.check_world(accelerator.num_processes)
+    distributed.check_world(accelerator)
     strategy = distributed.detect_strategy(accelerator)
     log.info("qa_train %s: %s on %d process(es), device %s, mixed precision %s", __version__, strategy.name,
              accelerator.num_processes, accelerator.device, mixed_precision)

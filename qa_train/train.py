@@ -195,6 +195,7 @@ def fit(accelerator, args: TrainArgs, model, optimizer, scheduler, train_dl, pla
     every = args.checkpoint_every
     running = torch.zeros((), device=accelerator.device)
     micro = 0
+    profiler = start_profiler(args, accelerator) if args.profile else None
     t0 = time.perf_counter()
     model.train()
     while state.completed_steps < plan.total_steps:
@@ -222,6 +223,8 @@ def fit(accelerator, args: TrainArgs, model, optimizer, scheduler, train_dl, pla
             meter.optimizer_step(sync)
             if STEP_DELAY_S:
                 time.sleep(STEP_DELAY_S)
+            if profiler is not None:
+                profiler.step()
             if state.completed_steps % args.logging_steps == 0 or state.completed_steps == plan.total_steps:
                 loss_mean, stop_now = _reduce_log(accelerator, running, micro, stop.requested())
                 result.last_loss = loss_mean
@@ -247,8 +250,34 @@ def fit(accelerator, args: TrainArgs, model, optimizer, scheduler, train_dl, pla
             if every == "epoch":
                 checkpoint.save_checkpoint(accelerator, args.output_dir, state, args.save_total_limit)
     meter.finish(sync)
+    if profiler is not None:
+        profiler.stop()
     result.train_runtime_s = time.perf_counter() - t0
     return result
+
+
+def start_profiler(args: TrainArgs, accelerator):
+    """Trace 3 optimizer steps after warm-up; the trace opens in TensorBoard or Perfetto."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    on_cuda = accelerator.device.type == "cuda"
+    if on_cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    write = torch.profiler.tensorboard_trace_handler(str(Path(args.output_dir) / "profile"),
+                                                     f"rank{accelerator.process_index}")
+
+    def ready(prof) -> None:
+        write(prof)
+        if accelerator.is_main_process:
+            sort = "self_cuda_time_total" if on_cuda else "self_cpu_time_total"
+            print(prof.key_averages().table(sort_by=sort, row_limit=15), flush=True)
+            log.info("profiler trace written to %s", Path(args.output_dir) / "profile")
+
+    profiler = torch.profiler.profile(
+        activities=activities, on_trace_ready=ready, record_shapes=True,
+        schedule=torch.profiler.schedule(wait=max(args.throughput_warmup_steps, 1), warmup=1, active=3, repeat=1),
+    )
+    profiler.start()
+    return profiler
 
 
 def _reduce_log(accelerator, running: torch.Tensor, micro: int, stop: bool) -> tuple[float, bool]:

@@ -480,7 +480,10 @@ def build_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] must be id 0 for BERT
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    # One token per digit: a from-scratch model then sees "1843" and "212" as the same ten
+    # well-trained tokens instead of hundreds of rare number pieces, and learns numbers fast.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.BertPreTokenizer(), pre_tokenizers.Digits(individual_digits=True)])
     tok.decoder = decoders.WordPiece()
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
@@ -493,13 +496,16 @@ def build_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
 
 
 def write_tiny_bert(out: Path, texts: list[str], sample: tuple[str, str]) -> int:
-    from transformers import AutoConfig, BertConfig, BertTokenizerFast
+    from transformers import AutoConfig, BertConfig, PreTrainedTokenizerFast
 
     tok = build_tokenizer(texts)
-    # BertTokenizerFast(vocab_file=...) silently yields a 5-token vocab under transformers 5.x,
-    # so wrap the trained tokenizers object directly.
-    fast = BertTokenizerFast(tokenizer_object=tok, do_lower_case=True, unk_token="[UNK]", sep_token="[SEP]",
-                             pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]", model_max_length=512)
+    # Wrap the trained object as it is: BertTokenizerFast(vocab_file=...) silently yields a 5-token
+    # vocab under transformers 5.x, and the BertTokenizer class rebuilds its own pre-tokenizer on
+    # load, which would drop the digit splitting. token_type_ids must be listed to be returned.
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]",
+        mask_token="[MASK]", model_max_length=512, do_lower_case=True,
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"])
     fast.save_pretrained(out)
     vocab = tok.get_vocab()
     (out / "vocab.txt").write_text("".join(f"{t}\n" for t in sorted(vocab, key=vocab.get)), encoding="utf-8")
