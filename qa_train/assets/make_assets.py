@@ -23,7 +23,7 @@ SEED = 1234
 N_TRAIN_ARTICLES = 300  # ~5 questions each -> ~1,500 questions
 N_DEV_ARTICLES = 50  # ~250 questions
 QUESTIONS_PER_PARAGRAPH = 5
-FACTS_PER_PARAGRAPH = (4, 5)  # besides the intro; fewer same-type candidates keeps it learnable
+FACTS_PER_PARAGRAPH = (4, 6)  # besides the intro; fewer same-type candidates keeps it learnable
 FILLERS_PER_PARAGRAPH = (0, 1, 1, 2)  # distractor sentences, drawn from this tuple
 VOCAB_SIZE = 4096
 
@@ -58,8 +58,8 @@ ask tolls: Until when were tolls collected on the {name} Bridge? | When did the 
 
 == town: {name}
 slots: name=place river=river founded=year founder=person product=pick:products charter=after:founded:5-80 population=num:900-40000 mayor=person saint=place church=after:charter:10-90
-intro: {name} is a market town on the banks of the {river}.
-     | Lying on the {river}, {name} is a small town with a busy square.
+intro: {name} is a quiet market town on the banks of the {river}, surrounded by low hills and farmland.
+     | Lying on the {river}, {name} is a small town with narrow streets and a busy square.
 fact: It was founded in {founded} by {founder}, a farmer from the hills.
     | According to local records, {founder} founded the settlement in {founded}.
 fact: For centuries the wealth of the town came from {product}.
@@ -86,8 +86,8 @@ ask church: When was the church in {name} built? | What year does the church of 
 slots: name=place source=place sea=place length=num:40-900:kilometres towns=num:3-30 explorer=person mapped=year fish=pick:fish crossing=place
 intro: The {name} River rises in the {source} Hills and flows into the {sea} Sea.
      | From its source in the {source} Hills, the {name} River runs down to the {sea} Sea.
-fact: It is {length} long.
-    | The river has a total length of {length}.
+fact: It is {length} long and is wide enough for barges along most of its course.
+    | The river has a total length of {length}, measured from the hills to the coast.
 fact: About {towns} towns stand along its banks.
     | Its banks are home to some {towns} towns and many villages.
 fact: The explorer {explorer} was the first to map its whole course, in {mapped}.
@@ -107,8 +107,8 @@ ask crossing: Where is the largest bridge over the {name} River? | At which town
 
 == inventor: {name}
 slots: name=person born=year town=place invention=pick:inventions made=after:born:22-50 teacher=person patents=num:2-60 died=after:made:5-35 workshop=place
-intro: {name} was an inventor and clockmaker born in {town} in {born}.
-     | Born in {born} in the town of {town}, {name} became a famous inventor.
+intro: {name} was an inventor and clockmaker born in {town} in {born}, the son of a village blacksmith.
+     | Born in {born} in the town of {town}, {name} became one of the best known inventors of the age.
 fact: As a young man {short} learned the trade from {teacher}.
     | {short} was taught by the craftsman {teacher}.
 fact: {short} built the first {invention} in {made}.
@@ -132,7 +132,7 @@ ask workshop: Where did {name} open a workshop? | To which port did {name} move?
 slots: name=place yard=place launched=year captain=person crew=num:40-400 masts=num:2-5 cargo=pick:cargo wrecked=after:launched:3-40 cost=num:1200-9000:crowns
 intro: The {name} was a merchant ship built at the {yard} yard and launched in {launched}.
      | Launched in {launched} from the yard at {yard}, the {name} was a merchant ship.
-fact: She carried a crew of {crew} and had {masts} masts.
+fact: She carried a crew of {crew} and had {masts} masts, which made her fast in light winds.
     | With {masts} masts, she needed a crew of {crew} sailors.
 fact: Her first captain was {captain}.
     | {captain} commanded her on her first voyage.
@@ -153,11 +153,11 @@ ask cost: How much did the {name} cost to build? | What did the owners pay for t
 
 == festival: {name} Festival
 slots: name=place town=place month=pick:months first=year founder=person theme=pick:themes visitors=num:2000-90000 days=num:2-12 ending=pick:endings
-intro: The {name} Festival is held every year in {month} in the town of {town}.
-     | Every {month}, the town of {town} hosts the {name} Festival.
+intro: The {name} Festival is held every year in {month} in the town of {town}, and it fills the streets with stalls.
+     | Every {month}, the town of {town} hosts the {name} Festival, one of the oldest fairs in the region.
 fact: It was first held in {first}, when {founder} organised a small fair.
     | {founder} started the festival in {first}.
-fact: The festival celebrates {theme}.
+fact: The festival celebrates {theme}, and families travel from far away to take part.
     | Its purpose is to celebrate {theme}.
 fact: It lasts {days} days and draws about {visitors} visitors.
     | About {visitors} visitors come for its {days} days of music and food.
@@ -178,7 +178,7 @@ intro: The {name} Observatory stands on {hill} Hill, {height} above the sea.
      | Built on top of {hill} Hill at a height of {height}, the {name} Observatory looks over the valley.
 fact: It was founded in {founded} by the astronomer {founder}.
     | The astronomer {founder} opened it in {founded}.
-fact: Its main telescope has a lens {lens} wide.
+fact: Its main telescope has a lens {lens} wide and sits under a copper dome.
     | The great telescope has a lens of {lens}.
 fact: In {found} astronomers there discovered {discovery}.
     | The observatory is famous for the discovery of {discovery} in {found}.
@@ -195,8 +195,8 @@ ask books: How many books does the library of the {name} Observatory hold? | How
 
 == composer: {name}
 slots: name=person born=year town=place instrument=pick:instruments teacher=person work=work symphonies=num:2-12 died=after:born:35-85 court=place
-intro: {name} was a composer born in {born} in {town}.
-     | The composer {name} was born in {town} in {born}.
+intro: {name} was a composer born in {born} in {town}, a small town known for its choirs.
+     | The composer {name} was born in {town} in {born} and showed a gift for music at an early age.
 fact: {short} first studied the {instrument} with {teacher}.
     | As a child {short} learned the {instrument} from {teacher}.
 fact: The best known work by {short} is the {work}.
@@ -220,7 +220,7 @@ ask court: Where was {name} director of music? | In which city did {name} direct
 slots: name=place craft=pick:crafts founded=year town=place members=num:20-600 master=person hall=after:founded:6-70 saint=place fee=num:2-40:pennies
 intro: The {name} Guild of {craft} was a trade guild based in the town of {town}.
      | Based in {town}, the {name} Guild of {craft} brought together the local craftsmen.
-fact: It was founded in {founded}.
+fact: It was founded in {founded}, when the craftsmen agreed to share their tools and fix their prices.
     | The guild was formed in {founded} after a long dispute over prices.
 fact: At its height it had {members} members.
     | The guild counted some {members} members at its peak.
