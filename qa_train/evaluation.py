@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from qa_train.data import Examples
-from qa_train.features import Features, window_offsets
+from qa_train.features import Features
 from qa_train.postprocess import postprocess_predictions
 from qa_train.squad_eval import score
 
@@ -51,15 +51,17 @@ def predict_logits(accelerator, model, dataloader, width: int) -> tuple[np.ndarr
     return start_logits, end_logits, order
 
 
-def evaluate(accelerator, model, dataloader, examples: Examples, features: Features, tokenizer, args,
-             predictions_path: Path | None) -> dict[str, float]:
-    """EM/F1 on the main process (None elsewhere); predictions written as {question_id: answer}."""
+def evaluate(accelerator, model, dataloader, examples: Examples, features: Features, offsets: np.ndarray | None,
+             args, predictions_path: Path | None) -> dict[str, float]:
+    """EM/F1 on the main process (empty elsewhere); predictions written as {question_id: answer}.
+
+    `offsets` is `window_offsets(...)` of these features, needed on the main process only.
+    """
     start_logits, end_logits, order = predict_logits(accelerator, model, dataloader, args.max_seq_length)
     if not accelerator.is_main_process:
         return {}
     if len(np.unique(order)) != len(features):
         raise RuntimeError(f"evaluation saw {len(np.unique(order))} of {len(features)} windows")
-    offsets = window_offsets(features, examples, tokenizer, args.max_seq_length)
     predictions = postprocess_predictions(
         start_logits, end_logits, offsets, features.example_index, examples.ids, examples.contexts,
         n_best_size=args.n_best_size, max_answer_length=args.max_answer_length,

@@ -12,6 +12,7 @@ import torch
 from qa_train import __version__, checkpoint, distributed, metrics
 from qa_train.config import TrainArgs
 from qa_train.evaluation import evaluate
+from qa_train.features import window_offsets
 from qa_train.modeling import flops_per_token, load_model, load_tokenizer
 from qa_train.tracking import Tracker, summary_table
 from qa_train.train import (StopRequest, fit, load_data, make_accelerator, make_loaders, make_optimizer,
@@ -66,9 +67,14 @@ def run(args: TrainArgs) -> dict[str, Any] | None:
                   {**args.to_dict(), **strategy.as_dict(), "world_size": accelerator.num_processes},
                   resuming=resume_from is not None)
 
+    # Character offsets of the eval windows, built once for every evaluation of this run (main process only).
+    eval_offsets = None
+    if eval_dl is not None and accelerator.is_main_process:
+        eval_offsets = window_offsets(data.eval_features, data.eval_examples, tokenizer, args.max_seq_length)
     initial: dict[str, float] = {}
     if args.eval_before_training and eval_dl is not None:
-        initial = evaluate(accelerator, model, eval_dl, data.eval_examples, data.eval_features, tokenizer, args, None)
+        initial = evaluate(accelerator, model, eval_dl, data.eval_examples, data.eval_features, eval_offsets, args,
+                           None)
         log.info("before training: %s", initial)
     log.info("training %d steps (%d epochs of %d updates), global batch %d", plan.total_steps, plan.num_epochs,
              plan.updates_per_epoch, _global_batch(args, accelerator))
@@ -81,7 +87,7 @@ def run(args: TrainArgs) -> dict[str, Any] | None:
 
     scores: dict[str, float] = {}
     if args.do_eval and eval_dl is not None:
-        scores = evaluate(accelerator, model, eval_dl, data.eval_examples, data.eval_features, tokenizer, args,
+        scores = evaluate(accelerator, model, eval_dl, data.eval_examples, data.eval_features, eval_offsets, args,
                           output_dir / "eval_predictions.json")
     if args.save_final_model:
         checkpoint.export_final(accelerator, model, tokenizer, output_dir)

@@ -77,7 +77,8 @@ def sbatch(argv: list[str]) -> int:
         delay = os.environ.get("FAKE_SLURM_SIGNAL_AFTER")
         if delay and restarts == 0 and "signal" in opts:
             sig = getattr(signal, "SIG" + opts["signal"].split(":")[-1].split("@")[0])
-            threading.Timer(float(delay), lambda: shell.poll() is None and shell.send_signal(sig)).start()
+            # Bound now: after a requeue `shell` names the next attempt, which must not get this warning.
+            threading.Timer(float(delay), lambda sh=shell, s=sig: sh.poll() is None and sh.send_signal(s)).start()
         rc = shell.wait()
         if not (STATE / f"requeue-{job_id}").exists():
             return rc
