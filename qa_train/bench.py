@@ -2,7 +2,7 @@
 
     python -m qa_train.bench [--configs single ddp zero2 ...] [--num_processes 2] [--cpu]
                              [--output_dir runs/bench] [--max_train_steps 30] [-- qa_train flags]
-    python -m qa_train.bench --ablation [...]     # padding / length grouping on and off, one process
+    python -m qa_train.bench --ablation [...]     # each speed feature flipped alone, one process
 
 Runs go one at a time through `python -m qa_train.launch` (so every rank has the machine to itself),
 each into OUTPUT_DIR/<run name> with its log in launch.log there. A failed run is reported and the
@@ -107,12 +107,21 @@ def is_single_process(config: str) -> bool:
     return str(cfg.get("distributed_type", "NO")) == "NO"
 
 
-def ablation_plans(train_flags: list[str]) -> list[Plan]:
-    """Speed features on and off under one process: fixed-length padding, dynamic padding, length grouping."""
-    seq = last_value(train_flags, "max_seq_length", "384")
-    return [Plan(f"single-pad{seq}", "single", 1, ["--pad_to_max_length", "true", "--group_by_length", "false"]),
-            Plan("single-dynamic", "single", 1, ["--pad_to_max_length", "false", "--group_by_length", "false"]),
-            Plan("single-grouped", "single", 1, ["--pad_to_max_length", "false", "--group_by_length", "true"])]
+def ablation_plans(on_cpu: bool) -> list[Plan]:
+    """One process: the defaults, then each speed feature flipped alone (off if on by default, else on)."""
+    flips = [
+        ("pad-to-max", ["--pad_to_max_length", "true"]),        # dynamic padding off
+        ("eager-attention", ["--attn_implementation", "eager"]),  # SDPA off
+        ("sync-every-step", ["--logging_steps", "1"]),            # loss read back every step
+        ("group-by-length", ["--group_by_length", "true"]),
+        ("torch-compile", ["--torch_compile", "true"]),
+    ]
+    if on_cpu:
+        flips.append(("workers-2", ["--dataloader_num_workers", "2"]))
+    else:  # features that only exist on CUDA
+        flips += [("fp32", ["--mixed_precision", "no"]), ("unfused-adamw", ["--optim", "adamw_torch"]),
+                  ("no-workers", ["--dataloader_num_workers", "0"])]
+    return [Plan("default", "single", 1)] + [Plan(name, "single", 1, flags) for name, flags in flips]
 
 
 def free_port(taken: set[int]) -> int:
@@ -189,7 +198,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--output_dir", default="runs/bench", help="One sub-directory per run, plus report/.")
     p.add_argument("--max_train_steps", type=int, default=30, help="Optimizer steps per run.")
     p.add_argument("--ablation", action="store_true",
-                   help="Instead of strategies: padding to max length vs dynamic vs length-grouped, one process.")
+                   help="Instead of strategies: one process with the defaults, then each speed feature flipped alone.")
     p.add_argument("--timeout_s", type=float, default=3600, help="Per-run wall-clock limit.")
     p.add_argument("--wandb", action="store_true", help="Also log the report to W&B.")
     opts = p.parse_args(argv[:cut])
@@ -214,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     opts, user_flags = parse(sys.argv[1:] if argv is None else argv)
     resolve_device(opts)
     train_flags = [*model_and_data_defaults(user_flags), *DEFAULT_FLAGS, *user_flags]
-    plans = (ablation_plans(train_flags) if opts.ablation
+    plans = (ablation_plans(opts.cpu) if opts.ablation
              else strategy_plans(opts.configs or available_configs(), opts.num_processes, opts.cpu))
     ports: set[int] = set()
     outcomes = [run_one(plan, opts, train_flags, free_port(ports)) for plan in plans]

@@ -25,24 +25,29 @@ import numpy as np
 from qa_train.config import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
 
 
-def synthetic_squad(path: Path, paragraphs: int, questions: int, seed: int) -> None:
-    """SQuAD-shaped nested JSON: ~120-word contexts (long tail), ~10-word questions, short answers."""
+def synthetic_squad(path: Path, paragraphs: int, questions: int, seed: int, tokenizer) -> None:
+    """SQuAD-shaped nested JSON: ~120-word contexts at ~1.3 word pieces per word (as bert-base-uncased
+    cuts real SQuAD text), a tail long enough that ~1-2% of questions need a second 384/128 window,
+    ~10-word questions, 1-3-word answers, every paragraph with at least one question."""
     rng = random.Random(seed)
     words = sorted({w for f in (DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE)
                     for a in json.loads(f.read_text())["data"] for p in a["paragraphs"]
                     for w in p["context"].split()})
+    pieces = [len(ids) for ids in tokenizer(words, add_special_tokens=False)["input_ids"]]
+    one = [w for w, n in zip(words, pieces) if n == 1]
+    two = [w for w, n in zip(words, pieces) if n == 2]
+    per_para = 1 + np.random.default_rng(seed).multinomial(questions - paragraphs, [1 / paragraphs] * paragraphs)
     data, qid = [], 0
-    per_para = np.random.default_rng(seed).multinomial(questions, [1 / paragraphs] * paragraphs)
     for p in range(paragraphs):
-        n_words = int(min(650, max(25, rng.lognormvariate(4.7, 0.45))))
-        context = " ".join(rng.choice(words) for _ in range(n_words))
+        n_words = int(min(650, max(25, rng.lognormvariate(4.7, 0.4))))
+        tokens = [rng.choice(one) if rng.random() < 0.7 else rng.choice(two) for _ in range(n_words)]
+        context = " ".join(tokens)
         qas = []
-        for _ in range(max(1, per_para[p])):
-            tokens = context.split()
+        for _ in range(per_para[p]):
             k = rng.randrange(len(tokens) - 3)
             answer = " ".join(tokens[k:k + rng.randint(1, 3)])
             start = len(" ".join(tokens[:k])) + (1 if k else 0)
-            question = " ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + "?"
+            question = " ".join(rng.choice(one) for _ in range(rng.randint(6, 14))) + "?"
             qas.append({"id": f"q{qid}", "question": question, "answers": [{"text": answer, "answer_start": start}]})
             qid += 1
         data.append({"title": f"t{p // 40}", "paragraphs": [{"context": context, "qas": qas}]})
@@ -55,14 +60,11 @@ def timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
-def bench_features(train_file: Path, dev_file: Path, tokenizer_name: str, max_len: int, stride: int) -> dict:
-    from transformers import AutoTokenizer
-
+def bench_features(train_file: Path, dev_file: Path, tok, max_len: int, stride: int) -> dict:
     from qa_train.data import load_file
     from qa_train.features import featurize, window_offsets
     from qa_train.postprocess import postprocess_predictions
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_name)
     train, t_load = timed(load_file, train_file)
     feats, t_train = timed(featurize, train, tok, max_len, stride)
     dev = load_file(dev_file)
@@ -75,7 +77,7 @@ def bench_features(train_file: Path, dev_file: Path, tokenizer_name: str, max_le
     return {"train_questions": len(train), "train_features": len(feats), "load_validate_train_s": t_load,
             "featurize_train_s": t_train, "dev_questions": len(dev), "dev_features": len(dev_feats),
             "featurize_dev_s": t_dev, "dev_offsets_s": t_off, "postprocess_dev_s": t_post,
-            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
 
 
 def bench_startup(workdir: Path) -> float:
@@ -100,15 +102,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max_seq_length", type=int, default=384)
     p.add_argument("--doc_stride", type=int, default=128)
     p.add_argument("--skip_startup", action="store_true")
+    p.add_argument("--keep_data", type=Path, metavar="DIR",
+                   help="write the synthetic train.json/dev.json here and keep them (e.g. for a full-size training run)")
     args = p.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.tokenizer_name)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         train, dev = args.train_file, args.validation_file
         if train is None or dev is None:
-            train, dev = work / "train.json", work / "dev.json"
-            synthetic_squad(train, 18_896, 87_599, seed=1)
-            synthetic_squad(dev, 2_067, 10_570, seed=2)
-        figures = bench_features(train, dev, args.tokenizer_name, args.max_seq_length, args.doc_stride)
+            data_dir = args.keep_data or work
+            data_dir.mkdir(parents=True, exist_ok=True)
+            train, dev = data_dir / "train.json", data_dir / "dev.json"
+            synthetic_squad(train, 18_896, 87_599, seed=1, tokenizer=tok)
+            synthetic_squad(dev, 2_067, 10_570, seed=2, tokenizer=tok)
+        figures = bench_features(train, dev, tok, args.max_seq_length, args.doc_stride)
         if not args.skip_startup:
             figures["startup_to_first_log_s"] = bench_startup(work)
     for key, value in figures.items():

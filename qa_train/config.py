@@ -30,6 +30,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
 }
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
+OPTIMIZERS = ("adamw_torch_fused", "adamw_torch")
 
 
 class ConfigError(ValueError):
@@ -71,7 +72,6 @@ class TrainArgs:
     doc_stride: int = field(default=128, metadata={"help": "Overlap in tokens between windows of a long context."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Truncate the training questions (debug, benchmarks)."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Truncate the evaluation questions."})
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
     overwrite_cache: bool = field(default=False, metadata={"help": "Ignore cached features."})
     pad_to_max_length: bool = field(
         default=False,
@@ -80,12 +80,21 @@ class TrainArgs:
     group_by_length: bool = field(
         default=False, metadata={"help": "Batch windows of similar length together (less padding)."}
     )
-    dataloader_num_workers: int = field(default=0, metadata={"help": "Dataloader worker processes per rank."})
+    dataloader_num_workers: int | None = field(
+        default=None,
+        metadata={"help": "Dataloader worker processes per rank (default: 2 on GPUs, where collation then overlaps "
+                          "the step; 0 on CPU, where workers would take cores from the step)."},
+    )
     # --- optimisation ------------------------------------------------------------------------
     per_device_train_batch_size: int = field(default=12, metadata={"help": "Micro-batch per process."})
     per_device_eval_batch_size: int = field(default=64, metadata={"help": "Evaluation batch per process."})
     learning_rate: float = field(default=3e-5, metadata={"help": "Peak learning rate of AdamW."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay (not on biases and LayerNorm)."})
+    optim: str = field(
+        default="adamw_torch_fused",
+        metadata={"help": "adamw_torch_fused (one fused kernel on CUDA; plain AdamW elsewhere) or adamw_torch. "
+                          "A DeepSpeed JSON with its own optimizer section overrides both."},
+    )
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
     adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
@@ -176,7 +185,9 @@ def validate(a: TrainArgs) -> None:
     _require(0 <= a.warmup_ratio < 1, "warmup_ratio", f"must be in [0, 1), got {a.warmup_ratio}")
     _require(a.max_grad_norm >= 0, "max_grad_norm", f"must not be negative, got {a.max_grad_norm}")
     _require(a.throughput_warmup_steps >= 0, "throughput_warmup_steps", "must not be negative")
-    _require(a.dataloader_num_workers >= 0, "dataloader_num_workers", "must not be negative")
+    _require(a.dataloader_num_workers is None or a.dataloader_num_workers >= 0, "dataloader_num_workers",
+             "must not be negative")
+    _require(a.optim in OPTIMIZERS, "optim", f"{a.optim!r} is not one of {', '.join(OPTIMIZERS)}")
     _require(a.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type",
              f"{a.lr_scheduler_type!r} is not one of {', '.join(SCHEDULERS)}")
     _require(a.attn_implementation in ("sdpa", "eager"), "attn_implementation",

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from qa_train.data import Examples
 from qa_train.features import Features
+from qa_train.hostmem import HeapTrimmer
 from qa_train.postprocess import postprocess_predictions
 from qa_train.squad_eval import score
 
@@ -21,7 +22,8 @@ PAD_LOGIT = -1e4
 
 
 @torch.no_grad()
-def predict_logits(accelerator, model, dataloader, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def predict_logits(accelerator, model, dataloader, width: int,
+                   trimmer: HeapTrimmer | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Start/end logits for every feature, in feature order, each counted once.
 
     Batches are padded to different widths, so logits are padded to `width` before gathering;
@@ -42,6 +44,8 @@ def predict_logits(accelerator, model, dataloader, width: int) -> tuple[np.ndarr
         starts.append(s.cpu())
         ends.append(e.cpu())
         index.append(feature_index.cpu())
+        if trimmer is not None:
+            trimmer.tick()
     model.train()
     order = torch.cat(index).numpy()
     start_logits = np.empty((len(order), width), dtype=np.float32)
@@ -52,12 +56,12 @@ def predict_logits(accelerator, model, dataloader, width: int) -> tuple[np.ndarr
 
 
 def evaluate(accelerator, model, dataloader, examples: Examples, features: Features, offsets: np.ndarray | None,
-             args, predictions_path: Path | None) -> dict[str, float]:
+             args, predictions_path: Path | None, trimmer: HeapTrimmer | None = None) -> dict[str, float]:
     """EM/F1 on the main process (empty elsewhere); predictions written as {question_id: answer}.
 
     `offsets` is `window_offsets(...)` of these features, needed on the main process only.
     """
-    start_logits, end_logits, order = predict_logits(accelerator, model, dataloader, args.max_seq_length)
+    start_logits, end_logits, order = predict_logits(accelerator, model, dataloader, args.max_seq_length, trimmer)
     if not accelerator.is_main_process:
         return {}
     if len(np.unique(order)) != len(features):

@@ -97,11 +97,21 @@ def _char_to_token(offsets: np.ndarray, start_char: int, end_char: int) -> tuple
     return max(start, 0), min(end, len(offsets) - 1)
 
 
-def tokenize_contexts(tokenizer, contexts: list[str]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    enc = tokenizer(contexts, add_special_tokens=False, return_offsets_mapping=True,
-                    return_attention_mask=False, return_token_type_ids=False)
-    ids = [np.asarray(x, dtype=np.int32) for x in enc["input_ids"]]
-    offs = [np.asarray(x, dtype=np.int32).reshape(-1, 2) for x in enc["offset_mapping"]]
+# Texts go to the tokenizer in chunks: one call over all of SQuAD's contexts holds every offset as a
+# Python tuple at once, which costs ~0.7 GB of peak RSS for what ends up as ~25 MB of int32 arrays.
+TOKENIZE_CHUNK = 2048
+
+
+def tokenize_texts(tokenizer, texts: list[str], offsets: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Token ids (and character offsets when asked) of each text, without special tokens, as int32 arrays."""
+    ids: list[np.ndarray] = []
+    offs: list[np.ndarray] = []
+    for k in range(0, len(texts), TOKENIZE_CHUNK):
+        enc = tokenizer(texts[k:k + TOKENIZE_CHUNK], add_special_tokens=False, return_offsets_mapping=offsets,
+                        return_attention_mask=False, return_token_type_ids=False)
+        ids.extend(np.asarray(x, dtype=np.int32) for x in enc["input_ids"])
+        if offsets:
+            offs.extend(np.asarray(x, dtype=np.int32).reshape(-1, 2) for x in enc["offset_mapping"])
     return ids, offs
 
 
@@ -110,15 +120,14 @@ def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: in
     tpl = PairTemplate.from_tokenizer(tokenizer)
     unique: dict[str, int] = {}
     ctx_index = np.asarray([unique.setdefault(c, len(unique)) for c in examples.contexts], dtype=np.int64)
-    ctx_ids, ctx_offs = tokenize_contexts(tokenizer, list(unique))
-    q_ids = tokenizer([q.lstrip() for q in examples.questions], add_special_tokens=False,
-                      return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+    ctx_ids, ctx_offs = tokenize_texts(tokenizer, list(unique), offsets=True)
+    q_ids, _ = tokenize_texts(tokenizer, [q.lstrip() for q in examples.questions], offsets=False)
 
     pieces: list[np.ndarray] = []
     types: list[np.ndarray] = []
     meta: list[tuple[int, int, int, int, int, int]] = []
     for i, question in enumerate(q_ids):
-        q = np.asarray(question[:MAX_QUERY_LENGTH], dtype=np.int32)
+        q = question[:MAX_QUERY_LENGTH]
         c, off = ctx_ids[ctx_index[i]], ctx_offs[ctx_index[i]]
         max_ctx = max_seq_length - len(q) - tpl.num_special
         if max_ctx <= doc_stride:
@@ -146,7 +155,7 @@ def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: in
     meta_arr = np.asarray(meta, dtype=np.int64).reshape(-1, 6)
     lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
     return Features(
-        input_ids=np.concatenate(pieces).astype(np.int32),
+        input_ids=np.concatenate(pieces).astype(np.int32, copy=False),
         token_type_ids=np.concatenate(types),
         row_start=np.concatenate([[0], np.cumsum(lengths)]),
         example_index=meta_arr[:, 0].astype(np.int32),
@@ -161,7 +170,7 @@ def window_offsets(features: Features, examples: Examples, tokenizer, width: int
     """[F, width, 2] character offsets of each window's context tokens; (-1, -1) elsewhere."""
     unique = list(dict.fromkeys(examples.contexts))
     position = {c: k for k, c in enumerate(unique)}
-    _, ctx_offs = tokenize_contexts(tokenizer, unique)
+    _, ctx_offs = tokenize_texts(tokenizer, unique, offsets=True)
     out = np.full((len(features), width, 2), -1, dtype=np.int32)
     for f in range(len(features)):
         off = ctx_offs[position[examples.contexts[features.example_index[f]]]]

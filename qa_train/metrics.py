@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import psutil
 import torch
 
-GB = 1024**3
+GB = 1024**3  # the *_gb keys of metrics.json are GiB, as nvidia-smi and torch report memory
 
 # Dense bf16/fp16 tensor-core peak per device, from vendor data sheets (TFLOP/s).
 PEAK_TFLOPS_16BIT = {
@@ -91,7 +91,7 @@ class MemoryMonitor:
         self.rss_peak = max(self.rss_peak, self.process.memory_info().rss)
 
     def local(self) -> list[float]:
-        """[cuda max allocated, cuda max reserved, training RSS peak, lifetime RSS peak] in GB."""
+        """[cuda max allocated, cuda max reserved, training RSS peak, lifetime RSS peak] in GiB."""
         if self.device.type == "cuda":
             alloc = torch.cuda.max_memory_allocated(self.device) / GB
             reserved = torch.cuda.max_memory_reserved(self.device) / GB

@@ -135,12 +135,12 @@ def _num(value: float | None, fmt: str = ",.1f", unit: str = "") -> str:
 
 def cells(row: Row) -> list[str]:
     source = MEMORY_SOURCES.get(row.memory_source or "", row.memory_source or "?")
-    memory = (f"{_num(row.memory_max_gb, '.2f')} / {_num(row.memory_mean_gb, '.2f')} GB ({source})"
+    memory = (f"{_num(row.memory_max_gb, '.2f')} / {_num(row.memory_mean_gb, '.2f')} GiB ({source})"
               if row.memory_max_gb is not None else DASH)
     scores = f"{row.exact_match:.1f} / {row.f1:.1f}" if row.exact_match is not None and row.f1 is not None else DASH
     return [row.run, row.strategy, str(row.processes), _num(row.global_batch, "d"), _num(row.samples_per_s),
             _num(row.tokens_per_s, ",.0f"), _num(None if row.mfu is None else 100 * row.mfu, ".1f", "%"), memory,
-            _num(row.host_rss_lifetime_max_gb, ".2f", " GB"), scores, _num(row.speedup, ".2f", "x")]
+            _num(row.host_rss_lifetime_max_gb, ".2f", " GiB"), scores, _num(row.speedup, ".2f", "x")]
 
 
 def markdown_table(rows: list[Row]) -> str:
@@ -200,7 +200,7 @@ def memory_figure(rows: list[Row]) -> Figure:
     ax.bar_label(bars, fmt="%.2f")
     ax.set_xticks(x, bar_labels(rows))
     ax.margins(y=0.3)  # headroom for the legend and the value labels
-    ax.set_ylabel("GB, max over ranks")
+    ax.set_ylabel("GiB, max over ranks")
     ax.set_title("Peak memory per rank during training")
     ax.legend()
     return fig

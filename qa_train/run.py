@@ -13,10 +13,19 @@ from qa_train import __version__, checkpoint, distributed, metrics
 from qa_train.config import TrainArgs
 from qa_train.evaluation import evaluate
 from qa_train.features import window_offsets
+from qa_train.hostmem import HeapTrimmer
 from qa_train.modeling import flops_per_token, load_model, load_tokenizer
 from qa_train.tracking import Tracker, summary_table
-from qa_train.train import (StopRequest, fit, load_data, make_accelerator, make_loaders, make_optimizer,
-                            plan_steps, setup_logging)
+from qa_train.train import (
+    StopRequest,
+    fit,
+    load_data,
+    make_accelerator,
+    make_loaders,
+    make_optimizer,
+    plan_steps,
+    setup_logging,
+)
 
 log = logging.getLogger("qa_train")
 
@@ -39,9 +48,11 @@ def run(args: TrainArgs) -> dict[str, Any] | None:
     data = load_data(accelerator, args, tokenizer)
     train_dl, eval_dl = make_loaders(args, data, tokenizer, accelerator.device.type == "cuda")
     log.info("train: %d questions -> %d windows; eval: %s questions -> %s windows (cache hits %s)",
-             len(data.train_examples), len(data.train_features),
+             data.num_train_examples, len(data.train_features),
              len(data.eval_examples) if data.eval_examples else 0,
              len(data.eval_features) if data.eval_features else 0, data.cache_hits)
+    trimmer = HeapTrimmer(enabled=accelerator.device.type == "cpu")
+    trimmer.now()  # featurisation's transient Python objects
     model = load_model(args, tokenizer)
     if args.torch_compile:
         model = torch.compile(model, dynamic=not args.pad_to_max_length)
@@ -74,11 +85,12 @@ def run(args: TrainArgs) -> dict[str, Any] | None:
     initial: dict[str, float] = {}
     if args.eval_before_training and eval_dl is not None:
         initial = evaluate(accelerator, model, eval_dl, data.eval_examples, data.eval_features, eval_offsets, args,
-                           None)
+                           None, trimmer)
         log.info("before training: %s", initial)
     log.info("training %d steps (%d epochs of %d updates), global batch %d", plan.total_steps, plan.num_epochs,
              plan.updates_per_epoch, _global_batch(args, accelerator))
-    result = fit(accelerator, args, model, optimizer, scheduler, train_dl, plan, state, tracker, stop, monitor)
+    result = fit(accelerator, args, model, optimizer, scheduler, train_dl, plan, state, tracker, stop, monitor,
+                 trimmer)
     if result.preempted:
         log.warning("stop requested: checkpoint saved at step %d; rerun with --resume_from_checkpoint latest",
                     state.completed_steps)
@@ -87,8 +99,10 @@ def run(args: TrainArgs) -> dict[str, Any] | None:
 
     scores: dict[str, float] = {}
     if args.do_eval and eval_dl is not None:
+        t_eval = time.perf_counter()
         scores = evaluate(accelerator, model, eval_dl, data.eval_examples, data.eval_features, eval_offsets, args,
-                          output_dir / "eval_predictions.json")
+                          output_dir / "eval_predictions.json", trimmer)
+        scores["eval_runtime_s"] = round(time.perf_counter() - t_eval, 3)
     if args.save_final_model:
         checkpoint.export_final(accelerator, model, tokenizer, output_dir)
 
@@ -127,6 +141,7 @@ def _report(accelerator, args: TrainArgs, model, result, strategy, mixed_precisi
         "initial_exact_match": initial.get("exact_match"), "initial_f1": initial.get("f1"),
         **figures,
         "train_runtime_s": round(result.train_runtime_s, 3),
+        "eval_runtime_s": scores.get("eval_runtime_s"),
         "train_steps": result.state.completed_steps,
         "train_loss": result.last_loss,
         "train_loss_per_rank": [r[9] for r in gathered],
@@ -134,7 +149,7 @@ def _report(accelerator, args: TrainArgs, model, result, strategy, mixed_precisi
         **strategy.as_dict(),
         "mixed_precision": mixed_precision,
         "device": torch.cuda.get_device_name(accelerator.device) if on_cuda else "cpu",
-        "num_train_examples": len(data.train_examples), "num_train_features": len(data.train_features),
+        "num_train_examples": data.num_train_examples, "num_train_features": len(data.train_features),
         "num_eval_examples": len(data.eval_examples) if data.eval_examples else 0,
         "num_eval_features": len(data.eval_features) if data.eval_features else 0,
         "global_batch_size": _global_batch(args, accelerator),

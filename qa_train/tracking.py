@@ -140,9 +140,9 @@ def summary_table(m: dict[str, Any]) -> str:
                        f"{_fmt(m.get('train_tokens_per_second'))} tokens/s "
                        f"({_fmt(m.get('train_padded_tokens_per_second'))} padded)"),
         ("step time", f"{_fmt(m.get('train_step_time_s_mean'), ' s')}, MFU {_fmt(m.get('mfu'))}"),
-        ("peak memory", f"max {_fmt(mem.get('max'), ' GB')} / mean {_fmt(mem.get('mean'), ' GB')} per rank "
+        ("peak memory", f"max {_fmt(mem.get('max'), ' GiB')} / mean {_fmt(mem.get('mean'), ' GiB')} per rank "
                         f"[{m.get('peak_memory_source')}]"),
-        ("peak host RSS", f"max {_fmt(rss.get('max'), ' GB')} per rank (lifetime)"),
+        ("peak host RSS", f"max {_fmt(rss.get('max'), ' GiB')} per rank (lifetime)"),
         ("runtime", f"{_fmt(m.get('train_runtime_s'), ' s')} training, {_fmt(m.get('total_runtime_s'), ' s')} total"),
         ("output", str(m.get("output_dir"))),
     ]

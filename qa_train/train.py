@@ -22,6 +22,7 @@ from qa_train.batching import Collator, LengthGroupedSampler, WindowDataset
 from qa_train.config import TrainArgs
 from qa_train.data import Examples, load_split
 from qa_train.features import Features, load_or_featurize
+from qa_train.hostmem import HeapTrimmer
 from qa_train.tracking import Tracker
 
 log = logging.getLogger("qa_train")
@@ -69,8 +70,11 @@ def setup_logging(is_main: bool) -> None:
 
 @dataclass
 class Data:
-    train_examples: Examples | None
-    train_features: Features | None
+    """Training keeps only its windows (the question and context text is not needed once they are cut,
+    and is ~120 MB for SQuAD); evaluation keeps its examples for post-processing and scoring."""
+
+    num_train_examples: int
+    train_features: Features
     eval_examples: Examples | None
     eval_features: Features | None
     cache_hits: list[bool] = field(default_factory=list)
@@ -78,13 +82,13 @@ class Data:
 
 def load_data(accelerator, args: TrainArgs, tokenizer) -> Data:
     """The first process on each node tokenises and caches; the others then read its cache."""
-    data = Data(None, None, None, None)
     with accelerator.local_main_process_first():
-        data.train_examples = load_split(args.train_file, args.dataset_name, args.dataset_config_name, "train",
-                                         args.max_train_samples)
-        data.train_features, hit = load_or_featurize(data.train_examples, tokenizer, args.max_seq_length,
-                                                     args.doc_stride, args.overwrite_cache)
-        data.cache_hits.append(hit)
+        train_examples = load_split(args.train_file, args.dataset_name, args.dataset_config_name, "train",
+                                    args.max_train_samples)
+        train_features, hit = load_or_featurize(train_examples, tokenizer, args.max_seq_length,
+                                                args.doc_stride, args.overwrite_cache)
+        data = Data(len(train_examples), train_features, None, None, [hit])
+        del train_examples
         if args.do_eval or args.eval_before_training:
             data.eval_examples = load_split(args.validation_file, args.dataset_name, args.dataset_config_name,
                                             "validation", args.max_eval_samples)
@@ -96,8 +100,9 @@ def load_data(accelerator, args: TrainArgs, tokenizer) -> Data:
 
 def make_loaders(args: TrainArgs, data: Data, tokenizer, on_cuda: bool) -> tuple[DataLoader, DataLoader | None]:
     collate = Collator(tokenizer.pad_token_id, args.max_seq_length, args.pad_to_max_length)
-    common: dict[str, Any] = {"collate_fn": collate, "num_workers": args.dataloader_num_workers,
-                              "pin_memory": on_cuda, "persistent_workers": args.dataloader_num_workers > 0}
+    workers = args.dataloader_num_workers if args.dataloader_num_workers is not None else (2 if on_cuda else 0)
+    common: dict[str, Any] = {"collate_fn": collate, "num_workers": workers,
+                              "pin_memory": on_cuda, "persistent_workers": workers > 0}
     train_set = WindowDataset(data.train_features, with_labels=True)
     sampler = (LengthGroupedSampler(data.train_features.lengths, args.per_device_train_batch_size, args.seed)
                if args.group_by_length else RandomSampler(train_set))
@@ -131,7 +136,8 @@ def make_optimizer(accelerator, args: TrainArgs, model, total_steps: int, warmup
         optimizer = DummyOptim(groups, lr=args.learning_rate, weight_decay=args.weight_decay)
         return optimizer, DummyScheduler(optimizer, lr_scheduler_callable=schedule)
     optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
-                                  eps=args.adam_epsilon, fused=torch.cuda.is_available())
+                                  eps=args.adam_epsilon,
+                                  fused=args.optim == "adamw_torch_fused" and torch.cuda.is_available())
     return optimizer, schedule(optimizer)
 
 
@@ -188,7 +194,8 @@ class Fit:
 
 
 def fit(accelerator, args: TrainArgs, model, optimizer, scheduler, train_dl, plan: Plan,
-        state: checkpoint.TrainerState, tracker: Tracker, stop: StopRequest, monitor) -> Fit:
+        state: checkpoint.TrainerState, tracker: Tracker, stop: StopRequest, monitor,
+        trimmer: HeapTrimmer | None = None) -> Fit:
     meter = metrics.ThroughputMeter(warmup_steps=args.throughput_warmup_steps)
     result = Fit(state, meter, monitor)
     sync = torch.cuda.synchronize if accelerator.device.type == "cuda" else (lambda: None)
@@ -217,6 +224,8 @@ def fit(accelerator, args: TrainArgs, model, optimizer, scheduler, train_dl, pla
             micro += 1
             meter.micro_batch(len(batch["input_ids"]), int(real), int(padded))
             monitor.sample()
+            if trimmer is not None:
+                trimmer.tick()
             if not accelerator.sync_gradients:
                 continue
             state.completed_steps += 1

@@ -68,8 +68,8 @@ def test_table_has_every_column_speedup_and_dash_for_missing_scores(runs: Path, 
     assert rows["zero2"]["strategy"] == "zero2+offload(optimizer)"
     assert (rows["ddp"]["processes"], rows["ddp"]["global batch"], rows["ddp"]["samples/s"]) == ("2", "16", "60.0")
     assert rows["ddp"]["tokens/s"] == "9,000" and rows["ddp"]["MFU"] == report.DASH
-    assert rows["ddp"]["peak memory/rank max / mean"] == "0.60 / 0.54 GB (host RSS)"
-    assert rows["ddp"]["host RSS lifetime max"] == "0.85 GB"
+    assert rows["ddp"]["peak memory/rank max / mean"] == "0.60 / 0.54 GiB (host RSS)"
+    assert rows["ddp"]["host RSS lifetime max"] == "0.85 GiB"
     saved = json.loads(paths["json"].read_text())
     assert saved["baseline"] == "single" and len(saved["rows"]) == 3
     assert saved["rows"][1]["samples_per_s"] == 60.0 and saved["rows"][2]["exact_match"] is None
@@ -87,7 +87,7 @@ def test_gpu_run_shows_allocated_memory_and_mfu(tmp_path: Path) -> None:
     run = fake_metrics(tmp_path / "gpu-ddp", "ddp", 8, 900.0, 3.0, gpu=7.5)
     rows, _ = report.build_rows([run])
     cells = dict(zip(report.COLUMNS, report.cells(rows[0])))
-    assert cells["MFU"] == "41.2%" and cells["peak memory/rank max / mean"] == "7.50 / 6.75 GB (GPU allocated)"
+    assert cells["MFU"] == "41.2%" and cells["peak memory/rank max / mean"] == "7.50 / 6.75 GiB (GPU allocated)"
     heights = report.bar_heights(report.memory_figure(rows))
     assert heights == {report.GPU_SERIES: [7.5], report.HOST_SERIES: [3.0]}
 
@@ -184,3 +184,20 @@ def test_bench_reports_failed_runs_and_goes_on(tmp_path: Path) -> None:
         assert f"FAILED {name}" in proc.stderr and str(out / name / "launch.log") in proc.stderr
     assert "--max_seq_length: must be positive" in proc.stderr  # the last lines of the log say why
     assert "0 of 2 runs finished; failed: single, ddp" in proc.stdout
+
+
+@pytest.mark.parametrize("on_cpu", [True, False])
+def test_ablation_flips_one_real_flag_per_run(on_cpu: bool) -> None:
+    from qa_train import bench
+    from qa_train.config import TrainArgs, parse_args
+
+    plans = bench.ablation_plans(on_cpu)
+    assert plans[0].name == "default" and plans[0].extra == []
+    assert len({p.name for p in plans}) == len(plans)
+    defaults = TrainArgs.__dataclass_fields__
+    for plan in plans[1:]:
+        args = parse_args(["--offline_demo", *plan.extra])  # a misspelt flag would be refused here
+        flipped = [name for name in defaults if getattr(args, name) != getattr(parse_args(["--offline_demo"]), name)]
+        assert len(flipped) == 1, (plan.name, flipped)
+    cuda_only = {"fp32", "unfused-adamw", "no-workers"}
+    assert ({p.name for p in plans} & cuda_only) == (set() if on_cpu else cuda_only)
