@@ -36,7 +36,7 @@ def test_single_process_metrics_are_sane(single_run: Path) -> None:
     assert m["train_padded_tokens_per_second"] >= m["train_tokens_per_second"]
     assert m["peak_memory_gb"]["max"] > 0.05 and len(m["peak_memory_gb"]["per_rank"]) == 1
     assert m["peak_host_rss_gb"]["max"] >= m["train_host_rss_gb"]["max"] * 0.99
-    assert m["num_eval_features"] >= m["num_eval_examples"] > 0
+    assert m["num_eval_features"] >= m["num_eval_examples"] > 0 and m["eval_runtime_s"] > 0
     assert m["max_seq_length"] == 192 and m["args"]["learning_rate"] == 1e-3
     for key in ("train_runtime_s", "mixed_precision", "num_train_features"):
         assert key in m
@@ -103,3 +103,17 @@ def test_world_size_guard_refuses_a_split_launch(tmp_path: Path, env: dict[str, 
     assert proc.returncode != 0
     assert "WORLD_SIZE=2" in proc.stderr and "they would train separate models" in proc.stderr
     assert not (out / "metrics.json").exists()
+
+
+def test_profile_writes_a_trace_and_prints_top_operators(tmp_path: Path, env: dict[str, str]) -> None:
+    out = tmp_path / "run"
+    proc = run_ok([PY, "-m", "qa_train", *tiny_flags(out, "--max_train_steps", "8", "--profile", "--no_eval",
+                                                      "--save_final_model", "false")], env)
+    traces = list((out / "profile").glob("rank0*.pt.trace.json"))
+    assert len(traces) == 1, list((out / "profile").iterdir())
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert "aten::addmm" in names or "aten::mm" in names, "the trace should hold the model's matmuls"
+    assert "Self CPU" in proc.stdout and "aten::" in proc.stdout, "the top-operator table goes to stdout"
+    # metrics.json's eval_runtime_s is present and empty when evaluation is skipped
+    assert read_metrics(out)["eval_runtime_s"] is None
