@@ -78,17 +78,6 @@ def model_and_data_defaults(user_flags: list[str]) -> list[str]:
     return [flag for names, defaults in DEFAULT_GROUPS if not given & names for flag in defaults]
 
 
-def last_value(flags: list[str], name: str, default: str) -> str:
-    """The value argparse will end up with for `--name` (last occurrence wins)."""
-    value = default
-    for i, flag in enumerate(flags):
-        if flag == f"--{name}" and i + 1 < len(flags):
-            value = flags[i + 1]
-        elif flag.startswith(f"--{name}="):
-            value = flag.split("=", 1)[1]
-    return value
-
-
 def strategy_plans(configs: list[str], processes: int, on_cpu: bool) -> list[Plan]:
     plans = []
     for name in configs:

@@ -23,7 +23,7 @@ PAD_LOGIT = -1e4
 
 @torch.no_grad()
 def predict_logits(accelerator, model, dataloader, width: int,
-                   trimmer: HeapTrimmer | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   trimmer: HeapTrimmer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Start/end logits for every feature, in feature order, each counted once.
 
     Batches are padded to different widths, so logits are padded to `width` before gathering;
@@ -44,8 +44,7 @@ def predict_logits(accelerator, model, dataloader, width: int,
         starts.append(s.cpu())
         ends.append(e.cpu())
         index.append(feature_index.cpu())
-        if trimmer is not None:
-            trimmer.tick()
+        trimmer.tick()
     model.train()
     order = torch.cat(index).numpy()
     start_logits = np.empty((len(order), width), dtype=np.float32)
@@ -56,7 +55,7 @@ def predict_logits(accelerator, model, dataloader, width: int,
 
 
 def evaluate(accelerator, model, dataloader, examples: Examples, features: Features, offsets: np.ndarray | None,
-             args, predictions_path: Path | None, trimmer: HeapTrimmer | None = None) -> dict[str, float]:
+             args, predictions_path: Path | None, trimmer: HeapTrimmer) -> dict[str, float]:
     """EM/F1 on the main process (empty elsewhere); predictions written as {question_id: answer}.
 
     `offsets` is `window_offsets(...)` of these features, needed on the main process only.

@@ -10,7 +10,7 @@ import psutil
 
 # glibc keeps freed heap pages mapped. Batches of changing shapes (dynamic padding) fragment the
 # heap, so RSS creeps up by hundreds of MB with nothing live in it, by a different amount each run
-# (measured: 1.05-1.87 GB peak for the same tiny-model run on SQuAD-sized data). malloc_trim gives
+# (measured: 1.05-1.87 GiB peak for the same tiny-model run on SQuAD-sized data). malloc_trim gives
 # the free pages back. Trimming after every batch cost ~30% throughput (the pages are faulted in
 # again), so it runs only when RSS has grown by SLACK_BYTES since the last trim.
 SLACK_BYTES = 256 * 2**20

@@ -195,7 +195,7 @@ class Fit:
 
 def fit(accelerator, args: TrainArgs, model, optimizer, scheduler, train_dl, plan: Plan,
         state: checkpoint.TrainerState, tracker: Tracker, stop: StopRequest, monitor,
-        trimmer: HeapTrimmer | None = None) -> Fit:
+        trimmer: HeapTrimmer) -> Fit:
     meter = metrics.ThroughputMeter(warmup_steps=args.throughput_warmup_steps)
     result = Fit(state, meter, monitor)
     sync = torch.cuda.synchronize if accelerator.device.type == "cuda" else (lambda: None)
@@ -224,8 +224,7 @@ def fit(accelerator, args: TrainArgs, model, optimizer, scheduler, train_dl, pla
             micro += 1
             meter.micro_batch(len(batch["input_ids"]), int(real), int(padded))
             monitor.sample()
-            if trimmer is not None:
-                trimmer.tick()
+            trimmer.tick()
             if not accelerator.sync_gradients:
                 continue
             state.completed_steps += 1
