@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 import qa_train
-from qa_train.assets import make_assets
 
 ASSETS = Path(qa_train.__file__).resolve().parent / "assets"
+GENERATOR = Path(__file__).resolve().parents[1] / "tools" / "make_assets.py"
 MODEL_DIR = ASSETS / "tiny-bert"
 SPLITS = ("train", "dev")
 
@@ -130,8 +133,24 @@ def test_overflowing_windows_and_model_forward(tokenizer):
     assert out.start_logits.shape == out.end_logits.shape == enc["input_ids"].shape
 
 
-def test_generator_reproduces_the_bundled_json(tmp_path):
+def load_generator(monkeypatch) -> ModuleType:
+    """Import tools/make_assets.py from its file: tools/ is deliberately not a package."""
+    spec = importlib.util.spec_from_file_location("make_assets", GENERATOR)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # @dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generator_is_not_shipped_and_targets_the_bundled_assets(monkeypatch):
+    assert not sorted(ASSETS.rglob("*.py")), "a generator is back inside the package data"
+    assert load_generator(monkeypatch).DEFAULT_OUT_DIR == ASSETS
+
+
+def test_generator_reproduces_the_bundled_json(tmp_path, monkeypatch):
+    make_assets = load_generator(monkeypatch)
     make_assets.write_assets(tmp_path, tokenizer=False)
     for split in SPLITS:
         name = f"demo/{split}.json"
-        assert (tmp_path / name).read_bytes() == (ASSETS / name).read_bytes(), f"{name} is stale: rerun make_assets"
+        stale = f"{name} is stale: rerun python tools/make_assets.py"
+        assert (tmp_path / name).read_bytes() == (ASSETS / name).read_bytes(), stale

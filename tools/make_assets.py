@@ -4,11 +4,12 @@ Every passage is generated here from the templates below: invented towns, rivers
 and ships with syllable names, so nothing is copied from SQuAD or Wikipedia. Train and dev
 draw from one pool of unique names, so dev articles are about entities the model never saw.
 
-    python -m qa_train.assets.make_assets [OUT_DIR]    # default: this folder
+    python tools/make_assets.py [OUT_DIR]    # default: qa_train/assets in this checkout
 
 writes OUT_DIR/demo/{train,dev}.json and OUT_DIR/tiny-bert/ (config + WordPiece tokenizer
 trained on the generated text). The JSON is byte-for-byte deterministic for a given seed; the
 WordPiece trainer breaks ties in hash order, so a rerun may renumber a few vocab entries.
+A development tool: it lives outside the package so it never ships in the wheel.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ QUESTIONS_PER_PARAGRAPH = 5
 FACTS_PER_PARAGRAPH = (4, 6)  # fact sentences besides the intro: ~75 words, ~100 wordpieces
 FILLERS_PER_PARAGRAPH = (0, 1, 1, 2)  # distractor sentences, drawn from this tuple
 VOCAB_SIZE = 4096  # before multi-digit pieces are dropped (see build_tokenizer): ~3,700 after
+# The bundled copy that tests/test_assets.py compares against; found from this file, not the
+# working directory, so the tool works when run from anywhere in the checkout.
+DEFAULT_OUT_DIR = Path(__file__).resolve().parents[1] / "qa_train" / "assets"
 
 # One block per kind of article. `slots:` says how to invent each fact; an `intro:` or `fact:`
 # line is one sentence, its alternative wordings separated by " | "; `ask SLOT:` lists question
@@ -493,7 +497,7 @@ def write_assets(out_dir: Path, seed: int = SEED, tokenizer: bool = True) -> dic
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    out_dir = Path(argv[0]) if argv else Path(__file__).resolve().parent
+    out_dir = Path(argv[0]) if argv else DEFAULT_OUT_DIR
     print(json.dumps(write_assets(out_dir)))
 
 
