@@ -22,14 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-import yaml
-
-from qa_train import report
+from qa_train import launch, report
 from qa_train.config import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
-# Runs that need devices this machine lacks are skipped with the reason printed.
-CPU_UNSUPPORTED = {"fsdp": "accelerate does not apply FSDP on CPU (qa_train.launch refuses it); run it on GPUs"}
 # (flags that replace it, default flags): a default model or dataset is dropped as a whole as soon
 # as the user names any model or dataset flag, so `-- --model_name_or_path bert-base-uncased` is enough.
 DEFAULT_GROUPS: list[tuple[set[str], list[str]]] = [
@@ -84,16 +80,14 @@ def strategy_plans(configs: list[str], processes: int, on_cpu: bool) -> list[Pla
         if not (CONFIG_DIR / f"{name}.yaml").is_file():
             raise SystemExit(f"qa_train.bench: error: --configs {name}: no {CONFIG_DIR / name}.yaml "
                              f"(have: {', '.join(available_configs())})")
-        if on_cpu and name in CPU_UNSUPPORTED:
-            print(f"skipping {name}: {CPU_UNSUPPORTED[name]}", flush=True)
+        cfg = launch.read_config(str(CONFIG_DIR / f"{name}.yaml"), launch_dir=CONFIG_DIR.parent)
+        refusal = launch.cpu_refusal(cfg)
+        if on_cpu and refusal:  # runs that need devices this machine lacks are skipped, with the reason
+            print(f"skipping {name}: {refusal}; run it on GPUs", flush=True)
             continue
-        plans.append(Plan(name, name, 1 if is_single_process(name) else processes))
+        single = str(cfg.get("distributed_type", "NO")) == "NO"
+        plans.append(Plan(name, name, 1 if single else processes))
     return plans
-
-
-def is_single_process(config: str) -> bool:
-    cfg = yaml.safe_load((CONFIG_DIR / f"{config}.yaml").read_text()) or {}
-    return str(cfg.get("distributed_type", "NO")) == "NO"
 
 
 def ablation_plans(on_cpu: bool) -> list[Plan]:

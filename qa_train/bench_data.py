@@ -63,17 +63,18 @@ def timed(fn, *args, **kwargs):
 def bench_features(train_file: Path, dev_file: Path, tok, max_len: int, stride: int) -> dict:
     from qa_train.data import load_file
     from qa_train.features import featurize, window_offsets
-    from qa_train.postprocess import postprocess_predictions
+    from qa_train.postprocess import Questions, postprocess_predictions
 
     train, t_load = timed(load_file, train_file)
     feats, t_train = timed(featurize, train, tok, max_len, stride)
     dev = load_file(dev_file)
-    dev_feats, t_dev = timed(featurize, dev, tok, max_len, stride)
-    offsets, t_off = timed(window_offsets, dev_feats, dev, tok, max_len)
+    dev_feats, t_dev = timed(featurize, dev, tok, max_len, stride, with_offsets=True)
+    offsets, t_off = timed(window_offsets, dev_feats, max_len)
     rng = np.random.default_rng(0)
     start = rng.standard_normal((len(dev_feats), max_len)).astype(np.float32)
     end = rng.standard_normal((len(dev_feats), max_len)).astype(np.float32)
-    _, t_post = timed(postprocess_predictions, start, end, offsets, dev_feats.example_index, dev.ids, dev.contexts)
+    questions = Questions(dev_feats.example_index, dev.ids, dev.contexts)
+    _, t_post = timed(postprocess_predictions, start, end, offsets, questions)
     return {"train_questions": len(train), "train_features": len(feats), "load_validate_train_s": t_load,
             "featurize_train_s": t_train, "dev_questions": len(dev), "dev_features": len(dev_feats),
             "featurize_dev_s": t_dev, "dev_offsets_s": t_off, "postprocess_dev_s": t_post,

@@ -1,7 +1,8 @@
-"""Typed command-line arguments, validated before anything heavy is imported or loaded.
+"""Typed command-line arguments in groups, validated before anything heavy is imported or loaded.
 
 Flag names follow transformers' question-answering examples (run_qa_no_trainer.py) where they
-overlap, so users coming from there feel at home.
+overlap, so users coming from there feel at home. The flags stay flat (`--learning_rate`); in code
+they live in groups (`args.optim.learning_rate`) so each function takes the group it needs.
 """
 
 from __future__ import annotations
@@ -37,11 +38,36 @@ class ConfigError(ValueError):
     """A flag value that can never work; raised before any model or data is loaded."""
 
 
-@dataclass
-class TrainArgs:
-    """Everything one qa_train run needs. Each field is one command-line flag."""
+def _require(ok: bool, flag: str, problem: str) -> None:
+    if not ok:
+        raise ConfigError(f"--{flag}: {problem}")
 
-    # --- model -------------------------------------------------------------------------------
+
+def _positive(group: object, *names: str) -> None:
+    for name in names:
+        value = getattr(group, name)
+        _require(value > 0, name, f"must be positive, got {value}")
+
+
+def _not_negative(group: object, *names: str) -> None:
+    for name in names:
+        value = getattr(group, name)
+        _require(value is None or value >= 0, name, f"must not be negative, got {value}")
+
+
+def _check_file(path: str | None, flag: str) -> None:
+    if path is None:
+        return
+    _require(Path(path).is_file(), flag, f"file {path!r} does not exist")
+    _require(
+        path.endswith((".json", ".jsonl")), flag, f"{path!r} must be .json (nested SQuAD) or .jsonl (flat records)"
+    )
+
+
+@dataclass
+class ModelArgs:
+    """Which encoder and tokenizer to fine-tune."""
+
     model_name_or_path: str = field(
         default="bert-base-uncased",
         metadata={"help": "Pretrained model name on the hub or local directory."},
@@ -57,7 +83,19 @@ class TrainArgs:
     attn_implementation: str = field(
         default="sdpa", metadata={"help": "Attention kernel: sdpa (PyTorch fused) or eager."}
     )
-    # --- data --------------------------------------------------------------------------------
+
+    def __post_init__(self) -> None:
+        _require(self.attn_implementation in ("sdpa", "eager"), "attn_implementation",
+                 f"{self.attn_implementation!r} is not sdpa or eager")
+        if self.config_name is not None and Path(self.config_name).exists():
+            _require((Path(self.config_name) / "config.json").is_file() or Path(self.config_name).is_file(),
+                     "config_name", f"{self.config_name!r} has no config.json")
+
+
+@dataclass
+class DataArgs:
+    """Where the questions come from and how they become windows and batches."""
+
     dataset_name: str | None = field(
         default="squad", metadata={"help": "Dataset on the hub; ignored when --train_file/--validation_file are given."}
     )
@@ -80,14 +118,29 @@ class TrainArgs:
     group_by_length: bool = field(
         default=False, metadata={"help": "Batch windows of similar length together (less padding)."}
     )
+    per_device_train_batch_size: int = field(default=12, metadata={"help": "Micro-batch per process."})
+    per_device_eval_batch_size: int = field(default=64, metadata={"help": "Evaluation batch per process."})
     dataloader_num_workers: int | None = field(
         default=None,
         metadata={"help": "Dataloader worker processes per rank (default: 2 on GPUs, where collation then overlaps "
                           "the step; 0 on CPU, where workers would take cores from the step)."},
     )
-    # --- optimisation ------------------------------------------------------------------------
-    per_device_train_batch_size: int = field(default=12, metadata={"help": "Micro-batch per process."})
-    per_device_eval_batch_size: int = field(default=64, metadata={"help": "Evaluation batch per process."})
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size")
+        _not_negative(self, "max_train_samples", "max_eval_samples", "dataloader_num_workers")
+        _require(self.doc_stride > 0, "doc_stride", f"must be positive, got {self.doc_stride}")
+        _require(self.doc_stride < self.max_seq_length, "doc_stride",
+                 f"{self.doc_stride} must be smaller than --max_seq_length {self.max_seq_length}")
+        _require(self.max_seq_length <= 8192, "max_seq_length", f"{self.max_seq_length} is not a BERT window size")
+        _check_file(self.train_file, "train_file")
+        _check_file(self.validation_file, "validation_file")
+
+
+@dataclass
+class OptimArgs:
+    """AdamW, the learning-rate schedule and how long to train."""
+
     learning_rate: float = field(default=3e-5, metadata={"help": "Peak learning rate of AdamW."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay (not on biases and LayerNorm)."})
     optim: str = field(
@@ -107,19 +160,37 @@ class TrainArgs:
     num_warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})
     warmup_ratio: float = field(default=0.0, metadata={"help": "Warm-up as a fraction of all steps (if --num_warmup_steps is 0)."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm; 0 disables."})
-    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = field(
-        default="auto",
-        metadata={"help": "auto: the accelerate config's choice if it set one, else bf16 on a GPU that "
-                  "supports it and fp32 on CPU."},
-    )
-    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
-    seed: int = field(default=42, metadata={"help": "Seed for weights init, dropout and shuffling."})
-    # --- evaluation --------------------------------------------------------------------------
+
+    def __post_init__(self) -> None:
+        _positive(self, "gradient_accumulation_steps", "learning_rate")
+        _not_negative(self, "max_train_steps", "weight_decay", "num_train_epochs", "num_warmup_steps", "max_grad_norm")
+        _require(0 <= self.warmup_ratio < 1, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
+        _require(self.optim in OPTIMIZERS, "optim", f"{self.optim!r} is not one of {', '.join(OPTIMIZERS)}")
+        _require(self.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type",
+                 f"{self.lr_scheduler_type!r} is not one of {', '.join(SCHEDULERS)}")
+
+
+@dataclass
+class EvalArgs:
+    """When to score EM/F1 and how answers are read from the logits."""
+
     do_eval: bool = field(default=True, metadata={"help": "Evaluate EM/F1 after training (--no_eval to skip)."})
     eval_before_training: bool = field(default=False, metadata={"help": "Also evaluate the untrained model first."})
     n_best_size: int = field(default=20, metadata={"help": "Start/end candidates per window."})
     max_answer_length: int = field(default=30, metadata={"help": "Longest answer in tokens."})
-    # --- output, checkpoints, logging --------------------------------------------------------
+
+    def __post_init__(self) -> None:
+        _positive(self, "n_best_size", "max_answer_length")
+
+    @property
+    def needs_eval_data(self) -> bool:
+        return self.do_eval or self.eval_before_training
+
+
+@dataclass
+class OutputArgs:
+    """What a run writes, where, and to which tracker."""
+
     output_dir: str = field(default="runs/qa_train", metadata={"help": "Where metrics, predictions and the model go."})
     checkpointing_steps: str | None = field(
         default=None, metadata={"help": "Save a resumable checkpoint every N steps, or 'epoch'."}
@@ -133,13 +204,18 @@ class TrainArgs:
     wandb_project: str = field(default="qa-train", metadata={"help": "W&B project."})
     run_name: str | None = field(default=None, metadata={"help": "Run name in W&B and reports."})
     logging_steps: int = field(default=10, metadata={"help": "Read the loss back and log every N steps."})
-    throughput_warmup_steps: int = field(
-        default=2, metadata={"help": "First optimizer steps left out of throughput figures."}
-    )
-    profile: bool = field(default=False, metadata={"help": "Write a PyTorch profiler trace of a few steps."})
 
     def __post_init__(self) -> None:
-        validate(self)
+        _positive(self, "logging_steps")
+        _not_negative(self, "save_total_limit")
+        _require(self.save_total_limit != 0, "save_total_limit", "must be at least 1 (omit it to keep all)")
+        if self.checkpointing_steps is not None and self.checkpointing_steps != "epoch":
+            _require(self.checkpointing_steps.isdigit() and int(self.checkpointing_steps) > 0, "checkpointing_steps",
+                     f"{self.checkpointing_steps!r} is neither a positive number of steps nor 'epoch'")
+        if self.resume_from_checkpoint not in (None, "latest"):
+            _require(Path(self.resume_from_checkpoint).is_dir(), "resume_from_checkpoint",
+                     f"{self.resume_from_checkpoint!r} is not a checkpoint directory")
+        _require(not Path(self.output_dir).is_file(), "output_dir", f"{self.output_dir!r} is a file")
 
     @property
     def checkpoint_every(self) -> int | Literal["epoch"] | None:
@@ -147,65 +223,60 @@ class TrainArgs:
             return self.checkpointing_steps  # type: ignore[return-value]
         return int(self.checkpointing_steps)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
+@dataclass
+class SystemArgs:
+    """Precision, compilation, seeding and measurement: how the work runs, not what it computes."""
 
-def _require(ok: bool, flag: str, problem: str) -> None:
-    if not ok:
-        raise ConfigError(f"--{flag}: {problem}")
-
-
-def _check_file(path: str | None, flag: str) -> None:
-    if path is None:
-        return
-    _require(Path(path).is_file(), flag, f"file {path!r} does not exist")
-    _require(
-        path.endswith((".json", ".jsonl")), flag, f"{path!r} must be .json (nested SQuAD) or .jsonl (flat records)"
+    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = field(
+        default="auto",
+        metadata={"help": "auto: the accelerate config's choice if it set one, else bf16 on a GPU that "
+                  "supports it and fp32 on CPU."},
     )
+    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
+    seed: int = field(default=42, metadata={"help": "Seed for weights init, dropout and shuffling."})
+    throughput_warmup_steps: int = field(
+        default=2, metadata={"help": "First optimizer steps left out of throughput figures."}
+    )
+    profile: bool = field(default=False, metadata={"help": "Write a PyTorch profiler trace of a few steps."})
+
+    def __post_init__(self) -> None:
+        _not_negative(self, "throughput_warmup_steps")
 
 
-def validate(a: TrainArgs) -> None:
-    """Refuse impossible values with a message naming the flag."""
-    for name in ("max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size",
-                 "gradient_accumulation_steps", "n_best_size", "max_answer_length", "logging_steps"):
-        _require(getattr(a, name) > 0, name, f"must be positive, got {getattr(a, name)}")
-    for name in ("max_train_steps", "max_train_samples", "max_eval_samples", "save_total_limit"):
-        value = getattr(a, name)
-        _require(value is None or value >= 0, name, f"must not be negative, got {value}")
-    _require(a.save_total_limit != 0, "save_total_limit", "must be at least 1 (omit it to keep all)")
-    _require(a.doc_stride > 0, "doc_stride", f"must be positive, got {a.doc_stride}")
-    _require(a.doc_stride < a.max_seq_length, "doc_stride",
-             f"{a.doc_stride} must be smaller than --max_seq_length {a.max_seq_length}")
-    _require(a.max_seq_length <= 8192, "max_seq_length", f"{a.max_seq_length} is not a BERT window size")
-    _require(a.learning_rate > 0, "learning_rate", f"must be positive, got {a.learning_rate}")
-    _require(a.weight_decay >= 0, "weight_decay", f"must not be negative, got {a.weight_decay}")
-    _require(a.num_train_epochs >= 0, "num_train_epochs", f"must not be negative, got {a.num_train_epochs}")
-    _require(a.num_warmup_steps >= 0, "num_warmup_steps", f"must not be negative, got {a.num_warmup_steps}")
-    _require(0 <= a.warmup_ratio < 1, "warmup_ratio", f"must be in [0, 1), got {a.warmup_ratio}")
-    _require(a.max_grad_norm >= 0, "max_grad_norm", f"must not be negative, got {a.max_grad_norm}")
-    _require(a.throughput_warmup_steps >= 0, "throughput_warmup_steps", "must not be negative")
-    _require(a.dataloader_num_workers is None or a.dataloader_num_workers >= 0, "dataloader_num_workers",
-             "must not be negative")
-    _require(a.optim in OPTIMIZERS, "optim", f"{a.optim!r} is not one of {', '.join(OPTIMIZERS)}")
-    _require(a.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type",
-             f"{a.lr_scheduler_type!r} is not one of {', '.join(SCHEDULERS)}")
-    _require(a.attn_implementation in ("sdpa", "eager"), "attn_implementation",
-             f"{a.attn_implementation!r} is not sdpa or eager")
-    _check_file(a.train_file, "train_file")
-    _check_file(a.validation_file, "validation_file")
-    if a.train_file is None or (a.do_eval and a.validation_file is None):
-        _require(bool(a.dataset_name), "dataset_name", "give a hub dataset or --train_file/--validation_file")
-    if a.config_name is not None and Path(a.config_name).exists():
-        _require((Path(a.config_name) / "config.json").is_file() or Path(a.config_name).is_file(),
-                 "config_name", f"{a.config_name!r} has no config.json")
-    if a.checkpointing_steps is not None and a.checkpointing_steps != "epoch":
-        _require(a.checkpointing_steps.isdigit() and int(a.checkpointing_steps) > 0, "checkpointing_steps",
-                 f"{a.checkpointing_steps!r} is neither a positive number of steps nor 'epoch'")
-    if a.resume_from_checkpoint not in (None, "latest"):
-        _require(Path(a.resume_from_checkpoint).is_dir(), "resume_from_checkpoint",
-                 f"{a.resume_from_checkpoint!r} is not a checkpoint directory")
-    _require(not Path(a.output_dir).is_file(), "output_dir", f"{a.output_dir!r} is a file")
+GROUPS: dict[str, type] = {"model": ModelArgs, "data": DataArgs, "optim": OptimArgs, "eval": EvalArgs,
+                           "output": OutputArgs, "system": SystemArgs}
+
+
+@dataclass
+class TrainArgs:
+    """Everything one qa_train run needs, one group per concern; each group field is one flag."""
+
+    model: ModelArgs = field(default_factory=ModelArgs)
+    data: DataArgs = field(default_factory=DataArgs)
+    optim: OptimArgs = field(default_factory=OptimArgs)
+    eval: EvalArgs = field(default_factory=EvalArgs)
+    output: OutputArgs = field(default_factory=OutputArgs)
+    system: SystemArgs = field(default_factory=SystemArgs)
+
+    def __post_init__(self) -> None:
+        d = self.data
+        if d.train_file is None or (self.eval.do_eval and d.validation_file is None):
+            _require(bool(d.dataset_name), "dataset_name", "give a hub dataset or --train_file/--validation_file")
+
+    @classmethod
+    def from_flags(cls, values: dict[str, Any]) -> TrainArgs:
+        """Build from flat flag values ({"learning_rate": 3e-5, ...}); every group validates its own."""
+        unknown = set(values) - {f.name for group in GROUPS.values() for f in dataclasses.fields(group)}
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        groups = {name: group(**{f.name: values[f.name] for f in dataclasses.fields(group) if f.name in values})
+                  for name, group in GROUPS.items()}
+        return cls(**groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat {flag: value}, as metrics.json's `args` and the tracker's config record them."""
+        return {k: v for name in GROUPS for k, v in dataclasses.asdict(getattr(self, name)).items()}
 
 
 def _parse_bool(text: str) -> bool:
@@ -216,6 +287,21 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
+def _add_flag(parser: argparse._ActionsContainer, f: dataclasses.Field) -> None:
+    help_text = f.metadata.get("help", "")
+    if f.type in ("bool", bool):
+        # `--flag` turns it on, `--flag false` or `--no_flag` turns it off.
+        parser.add_argument(f"--{f.name}", type=_parse_bool, nargs="?", const=True, default=f.default, help=help_text)
+        parser.add_argument(f"--no_{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
+        return
+    kind = str(f.type)
+    conv: Any = int if kind.startswith("int") else float if kind.startswith("float") else str
+    choices = None
+    if kind.startswith("Literal"):
+        choices = [c.strip(" '\"") for c in kind[len("Literal["):-1].split(",")]
+    parser.add_argument(f"--{f.name}", type=conv, default=f.default, choices=choices, help=help_text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qa_train",
@@ -224,24 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         allow_abbrev=False,
     )
-    for f in dataclasses.fields(TrainArgs):
-        help_text = f.metadata.get("help", "")
-        if f.type in ("bool", bool):
-            # `--flag` turns it on, `--flag false` or `--no_flag` turns it off.
-            parser.add_argument(f"--{f.name}", type=_parse_bool, nargs="?", const=True, default=f.default, help=help_text)
-            parser.add_argument(f"--no_{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
-            continue
-        kind = str(f.type)
-        if kind.startswith("int"):
-            conv: Any = int
-        elif kind.startswith("float"):
-            conv = float
-        else:
-            conv = str
-        choices = None
-        if kind.startswith("Literal"):
-            choices = [c.strip(" '\"") for c in kind[len("Literal["):-1].split(",")]
-        parser.add_argument(f"--{f.name}", type=conv, default=f.default, choices=choices, help=help_text)
+    for name, group in GROUPS.items():
+        section = parser.add_argument_group(name, (group.__doc__ or "").strip())
+        for f in dataclasses.fields(group):
+            _add_flag(section, f)
     parser.add_argument("--no_eval", dest="do_eval", action="store_false", help="Skip evaluation.")
     return parser
 
@@ -254,8 +326,8 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--offline_demo" in argv:
         parser.set_defaults(**DEMO_DEFAULTS)
-    namespace = parser.parse_args(argv)
-    del namespace.offline_demo
-    if namespace.run_name is None:
-        namespace.run_name = os.environ.get("QA_TRAIN_RUN_NAME") or Path(namespace.output_dir).name
-    return TrainArgs(**vars(namespace))
+    values = vars(parser.parse_args(argv))
+    del values["offline_demo"]
+    if values["run_name"] is None:
+        values["run_name"] = os.environ.get("QA_TRAIN_RUN_NAME") or Path(values["output_dir"]).name
+    return TrainArgs.from_flags(values)

@@ -1,19 +1,54 @@
-"""The one place that knows about strategies: launch sanity, what is running, DeepSpeed's JSON.
+"""The one place that knows about strategies: the accelerator, launch sanity, what is running,
+DeepSpeed's JSON, its optimizer placeholders, and what a strategy does to parameters.
 
-The train loop never branches on the strategy; what the libraries force (DeepSpeed's config
-"auto" values and optimizer placeholders) is handled here.
+The train loop never branches on the strategy; what the libraries force is handled here.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from qa_train.config import ConfigError, TrainArgs
 
 
 class LaunchError(RuntimeError):
     """The processes that started do not form the world the launcher meant."""
+
+
+def resolve_mixed_precision(flag: str, env: dict[str, str], bf16_capable: bool) -> str:
+    """auto: the accelerate config's choice (ACCELERATE_MIXED_PRECISION) if it set one, else bf16 where capable."""
+    if flag != "auto":
+        return flag
+    chosen = env.get("ACCELERATE_MIXED_PRECISION", "no")
+    if chosen in ("fp16", "bf16"):
+        return chosen
+    return "bf16" if bf16_capable else "no"
+
+
+def make_accelerator(args: TrainArgs) -> tuple[Any, str]:
+    """The Accelerator for this launch, and the mixed precision it resolved to."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
+
+    on_cuda = torch.cuda.is_available()
+    handlers = []
+    if not on_cuda and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Without this DeepSpeed on CPU initialises its own group while accelerate sees a world of 1.
+        handlers.append(InitProcessGroupKwargs(backend="gloo"))
+    mixed_precision = resolve_mixed_precision(args.system.mixed_precision, dict(os.environ),
+                                              on_cuda and torch.cuda.is_bf16_supported())
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.optim.gradient_accumulation_steps,
+        mixed_precision=mixed_precision,
+        kwargs_handlers=handlers,
+        # Seeded per-epoch shuffling: a resumed run sees the batches the interrupted one would have.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+    return accelerator, mixed_precision
 
 
 def check_world(accelerator) -> None:
@@ -44,6 +79,7 @@ class Strategy:
     distributed_type: str
 
     def as_dict(self) -> dict[str, object]:
+        """Under metrics.json's names for these fields (the tracker's run config)."""
         return {"strategy": self.name, "zero_stage": self.zero_stage, "offload": self.offload,
                 "distributed_type": self.distributed_type}
 
@@ -78,39 +114,35 @@ def _is_auto(value: object) -> bool:
     return isinstance(value, str) and value == "auto"
 
 
-def reconcile_deepspeed(accelerator, args: TrainArgs, mixed_precision: str) -> None:
-    """Fill the JSON's "auto" values from our flags and refuse a JSON that says otherwise.
+def reconcile_deepspeed(cfg: dict, args: TrainArgs, world_size: int, mixed_precision: str, source: str) -> None:
+    """Fill the DeepSpeed JSON's "auto" values (in place) from our flags; refuse one that says otherwise.
 
     accelerate would fill gradient_clipping "auto" with 1.0 whatever --max_grad_norm says, and would
     silently prefer the JSON's accumulation steps over the flag; a value set in two places that
-    disagree is an error here instead.
+    disagree is an error here instead. `source` names the JSON in messages.
     """
-    plugin = accelerator.state.deepspeed_plugin
-    if plugin is None:
-        return
-    cfg = plugin.deepspeed_config
-    where = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") or "the DeepSpeed config"
+    optim, micro = args.optim, args.data.per_device_train_batch_size
     wanted = {
-        "train_micro_batch_size_per_gpu": (args.per_device_train_batch_size, "per_device_train_batch_size"),
-        "gradient_accumulation_steps": (args.gradient_accumulation_steps, "gradient_accumulation_steps"),
-        "gradient_clipping": (float(args.max_grad_norm), "max_grad_norm"),
+        "train_micro_batch_size_per_gpu": (micro, "per_device_train_batch_size"),
+        "gradient_accumulation_steps": (optim.gradient_accumulation_steps, "gradient_accumulation_steps"),
+        "gradient_clipping": (float(optim.max_grad_norm), "max_grad_norm"),
     }
     for key, (value, flag) in wanted.items():
         current = cfg.get(key, "auto")
         if _is_auto(current):
             cfg[key] = value
         elif float(current) != float(value):
-            raise ConfigError(f"{where}: '{key}' is {current} but --{flag} is {value}; "
+            raise ConfigError(f"{source}: '{key}' is {current} but --{flag} is {value}; "
                               f'set "{key}": "auto" in the JSON so the flag decides')
     if "train_batch_size" in cfg and not _is_auto(cfg["train_batch_size"]):
-        expected = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
+        expected = micro * optim.gradient_accumulation_steps * world_size
         if int(cfg["train_batch_size"]) != expected:
-            raise ConfigError(f"{where}: 'train_batch_size' is {cfg['train_batch_size']} but the flags give "
+            raise ConfigError(f"{source}: 'train_batch_size' is {cfg['train_batch_size']} but the flags give "
                               f"{expected}; use \"auto\"")
     for dtype in ("fp16", "bf16"):
         enabled = cfg.get(dtype, {}).get("enabled", "auto")
         if not _is_auto(enabled) and str(enabled).lower() == "true" and mixed_precision != dtype:
-            raise ConfigError(f"{where}: {dtype} is enabled but --mixed_precision resolved to {mixed_precision}; "
+            raise ConfigError(f"{source}: {dtype} is enabled but --mixed_precision resolved to {mixed_precision}; "
                               f'set "{dtype}": {{"enabled": "auto"}} so the flag decides')
     _fill_optimizer(cfg, args)
 
@@ -120,11 +152,21 @@ def _fill_optimizer(cfg: dict, args: TrainArgs) -> None:
     params = cfg.get("optimizer", {}).get("params")
     if params is None:
         return
-    values = {"lr": args.learning_rate, "betas": [args.adam_beta1, args.adam_beta2], "eps": args.adam_epsilon,
-              "weight_decay": args.weight_decay}
+    o = args.optim
+    values = {"lr": o.learning_rate, "betas": [o.adam_beta1, o.adam_beta2], "eps": o.adam_epsilon,
+              "weight_decay": o.weight_decay}
     for key, value in values.items():
         if _is_auto(params.get(key, "auto")):
             params[key] = value
+
+
+def reconcile_with_flags(accelerator, args: TrainArgs, mixed_precision: str) -> None:
+    """reconcile_deepspeed on the live plugin's config; nothing to do outside DeepSpeed."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return
+    source = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") or "the DeepSpeed config"
+    reconcile_deepspeed(plugin.deepspeed_config, args, accelerator.num_processes, mixed_precision, source)
 
 
 def uses_deepspeed_optimizer(accelerator) -> bool:
@@ -141,3 +183,21 @@ def scheduler_steps_per_update(accelerator) -> int:
     under every strategy.
     """
     return 1 if uses_deepspeed_optimizer(accelerator) else accelerator.num_processes
+
+
+def optimizer_and_scheduler(accelerator, groups: list[dict], args: TrainArgs,
+                            torch_optimizer: Callable[[list[dict]], Any],
+                            schedule: Callable[[Any], Any]) -> tuple[Any, Any]:
+    """Placeholders when the DeepSpeed JSON brings its own optimizer (DeepSpeed builds it), else torch's."""
+    if uses_deepspeed_optimizer(accelerator):
+        from accelerate.utils import DummyOptim, DummyScheduler
+
+        optimizer = DummyOptim(groups, lr=args.optim.learning_rate, weight_decay=args.optim.weight_decay)
+        return optimizer, DummyScheduler(optimizer, lr_scheduler_callable=schedule)
+    optimizer = torch_optimizer(groups)
+    return optimizer, schedule(optimizer)
+
+
+def num_parameters(model) -> int:
+    """Parameters of an unwrapped model; ZeRO-3 leaves empty placeholders whose ds_numel is the real size."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -11,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from qa_train.data import Examples
-from qa_train.features import Features
-from qa_train.hostmem import HeapTrimmer
-from qa_train.postprocess import postprocess_predictions
+from qa_train.features import Features, window_offsets
+from qa_train.hostmem import HostMemory
+from qa_train.postprocess import Questions, SpanRules, postprocess_predictions
 from qa_train.squad_eval import score
 
 log = logging.getLogger("qa_train")
@@ -21,9 +22,33 @@ log = logging.getLogger("qa_train")
 PAD_LOGIT = -1e4
 
 
+@dataclass
+class EvalSet:
+    """The evaluation split as post-processing reads it; `offsets` is built once for every evaluation."""
+
+    examples: Examples
+    features: Features
+    offsets: np.ndarray  # [F, width, 2] character offsets of each window's tokens
+
+    @classmethod
+    def build(cls, examples: Examples, features: Features, width: int) -> EvalSet:
+        return cls(examples, features, window_offsets(features, width))
+
+    @property
+    def questions(self) -> Questions:
+        return Questions(self.features.example_index, self.examples.ids, self.examples.contexts)
+
+
+@dataclass
+class EvalResult:
+    exact_match: float
+    f1: float
+    runtime_s: float = 0.0
+
+
 @torch.no_grad()
 def predict_logits(accelerator, model, dataloader, width: int,
-                   trimmer: HeapTrimmer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   host_memory: HostMemory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Start/end logits for every feature, in feature order, each counted once.
 
     Batches are padded to different widths, so logits are padded to `width` before gathering;
@@ -44,7 +69,7 @@ def predict_logits(accelerator, model, dataloader, width: int,
         starts.append(s.cpu())
         ends.append(e.cpu())
         index.append(feature_index.cpu())
-        trimmer.tick()
+        host_memory.step()
     model.train()
     order = torch.cat(index).numpy()
     start_logits = np.empty((len(order), width), dtype=np.float32)
@@ -54,25 +79,20 @@ def predict_logits(accelerator, model, dataloader, width: int,
     return start_logits, end_logits, order
 
 
-def evaluate(accelerator, model, dataloader, examples: Examples, features: Features, offsets: np.ndarray | None,
-             args, predictions_path: Path | None, trimmer: HeapTrimmer) -> dict[str, float]:
-    """EM/F1 on the main process (empty elsewhere); predictions written as {question_id: answer}.
+def answer_and_score(eval_set: EvalSet, logits: tuple[np.ndarray, np.ndarray, np.ndarray],
+                     rules: SpanRules) -> tuple[dict[str, str], EvalResult]:
+    """Predictions {question_id: answer} and their EM/F1 against the gold answers."""
+    start_logits, end_logits, order = logits
+    if len(np.unique(order)) != len(eval_set.features):
+        raise RuntimeError(f"evaluation saw {len(np.unique(order))} of {len(eval_set.features)} windows")
+    predictions = postprocess_predictions(start_logits, end_logits, eval_set.offsets, eval_set.questions, rules)
+    result = score(eval_set.examples.references(), predictions)
+    return predictions, EvalResult(float(result["exact_match"]), float(result["f1"]))
 
-    `offsets` is `window_offsets(...)` of these features, needed on the main process only.
-    """
-    start_logits, end_logits, order = predict_logits(accelerator, model, dataloader, args.max_seq_length, trimmer)
-    if not accelerator.is_main_process:
-        return {}
-    if len(np.unique(order)) != len(features):
-        raise RuntimeError(f"evaluation saw {len(np.unique(order))} of {len(features)} windows")
-    predictions = postprocess_predictions(
-        start_logits, end_logits, offsets, features.example_index, examples.ids, examples.contexts,
-        n_best_size=args.n_best_size, max_answer_length=args.max_answer_length,
-    )
-    if predictions_path is not None:
-        predictions_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = predictions_path.with_name(f".{predictions_path.name}.tmp")
-        tmp.write_text(json.dumps(predictions, ensure_ascii=False, indent=1))
-        tmp.replace(predictions_path)
-    result = score(examples.references(), predictions)
-    return {"exact_match": float(result["exact_match"]), "f1": float(result["f1"])}
+
+def write_predictions(path: Path, predictions: dict[str, str]) -> None:
+    """Atomic: a crash mid-write never leaves half a predictions file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(predictions, ensure_ascii=False, indent=1))
+    tmp.replace(path)

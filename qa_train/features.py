@@ -21,7 +21,7 @@ from qa_train.data import Examples
 
 # As in the original BERT SQuAD recipe: a longer question is cut so the context keeps its room.
 MAX_QUERY_LENGTH = 64
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"
 
 
 @dataclass
@@ -68,6 +68,9 @@ class Features:
     context_span: np.ndarray     # int32 [F, 2]: [first, end) context token indices of the window
     start_positions: np.ndarray  # int32 [F]: cls_index when the answer is not wholly inside
     end_positions: np.ndarray    # int32 [F]
+    # int32 [total_tokens, 2]: character span of each context token in its context, (-1, -1) for question
+    # and special tokens. Evaluation only (post-processing reads answers through it); None for training.
+    offsets: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.example_index)
@@ -81,7 +84,7 @@ class Features:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
         os.close(fd)
-        np.savez(tmp, **self.__dict__)
+        np.savez(tmp, **{k: v for k, v in self.__dict__.items() if v is not None})
         os.replace(tmp, path)
 
     @classmethod
@@ -116,8 +119,12 @@ def tokenize_texts(tokenizer, texts: list[str], offsets: bool) -> tuple[list[np.
     return ids, offs
 
 
-def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int) -> Features:
-    """Cut every question's context into windows; label the first gold answer (train and eval alike)."""
+def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int,
+              with_offsets: bool = False) -> Features:
+    """Cut every question's context into windows; label the first gold answer (train and eval alike).
+
+    `with_offsets` keeps each window's character offsets, which evaluation needs and training does not.
+    """
     tpl = PairTemplate.from_tokenizer(tokenizer)
     unique: dict[str, int] = {}
     ctx_index = np.asarray([unique.setdefault(c, len(unique)) for c in examples.contexts], dtype=np.int64)
@@ -126,6 +133,8 @@ def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: in
 
     pieces: list[np.ndarray] = []
     types: list[np.ndarray] = []
+    spans: list[np.ndarray] = []
+    no_span = np.full((max_seq_length, 2), -1, dtype=np.int32)
     meta: list[tuple[int, int, int, int, int, int]] = []
     for i, question in enumerate(q_ids):
         q = question[:MAX_QUERY_LENGTH]
@@ -146,6 +155,8 @@ def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: in
             end = min(start + max_ctx, len(c))
             pieces.append(np.concatenate([head, c[start:end], tpl.suffix]))
             types.append(np.concatenate([head_types, tail_types[: end - start + len(tpl.suffix)]]))
+            if with_offsets:
+                spans.append(np.concatenate([no_span[: len(head)], off[start:end], no_span[: len(tpl.suffix)]]))
             s_pos = e_pos = tpl.cls_index
             if ans_tok is not None and start <= ans_tok[0] and ans_tok[1] < end:
                 s_pos, e_pos = len(head) + ans_tok[0] - start, len(head) + ans_tok[1] - start
@@ -164,28 +175,30 @@ def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: in
         context_span=meta_arr[:, 2:4].astype(np.int32),
         start_positions=meta_arr[:, 4].astype(np.int32),
         end_positions=meta_arr[:, 5].astype(np.int32),
+        offsets=np.concatenate(spans) if with_offsets else None,
     )
 
 
-def window_offsets(features: Features, examples: Examples, tokenizer, width: int) -> np.ndarray:
-    """[F, width, 2] character offsets of each window's context tokens; (-1, -1) elsewhere."""
-    unique = list(dict.fromkeys(examples.contexts))
-    position = {c: k for k, c in enumerate(unique)}
-    _, ctx_offs = tokenize_texts(tokenizer, unique, offsets=True)
+def window_offsets(features: Features, width: int) -> np.ndarray:
+    """[F, width, 2] character offsets of each window's tokens, (-1, -1) for non-context and padding.
+
+    Read from the offsets featurisation kept (`with_offsets=True`): the contexts are not tokenised again.
+    """
+    if features.offsets is None:
+        raise ValueError("these features were cut without character offsets; featurize(..., with_offsets=True)")
+    lengths = features.lengths
+    rows = np.repeat(np.arange(len(features)), lengths)
+    cols = np.arange(len(features.input_ids)) - np.repeat(features.row_start[:-1], lengths)
     out = np.full((len(features), width, 2), -1, dtype=np.int32)
-    for f in range(len(features)):
-        off = ctx_offs[position[examples.contexts[features.example_index[f]]]]
-        first, end = features.context_span[f]
-        base = features.context_offset[f]
-        out[f, base: base + end - first] = off[first:end]
+    out[rows, cols] = features.offsets
     return out
 
 
-def cache_key(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int) -> str:
+def cache_key(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int, with_offsets: bool) -> str:
     vocab = tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer") else str(len(tokenizer))
     h = hashlib.sha256()
     for part in (CACHE_VERSION, examples.fingerprint, str(len(examples)), hashlib.sha256(vocab.encode()).hexdigest(),
-                 str(max_seq_length), str(doc_stride)):
+                 str(max_seq_length), str(doc_stride), str(with_offsets)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:24]
@@ -195,16 +208,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("QA_TRAIN_CACHE", Path.home() / ".cache" / "qa_train")) / "features"
 
 
-def load_or_featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int,
-                      overwrite: bool = False) -> tuple[Features, bool]:
+def load_or_featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int, *,
+                      overwrite: bool = False, with_offsets: bool = False) -> tuple[Features, bool]:
     """Reuse cached windows when the data, tokenizer and window settings are the same; returns (features, hit)."""
-    path = cache_dir() / f"{cache_key(examples, tokenizer, max_seq_length, doc_stride)}.npz"
+    path = cache_dir() / f"{cache_key(examples, tokenizer, max_seq_length, doc_stride, with_offsets)}.npz"
     if path.is_file() and not overwrite:
         try:
             return Features.load(path), True
         except (OSError, ValueError, KeyError):
             pass  # a cache from an incompatible version: rebuild it
-    features = featurize(examples, tokenizer, max_seq_length, doc_stride)
+    features = featurize(examples, tokenizer, max_seq_length, doc_stride, with_offsets)
     try:
         features.save(path)
     except OSError:

@@ -24,7 +24,19 @@ class LaunchConfigError(ValueError):
     pass
 
 
-def read_config(path: str) -> dict:
+# accelerate silently falls back to no sharding for FSDP on CPU: a "FSDP" run there would be plain
+# data parallelism under a wrong name, so the launcher refuses it (and qa_train.bench skips it).
+CPU_UNSUPPORTED = {"FSDP": "accelerate does not apply FSDP on CPU (it silently falls back to no sharding)"}
+
+
+def cpu_refusal(cfg: dict) -> str | None:
+    """Why this accelerate config cannot run on CPU processes, or None when it can."""
+    return CPU_UNSUPPORTED.get(str(cfg.get("distributed_type", "NO")))
+
+
+def read_config(path: str, launch_dir: Path | None = None) -> dict:
+    """The accelerate YAML, refused when it cannot work; its DeepSpeed JSON path is relative to `launch_dir`
+    (default: the current directory, where accelerate will resolve it)."""
     p = Path(path)
     if not p.is_file():
         raise LaunchConfigError(f"--config_file {path}: no such file (see accelerate_configs/)")
@@ -32,20 +44,32 @@ def read_config(path: str) -> dict:
         cfg = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as err:
         raise LaunchConfigError(f"--config_file {path}: not valid YAML: {err}") from None
-    ds_file = (cfg.get("deepspeed_config") or {}).get("deepspeed_config_file")
-    if ds_file and not Path(ds_file).is_file():
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("deepspeed_config") or {}, dict):
+        raise LaunchConfigError(f"--config_file {path}: not an accelerate config (a YAML mapping of settings, "
+                                "with deepspeed_config a mapping too); see accelerate_configs/")
+    _check_deepspeed_keys(path, cfg, launch_dir or Path.cwd())
+    return cfg
+
+
+def _check_deepspeed_keys(path: str, cfg: dict, launch_dir: Path) -> None:
+    """With a DeepSpeed JSON, accelerate refuses the same settings in the YAML (and the JSON must exist)."""
+    ds = cfg.get("deepspeed_config") or {}
+    ds_file = ds.get("deepspeed_config_file")
+    if not ds_file:
+        return
+    if not (launch_dir / ds_file).is_file():
         raise LaunchConfigError(f"{path}: deepspeed_config_file {ds_file} does not exist "
                                 "(paths are relative to the directory you launch from)")
     banned = {"gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
               "offload_param_device", "zero3_save_16bit_model", "mixed_precision"}
-    clash = sorted(banned & set(cfg.get("deepspeed_config") or {}))
-    if ds_file and clash:
+    clash = sorted(banned & set(ds))
+    if clash:
         raise LaunchConfigError(f"{path}: {', '.join(clash)} must not be set next to deepspeed_config_file "
                                 f"{ds_file}; put \"auto\" in the JSON and pass the qa_train flag instead")
-    if ds_file and str(cfg.get("mixed_precision", "no")) != "no":
+    # YAML reads an unquoted `no` as False.
+    if cfg.get("mixed_precision", "no") not in ("no", False, None):
         raise LaunchConfigError(f"{path}: mixed_precision must not be set next to deepspeed_config_file; "
                                 "use qa_train's --mixed_precision (bf16 by default on GPUs)")
-    return cfg
 
 
 def cuda_available() -> bool:
@@ -59,15 +83,17 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     machines = opts.num_machines or int(cfg.get("num_machines", 1))
     procs = opts.num_processes or int(cfg.get("num_processes", 1))
     env = dict(os.environ)
+    if procs % machines:  # accelerate would start procs // machines per node without a word
+        raise LaunchConfigError(f"--num_processes {procs} is not a multiple of --num_machines {machines}")
     multi = ["--num_machines", str(machines), "--machine_rank", str(opts.machine_rank),
              "--main_process_ip", opts.main_process_ip, "--main_process_port", str(opts.main_process_port)]
     if not opts.cpu:
         cmd = ["accelerate", "launch", "--config_file", opts.config_file, "--num_processes", str(procs)]
         return cmd + (multi if machines > 1 else []) + ["-m", "qa_train", *train_args], env
-    if kind == "FSDP":
-        raise LaunchConfigError(
-            f"{opts.config_file}: accelerate does not apply FSDP on CPU (it silently falls back to no sharding). "
-            "On CPU use accelerate_configs/zero3.yaml for fully sharded training, or run FSDP on GPUs.")
+    refusal = cpu_refusal(cfg)
+    if refusal:
+        raise LaunchConfigError(f"{opts.config_file}: {refusal}. On CPU use accelerate_configs/zero3.yaml for "
+                                "fully sharded training, or run FSDP on GPUs.")
     if kind == "DEEPSPEED":
         cmd = ["accelerate", "launch", "--config_file", opts.config_file, "--num_processes", str(procs)]
         return cmd + (multi if machines > 1 else []) + ["-m", "qa_train", *train_args], env
@@ -75,8 +101,6 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     env.setdefault("ACCELERATE_MIXED_PRECISION", "no")
     if procs == 1 and machines == 1:
         return [sys.executable, "-m", "qa_train", *train_args], env
-    if procs % machines:
-        raise LaunchConfigError(f"--num_processes {procs} is not a multiple of --num_machines {machines}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(machines), "--node_rank",
            str(opts.machine_rank), "--nproc_per_node", str(procs // machines),
            "--master_addr", opts.main_process_ip, "--master_port", str(opts.main_process_port)]

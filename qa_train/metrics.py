@@ -1,18 +1,21 @@
-"""Throughput, MFU and peak memory: counted by the train loop, turned into figures here.
+"""Throughput, MFU and device memory: counted by the train loop, turned into figures here.
 
-Callbacks observe only: nothing here changes training state.
+Callbacks observe only: nothing here changes training state. Each rank measures its own
+`RankFigures`; they are gathered (named fields, one row per rank) before any figure is reported.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import time
 from dataclasses import dataclass, field
 
-import psutil
 import torch
 
-GB = 1024**3  # the *_gb keys of metrics.json are GiB, as nvidia-smi and torch report memory
+from qa_train.schema import PerRank, TrainFigures
+
+GIB = 1024**3  # the *_gb keys of metrics.json are GiB, as nvidia-smi and torch report memory
 
 # Dense bf16/fp16 tensor-core peak per device, from vendor data sheets (TFLOP/s).
 PEAK_TFLOPS_16BIT = {
@@ -21,15 +24,15 @@ PEAK_TFLOPS_16BIT = {
 }
 
 
-def device_peak_tflops(device: torch.device, mixed_precision: str) -> float | None:
+def peak_tflops(device_name: str, mixed_precision: str) -> float | None:
     """Peak for MFU; None on CPU, unknown GPUs, or fp32 (its peak depends on TF32 settings)."""
-    if device.type != "cuda" or mixed_precision not in ("bf16", "fp16"):
+    if mixed_precision not in ("bf16", "fp16"):
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, value in PEAK_TFLOPS_16BIT.items():
-        if key in name:
-            return value
-    return None
+    return next((value for key, value in PEAK_TFLOPS_16BIT.items() if key in device_name), None)
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 @dataclass
@@ -70,69 +73,77 @@ class ThroughputMeter:
     def elapsed(self) -> float:
         return max((self.t_end or time.perf_counter()) - (self.t_start or self.t_first), 1e-9)
 
-    def local(self) -> list[float]:
-        return [self.samples, self.tokens, self.padded_tokens, self.elapsed, self.timed_steps]
-
 
 @dataclass
-class MemoryMonitor:
-    """Peak memory during training: CUDA allocator peaks (reset after prepare) and sampled host RSS."""
+class DeviceMemory:
+    """CUDA allocator peaks since `reset()`; NaN on CPU, where host RSS is the memory figure."""
 
     device: torch.device
-    rss_peak: int = 0
-    process: psutil.Process = field(default_factory=psutil.Process)
 
     def reset(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        self.rss_peak = self.process.memory_info().rss
 
-    def sample(self) -> None:
-        self.rss_peak = max(self.rss_peak, self.process.memory_info().rss)
-
-    def local(self) -> list[float]:
-        """[cuda max allocated, cuda max reserved, training RSS peak, lifetime RSS peak] in GiB."""
-        if self.device.type == "cuda":
-            alloc = torch.cuda.max_memory_allocated(self.device) / GB
-            reserved = torch.cuda.max_memory_reserved(self.device) / GB
-        else:
-            alloc = reserved = float("nan")
-        lifetime = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB  # Linux reports KiB
-        return [alloc, reserved, self.rss_peak / GB, lifetime]
+    def peaks_gib(self) -> tuple[float, float]:
+        """(max allocated, max reserved) in GiB."""
+        if self.device.type != "cuda":
+            return float("nan"), float("nan")
+        return (torch.cuda.max_memory_allocated(self.device) / GIB,
+                torch.cuda.max_memory_reserved(self.device) / GIB)
 
 
-def per_rank_summary(values: list[float]) -> dict[str, object]:
-    clean = [v for v in values if v == v]  # drop NaN (no CUDA)
-    if not clean:
-        return {"per_rank": None, "max": None, "mean": None}
-    return {"per_rank": [round(v, 4) for v in values], "max": round(max(clean), 4),
-            "mean": round(sum(clean) / len(clean), 4)}
+def lifetime_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux reports KiB
 
 
-def summarize(throughput_rows: list[list[float]], memory_rows: list[list[float]], flops_per_token_padded: float,
-              peak_tflops: float | None, on_cuda: bool) -> dict[str, object]:
-    """Combine per-rank rows (gathered from all ranks) into the reported figures."""
-    world = len(throughput_rows)
-    samples = sum(r[0] for r in throughput_rows)
-    tokens = sum(r[1] for r in throughput_rows)
-    padded = sum(r[2] for r in throughput_rows)
-    elapsed = max(r[3] for r in throughput_rows)  # the slowest rank sets the pace
-    steps = max(r[4] for r in throughput_rows)
-    padded_per_s = padded / elapsed
-    achieved_tflops_per_device = padded_per_s * flops_per_token_padded / world / 1e12
-    columns = list(zip(*memory_rows))
-    out: dict[str, object] = {
-        "train_samples_per_second": round(samples / elapsed, 3),
-        "train_tokens_per_second": round(tokens / elapsed, 1),
-        "train_padded_tokens_per_second": round(padded_per_s, 1),
-        "train_step_time_s_mean": round(elapsed / steps, 5) if steps else None,
-        "timed_steps": int(steps),
-        "tflops_per_device": round(achieved_tflops_per_device, 3),
-        "mfu": round(achieved_tflops_per_device / peak_tflops, 4) if peak_tflops else None,
-        "peak_memory_source": "cuda_max_allocated" if on_cuda else "host_rss_during_training",
-        "peak_memory_gb": per_rank_summary(list(columns[0] if on_cuda else columns[2])),
-        "peak_memory_reserved_gb": per_rank_summary(list(columns[1])),
-        "train_host_rss_gb": per_rank_summary(list(columns[2])),
-        "peak_host_rss_gb": per_rank_summary(list(columns[3])),
-    }
-    return out
+@dataclass
+class RankFigures:
+    """What one rank measured over training. Gathered as one float row per rank, in field order."""
+
+    samples: float
+    tokens: float
+    padded_tokens: float
+    elapsed_s: float
+    timed_steps: float
+    cuda_allocated_gib: float
+    cuda_reserved_gib: float
+    train_rss_gib: float
+    lifetime_rss_gib: float
+    last_loss: float
+
+    def as_row(self) -> list[float]:
+        return [float(getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+    @classmethod
+    def from_row(cls, row: list[float]) -> RankFigures:
+        return cls(*row)
+
+
+def gather_figures(accelerator, mine: RankFigures) -> list[RankFigures]:
+    """Every rank's figures on every rank (a collective: all ranks must call it)."""
+    row = torch.tensor([mine.as_row()], dtype=torch.float64, device=accelerator.device)
+    return [RankFigures.from_row(r) for r in accelerator.gather(row).cpu().tolist()]
+
+
+def summarize(ranks: list[RankFigures], flops_per_token_padded: float, peak: float | None,
+              on_cuda: bool) -> TrainFigures:
+    """Combine the ranks' figures: throughput summed over ranks, timed by the slowest; memory per rank."""
+    elapsed = max(r.elapsed_s for r in ranks)
+    steps = max(r.timed_steps for r in ranks)
+    padded_per_s = sum(r.padded_tokens for r in ranks) / elapsed
+    tflops = padded_per_s * flops_per_token_padded / len(ranks) / 1e12
+    train_memory = [r.cuda_allocated_gib if on_cuda else r.train_rss_gib for r in ranks]
+    return TrainFigures(
+        train_samples_per_second=round(sum(r.samples for r in ranks) / elapsed, 3),
+        train_tokens_per_second=round(sum(r.tokens for r in ranks) / elapsed, 1),
+        train_padded_tokens_per_second=round(padded_per_s, 1),
+        train_step_time_s_mean=round(elapsed / steps, 5) if steps else None,
+        timed_steps=int(steps),
+        tflops_per_device=round(tflops, 3),
+        mfu=round(tflops / peak, 4) if peak else None,
+        peak_memory_source="cuda_max_allocated" if on_cuda else "host_rss_during_training",
+        peak_memory_gb=PerRank.of(train_memory),
+        peak_memory_reserved_gb=PerRank.of([r.cuda_reserved_gib for r in ranks]),
+        train_host_rss_gb=PerRank.of([r.train_rss_gib for r in ranks]),
+        peak_host_rss_gb=PerRank.of([r.lifetime_rss_gib for r in ranks]),
+    )

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from qa_train.config import TrainArgs
+from qa_train.config import ModelArgs
 
 
-def load_tokenizer(args: TrainArgs):
+def load_tokenizer(args: ModelArgs):
     from transformers import AutoTokenizer
 
     name = args.tokenizer_name or args.model_name_or_path
@@ -19,7 +19,7 @@ def load_tokenizer(args: TrainArgs):
     return tokenizer
 
 
-def load_model(args: TrainArgs, tokenizer):
+def load_model(args: ModelArgs, tokenizer):
     """Pretrained weights by default; random init from --config_name (offline use, benchmarks)."""
     from transformers import AutoConfig, AutoModelForQuestionAnswering
 

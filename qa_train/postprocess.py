@@ -19,20 +19,35 @@ start, then the lower end wins.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 
+@dataclass(frozen=True)
+class Questions:
+    """Which question each window belongs to, and every question's id and context."""
+
+    feature_example_index: np.ndarray  # [F]: index into example_ids/contexts
+    example_ids: Sequence[str]
+    contexts: Sequence[str]
+
+
+@dataclass(frozen=True)
+class SpanRules:
+    """How many start/end candidates a window offers, and the longest answer in tokens."""
+
+    n_best_size: int = 20
+    max_answer_length: int = 30
+
+
 def _check_inputs(
-    start_logits: np.ndarray,
-    end_logits: np.ndarray,
-    offsets: np.ndarray,
-    feature_example_index: np.ndarray,
-    example_ids: Sequence[str],
-    contexts: Sequence[str],
-    n_best_size: int,
-    max_answer_length: int,
+    start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndarray, questions: Questions, rules: SpanRules
 ) -> None:
+    feature_example_index, example_ids, contexts = (
+        questions.feature_example_index, questions.example_ids, questions.contexts,
+    )  # fmt: skip
+    n_best_size, max_answer_length = rules.n_best_size, rules.max_answer_length
     if start_logits.ndim != 2:
         raise ValueError(f"start_logits must be [features, seq_len], got shape {start_logits.shape}")
     num_features, seq_len = start_logits.shape
@@ -86,18 +101,14 @@ def _top_k_positions(logits: np.ndarray, k: int) -> np.ndarray:
 
 
 def _candidates(
-    start_logits: np.ndarray,
-    end_logits: np.ndarray,
-    in_context: np.ndarray,
-    n_best_size: int,
-    max_answer_length: int,
+    start_logits: np.ndarray, end_logits: np.ndarray, in_context: np.ndarray, rules: SpanRules
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Start positions [F, k], end positions [F, k] and pair scores [F, k, k].
 
     Invalid pairs score -inf; inputs are checked to be finite, so -inf marks
     invalid and nothing else.
     """
-    k = min(n_best_size, start_logits.shape[1])
+    k = min(rules.n_best_size, start_logits.shape[1])
     starts = _top_k_positions(start_logits, k)
     ends = _top_k_positions(end_logits, k)
     # float64 so that the sum of two float32/float16 logits is exact and the
@@ -109,7 +120,7 @@ def _candidates(
     scores = start_vals[:, :, None] + end_vals[:, None, :]
     # int32 keeps the [F, k, k] span grid at half the size of intp.
     span = ends.astype(np.int32)[:, None, :] - starts.astype(np.int32)[:, :, None]
-    np.putmask(scores, (span < 0) | (span >= max_answer_length), -np.inf)
+    np.putmask(scores, (span < 0) | (span >= rules.max_answer_length), -np.inf)
     return starts, ends, scores
 
 
@@ -141,16 +152,13 @@ def _best_spans(
 
 
 def _nbest(
-    starts: np.ndarray,
-    ends: np.ndarray,
-    scores: np.ndarray,
-    feature_example_index: np.ndarray,
-    offsets: np.ndarray,
-    example_ids: Sequence[str],
-    contexts: Sequence[str],
-    n_best_size: int,
+    candidates: tuple[np.ndarray, np.ndarray, np.ndarray], offsets: np.ndarray, questions: Questions, n_best_size: int
 ) -> dict[str, list[dict]]:
     """Up to n_best_size valid candidates per example, best first, same tie order as the answer."""
+    starts, ends, scores = candidates
+    feature_example_index, example_ids, contexts = (
+        questions.feature_example_index, questions.example_ids, questions.contexts,
+    )  # fmt: skip
     feat, si, ei = np.nonzero(scores > -np.inf)
     s_pos, e_pos = starts[feat, si], ends[feat, ei]
     cand_scores = scores[feat, si, ei]
@@ -183,42 +191,36 @@ def postprocess_predictions(
     start_logits: np.ndarray,
     end_logits: np.ndarray,
     offsets: np.ndarray,
-    feature_example_index: np.ndarray,
-    example_ids: Sequence[str],
-    contexts: Sequence[str],
-    n_best_size: int = 20,
-    max_answer_length: int = 30,
+    questions: Questions,
+    rules: SpanRules = SpanRules(),
     return_nbest: bool = False,
 ) -> dict[str, str] | tuple[dict[str, str], dict[str, list[dict]]]:
     """Best answer text for every example id ("" when no window has a valid span).
 
     ``offsets[f, t]`` holds the character span of token t of feature f within
-    ``contexts[feature_example_index[f]]``, or (-1, -1) for question, special
-    and padding tokens. With ``return_nbest`` also returns, per example id, up
-    to ``n_best_size`` candidates ``{"text", "score", "start", "end"}`` (start
-    and end are character offsets), best first; the same span seen from
-    overlapping windows may appear more than once.
+    ``questions.contexts[questions.feature_example_index[f]]``, or (-1, -1) for
+    question, special and padding tokens. With ``return_nbest`` also returns, per
+    example id, up to ``rules.n_best_size`` candidates ``{"text", "score", "start",
+    "end"}`` (start and end are character offsets), best first; the same span seen
+    from overlapping windows may appear more than once.
     """
     start_logits = np.asarray(start_logits)
     end_logits = np.asarray(end_logits)
     offsets = np.asarray(offsets)
-    feature_example_index = np.asarray(feature_example_index)
-    _check_inputs(
-        start_logits, end_logits, offsets, feature_example_index,
-        example_ids, contexts, n_best_size, max_answer_length,
-    )  # fmt: skip
-    predictions = {qid: "" for qid in example_ids}
+    questions = Questions(np.asarray(questions.feature_example_index), questions.example_ids, questions.contexts)
+    _check_inputs(start_logits, end_logits, offsets, questions, rules)
+    ids, contexts = questions.example_ids, questions.contexts
+    predictions = {qid: "" for qid in ids}
     if start_logits.size == 0:
-        return (predictions, {qid: [] for qid in example_ids}) if return_nbest else predictions
+        return (predictions, {qid: [] for qid in ids}) if return_nbest else predictions
 
     in_context = (offsets[..., 0] >= 0) & (offsets[..., 1] >= 0)
-    starts, ends, scores = _candidates(start_logits, end_logits, in_context, n_best_size, max_answer_length)
-    examples, feats, s_pos, e_pos = _best_spans(starts, ends, scores, feature_example_index)
+    candidates = _candidates(start_logits, end_logits, in_context, rules)
+    examples, feats, s_pos, e_pos = _best_spans(*candidates, questions.feature_example_index)
     char_start = offsets[feats, s_pos, 0].tolist()
     char_end = offsets[feats, e_pos, 1].tolist()
     for i, a, b in zip(examples.tolist(), char_start, char_end):
-        predictions[example_ids[i]] = contexts[i][a:b]
+        predictions[ids[i]] = contexts[i][a:b]
     if not return_nbest:
         return predictions
-    nbest = _nbest(starts, ends, scores, feature_example_index, offsets, example_ids, contexts, n_best_size)
-    return predictions, nbest
+    return predictions, _nbest(candidates, offsets, questions, rules.n_best_size)

@@ -16,18 +16,18 @@ import torch
 
 from qa_train.data import Examples
 from qa_train.features import featurize, window_offsets
-from qa_train.postprocess import postprocess_predictions
+from qa_train.postprocess import Questions, SpanRules, postprocess_predictions
 
 
 def answer(model_dir: str, question: str, context: str, max_seq_length: int = 384, doc_stride: int = 128,
-           n_best_size: int = 20, max_answer_length: int = 30) -> dict:
+           rules: SpanRules = SpanRules()) -> dict:
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForQuestionAnswering.from_pretrained(model_dir).eval()
     examples = Examples(source="<input>")
     examples.append("q", "", context, question, [], [])
-    feats = featurize(examples, tokenizer, max_seq_length, doc_stride)
+    feats = featurize(examples, tokenizer, max_seq_length, doc_stride, with_offsets=True)
     starts = np.full((len(feats), max_seq_length), -1e4, dtype=np.float32)
     ends = starts.copy()
     with torch.no_grad():
@@ -38,9 +38,9 @@ def answer(model_dir: str, question: str, context: str, max_seq_length: int = 38
             out = model(input_ids=ids, token_type_ids=types, attention_mask=torch.ones_like(ids))
             starts[f, : hi - lo] = out.start_logits[0].numpy()
             ends[f, : hi - lo] = out.end_logits[0].numpy()
-    offsets = window_offsets(feats, examples, tokenizer, max_seq_length)
-    _, nbest = postprocess_predictions(starts, ends, offsets, feats.example_index, examples.ids, examples.contexts,
-                                       n_best_size=n_best_size, max_answer_length=max_answer_length,
+    offsets = window_offsets(feats, max_seq_length)
+    questions = Questions(feats.example_index, examples.ids, examples.contexts)
+    _, nbest = postprocess_predictions(starts, ends, offsets, questions, rules,
                                        return_nbest=True)
     best = nbest["q"][0] if nbest["q"] else {"text": "", "score": float("nan"), "start": 0, "end": 0}
     return {"answer": best["text"], "score": float(best["score"]), "start": int(best["start"]),

@@ -15,10 +15,11 @@ import sys
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from qa_train.schema import MetricsFileError, RunMetrics
 
 DASH = "—"
 GPU_SERIES = "GPU peak allocated"
@@ -74,37 +75,26 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
     return runs
 
 
-def load_metrics(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "metrics.json"
-    if not path.is_file():
-        raise ReportError(f"{run_dir}: no metrics.json (did the run finish?)")
+def load_metrics(run_dir: Path) -> RunMetrics:
     try:
-        metrics = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ReportError(f"{run_dir}: metrics.json is not valid JSON: {err}") from None
-    missing = [k for k in ("strategy", "world_size", "train_samples_per_second") if k not in metrics]
-    if missing:
-        raise ReportError(f"{run_dir}: metrics.json lacks {', '.join(missing)}")
-    return metrics
+        return RunMetrics.read(run_dir)
+    except MetricsFileError as err:
+        raise ReportError(str(err)) from None
 
 
-def _max(metrics: dict[str, Any], key: str) -> float | None:
-    return (metrics.get(key) or {}).get("max")
-
-
-def make_row(run_dir: Path, m: dict[str, Any]) -> Row:
-    offload = m.get("offload") or "none"
-    strategy = m["strategy"] if offload == "none" else f"{m['strategy']}+offload({offload})"
-    on_gpu = m.get("peak_memory_source") == "cuda_max_allocated"
+def make_row(run_dir: Path, m: RunMetrics) -> Row:
+    offload = m.offload or "none"
+    strategy = m.strategy if offload == "none" else f"{m.strategy}+offload({offload})"
+    on_gpu = m.peak_memory_source == "cuda_max_allocated"
     return Row(
-        run=(m.get("args") or {}).get("run_name") or run_dir.name, run_dir=str(run_dir), strategy=strategy,
-        processes=int(m["world_size"]), global_batch=m.get("global_batch_size"),
-        samples_per_s=m.get("train_samples_per_second"), tokens_per_s=m.get("train_tokens_per_second"),
-        mfu=m.get("mfu"), memory_source=m.get("peak_memory_source"),
-        memory_max_gb=_max(m, "peak_memory_gb"), memory_mean_gb=(m.get("peak_memory_gb") or {}).get("mean"),
-        gpu_allocated_max_gb=_max(m, "peak_memory_gb") if on_gpu else None,
-        host_rss_train_max_gb=_max(m, "train_host_rss_gb"), host_rss_lifetime_max_gb=_max(m, "peak_host_rss_gb"),
-        exact_match=m.get("exact_match"), f1=m.get("f1"),
+        run=m.args.get("run_name") or run_dir.name, run_dir=str(run_dir), strategy=str(strategy),
+        processes=int(m.world_size or 0), global_batch=m.global_batch_size,
+        samples_per_s=m.train_samples_per_second, tokens_per_s=m.train_tokens_per_second,
+        mfu=m.mfu, memory_source=m.peak_memory_source,
+        memory_max_gb=m.peak_memory_gb.max, memory_mean_gb=m.peak_memory_gb.mean,
+        gpu_allocated_max_gb=m.peak_memory_gb.max if on_gpu else None,
+        host_rss_train_max_gb=m.train_host_rss_gb.max, host_rss_lifetime_max_gb=m.peak_host_rss_gb.max,
+        exact_match=m.exact_match, f1=m.f1,
     )
 
 

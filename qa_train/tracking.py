@@ -14,6 +14,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from qa_train.schema import RunMetrics
+
 log = logging.getLogger("qa_train")
 
 
@@ -87,18 +89,18 @@ class Tracker:
             f.write(json.dumps({"step": step, **values}) + "\n")
         self._wandb("log", values, step=step)
 
-    def finish(self, metrics: dict[str, Any]) -> None:
+    def finish(self, metrics: RunMetrics) -> None:
         if not self.enabled:
             return
-        atomic_write_json(self.output_dir / "metrics.json", metrics)
-        summary = {k: v for k, v in _flatten(metrics).items() if not k.startswith("args/")}
+        payload = metrics.to_json()
+        atomic_write_json(self.output_dir / "metrics.json", payload)
+        summary = {k: v for k, v in _flatten(payload).items() if not k.startswith("args/")}
         if self.run is not None:
             try:
                 self.run.summary.update(summary)
             except Exception as err:  # noqa: BLE001
                 warnings.warn(f"W&B summary failed: {err}", stacklevel=2)
             self._wandb("finish")
-
 
     def close(self) -> None:
         self._wandb("finish")
@@ -123,28 +125,27 @@ def _fmt(value: Any, unit: str = "") -> str:
     return f"{value}{unit}"
 
 
-def summary_table(m: dict[str, Any]) -> str:
+def summary_table(m: RunMetrics) -> str:
     """One screen: what a user compares strategies by."""
-    mem = m.get("peak_memory_gb") or {}
-    rss = m.get("peak_host_rss_gb") or {}
+    mem, rss = m.peak_memory_gb, m.peak_host_rss_gb
     before = ""
-    if m.get("initial_exact_match") is not None:
-        before = f"  (untrained: EM {_fmt(m['initial_exact_match'])}, F1 {_fmt(m['initial_f1'])})"
+    if m.initial_exact_match is not None:
+        before = f"  (untrained: EM {_fmt(m.initial_exact_match)}, F1 {_fmt(m.initial_f1)})"
     rows = [
-        ("strategy", f"{m['strategy']} (zero_stage={m['zero_stage']}, offload={m['offload']}), "
-                     f"world_size={m['world_size']}, {m['mixed_precision']}"),
-        ("exact match / F1", f"{_fmt(m.get('exact_match'))} / {_fmt(m.get('f1'))}{before}"),
-        ("train steps", f"{m['train_steps']} x global batch {m['global_batch_size']} "
-                        f"({m['num_train_features']} windows of {m['max_seq_length']} max)"),
-        ("throughput", f"{_fmt(m.get('train_samples_per_second'))} samples/s, "
-                       f"{_fmt(m.get('train_tokens_per_second'))} tokens/s "
-                       f"({_fmt(m.get('train_padded_tokens_per_second'))} padded)"),
-        ("step time", f"{_fmt(m.get('train_step_time_s_mean'), ' s')}, MFU {_fmt(m.get('mfu'))}"),
-        ("peak memory", f"max {_fmt(mem.get('max'), ' GiB')} / mean {_fmt(mem.get('mean'), ' GiB')} per rank "
-                        f"[{m.get('peak_memory_source')}]"),
-        ("peak host RSS", f"max {_fmt(rss.get('max'), ' GiB')} per rank (lifetime)"),
-        ("runtime", f"{_fmt(m.get('train_runtime_s'), ' s')} training, {_fmt(m.get('total_runtime_s'), ' s')} total"),
-        ("output", str(m.get("output_dir"))),
+        ("strategy", f"{m.strategy} (zero_stage={m.zero_stage}, offload={m.offload}), "
+                     f"world_size={m.world_size}, {m.mixed_precision}"),
+        ("exact match / F1", f"{_fmt(m.exact_match)} / {_fmt(m.f1)}{before}"),
+        ("train steps", f"{m.train_steps} x global batch {m.global_batch_size} "
+                        f"({m.num_train_features} windows of {m.max_seq_length} max)"),
+        ("throughput", f"{_fmt(m.train_samples_per_second)} samples/s, "
+                       f"{_fmt(m.train_tokens_per_second)} tokens/s "
+                       f"({_fmt(m.train_padded_tokens_per_second)} padded)"),
+        ("step time", f"{_fmt(m.train_step_time_s_mean, ' s')}, MFU {_fmt(m.mfu)}"),
+        ("peak memory", f"max {_fmt(mem.max, ' GiB')} / mean {_fmt(mem.mean, ' GiB')} per rank "
+                        f"[{m.peak_memory_source}]"),
+        ("peak host RSS", f"max {_fmt(rss.max, ' GiB')} per rank (lifetime)"),
+        ("runtime", f"{_fmt(m.train_runtime_s, ' s')} training, {_fmt(m.total_runtime_s, ' s')} total"),
+        ("output", str(m.output_dir)),
     ]
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 60)

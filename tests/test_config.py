@@ -41,15 +41,16 @@ def test_unknown_flag_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_defaults_follow_transformers_examples() -> None:
     args = parse_args([])
-    assert (args.model_name_or_path, args.dataset_name, args.max_seq_length, args.doc_stride) == (
+    assert (args.model.model_name_or_path, args.data.dataset_name, args.data.max_seq_length, args.data.doc_stride) == (
         "bert-base-uncased", "squad", 384, 128)
-    assert (args.learning_rate, args.num_train_epochs, args.n_best_size, args.max_answer_length) == (3e-5, 2.0, 20, 30)
+    assert (args.optim.learning_rate, args.optim.num_train_epochs, args.eval.n_best_size,
+            args.eval.max_answer_length) == (3e-5, 2.0, 20, 30)
 
 
 def test_bool_flags_parse_both_ways() -> None:
-    assert parse_args(["--pad_to_max_length"]).pad_to_max_length is True
-    assert parse_args(["--pad_to_max_length", "false"]).pad_to_max_length is False
-    assert parse_args(["--no_eval"]).do_eval is False
+    assert parse_args(["--pad_to_max_length"]).data.pad_to_max_length is True
+    assert parse_args(["--pad_to_max_length", "false"]).data.pad_to_max_length is False
+    assert parse_args(["--no_eval"]).eval.do_eval is False
 
 
 def test_cli_refuses_fast_without_loading(env: dict[str, str]) -> None:
@@ -60,3 +61,31 @@ def test_cli_refuses_fast_without_loading(env: dict[str, str]) -> None:
     assert "--doc_stride" in proc.stderr and "--max_seq_length" in proc.stderr
     assert time.perf_counter() - t0 < 20
     assert "Traceback" not in proc.stderr
+
+
+def test_every_flag_lives_in_exactly_one_group_and_round_trips() -> None:
+    import dataclasses
+
+    from qa_train.config import GROUPS, TrainArgs, build_parser
+
+    names = [f.name for group in GROUPS.values() for f in dataclasses.fields(group)]
+    assert len(names) == len(set(names)) == 49
+    parser_flags = {a.dest for a in build_parser()._actions if a.dest != "help"}
+    assert parser_flags == set(names)
+    args = parse_args(["--learning_rate", "1e-4", "--max_seq_length", "256", "--doc_stride", "64", "--no_eval",
+                       "--output_dir", "runs/x", "--mixed_precision", "bf16"])
+    assert (args.optim.learning_rate, args.data.max_seq_length, args.eval.do_eval) == (1e-4, 256, False)
+    assert (args.output.run_name, args.system.mixed_precision) == ("x", "bf16")  # run name defaults to the dir
+    flat = args.to_dict()
+    assert list(flat) == names and TrainArgs.from_flags(flat) == args
+    with pytest.raises(ConfigError, match="unknown setting.*learning_rat"):
+        TrainArgs.from_flags({**flat, "learning_rat": 1.0})
+
+
+def test_help_lists_flags_under_their_groups(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = capsys.readouterr().out
+    sections = [text.index(f"\n{name}:") for name in ("model", "data", "optim", "eval", "output", "system")]
+    assert sections == sorted(sections)
+    assert sections[1] < text.index("\n  --doc_stride") < sections[2] < text.index("\n  --learning_rate") < sections[3]

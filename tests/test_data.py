@@ -100,8 +100,8 @@ def test_windows_match_the_tokenizers_own_overflow(tokenizer) -> None:
 
 def test_every_in_window_label_decodes_to_the_answer(tokenizer) -> None:
     ex = load_file(DEMO_TRAIN).head(300)
-    feats = featurize(ex, tokenizer, max_seq_length=64, doc_stride=16)
-    offsets = window_offsets(feats, ex, tokenizer, 64)
+    feats = featurize(ex, tokenizer, max_seq_length=64, doc_stride=16, with_offsets=True)
+    offsets = window_offsets(feats, 64)
     labelled = feats.start_positions > 0
     assert labelled.sum() >= len(ex)  # every answer lies wholly inside at least one window
     for f in np.flatnonzero(labelled):
@@ -119,3 +119,30 @@ def test_consecutive_windows_share_doc_stride_tokens(tokenizer) -> None:
     for f in range(1, len(feats)):
         if feats.example_index[f] == feats.example_index[f - 1]:
             assert spans[f - 1][1] - spans[f][0] == 16
+
+
+def test_offsets_kept_by_featurisation_are_the_tokenizers_own(tokenizer, tmp_path: Path, monkeypatch) -> None:
+    """Evaluation reads answers through offsets cut with the windows, not from a second tokenisation:
+    they must equal what the tokenizer gives for the same context tokens, and survive the cache."""
+    from qa_train.features import load_or_featurize
+
+    ex = load_file(DEMO_DEV).head(80)
+    feats = featurize(ex, tokenizer, max_seq_length=64, doc_stride=16, with_offsets=True)
+    offsets = window_offsets(feats, 64)
+    assert featurize(ex, tokenizer, 64, 16).offsets is None  # training windows do not carry them
+    for f in range(len(feats)):
+        ctx = ex.contexts[feats.example_index[f]]
+        want = np.asarray(tokenizer(ctx, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"])
+        first, end = feats.context_span[f]
+        base = feats.context_offset[f]
+        np.testing.assert_array_equal(offsets[f, base: base + end - first], want[first:end])
+        outside = np.ones(64, dtype=bool)
+        outside[base: base + end - first] = False
+        assert (offsets[f, outside] == -1).all(), f"window {f}: a non-context token has an offset"
+    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path))
+    first, hit = load_or_featurize(ex, tokenizer, 64, 16, with_offsets=True)
+    again, hit_again = load_or_featurize(ex, tokenizer, 64, 16, with_offsets=True)
+    plain, plain_hit = load_or_featurize(ex, tokenizer, 64, 16)
+    assert (hit, hit_again, plain_hit) == (False, True, False)  # with and without offsets are cached apart
+    np.testing.assert_array_equal(window_offsets(again, 64), offsets)
+    assert plain.offsets is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qa_train.postprocess import postprocess_predictions
+from qa_train.postprocess import Questions, SpanRules, postprocess_predictions
 
 CONTEXT = "Super Bowl 50 was played at Levi's Stadium in Santa Clara California"
 WORDS = CONTEXT.split()  # 12 words; "Santa" is word 9, "Clara" word 10
@@ -28,15 +28,14 @@ def _window(first_word: int, last_word: int, question_len: int, seq_len: int) ->
     return offsets
 
 
-def _run(start: np.ndarray, end: np.ndarray, offsets: np.ndarray, **kwargs):
+def _run(start: np.ndarray, end: np.ndarray, offsets: np.ndarray, return_nbest: bool = False, **rules):
     return postprocess_predictions(
         np.asarray(start, dtype=np.float32),
         np.asarray(end, dtype=np.float32),
         offsets,
-        np.zeros(len(offsets), dtype=np.int64),
-        ["q"],
-        [CONTEXT],
-        **kwargs,
+        Questions(np.zeros(len(offsets), dtype=np.int64), ["q"], [CONTEXT]),
+        SpanRules(**rules),
+        return_nbest=return_nbest,
     )
 
 
@@ -94,7 +93,7 @@ def test_empty_answer_when_nothing_valid() -> None:
 def test_example_without_features_gets_empty_answer() -> None:
     offsets = _window(0, 4, 0, 5)[None]
     logits = np.arange(5, dtype=np.float32)[None]
-    preds = postprocess_predictions(logits, logits, offsets, np.array([1]), ["a", "b"], ["unused", CONTEXT])
+    preds = postprocess_predictions(logits, logits, offsets, Questions(np.array([1]), ["a", "b"], ["unused", CONTEXT]))
     # start and end logits both peak at token 4 = word 4: (4, 4) = 8 beats (3, 4) = 7.
     assert preds == {"a": "", "b": "played"}
 
@@ -121,17 +120,17 @@ def test_shape_mismatch_errors() -> None:
     logits = np.zeros((1, 5), dtype=np.float32)
     fei = np.zeros(1, dtype=np.int64)
     with pytest.raises(ValueError, match="end_logits shape"):
-        postprocess_predictions(logits, np.zeros((1, 6)), offsets, fei, ["q"], [CONTEXT])
+        postprocess_predictions(logits, np.zeros((1, 6)), offsets, Questions(fei, ["q"], [CONTEXT]))
     with pytest.raises(ValueError, match="offsets must have shape"):
-        postprocess_predictions(logits, logits, offsets[:, :4], fei, ["q"], [CONTEXT])
+        postprocess_predictions(logits, logits, offsets[:, :4], Questions(fei, ["q"], [CONTEXT]))
     with pytest.raises(ValueError, match="feature_example_index must have shape"):
-        postprocess_predictions(logits, logits, offsets, np.zeros(2, dtype=np.int64), ["q"], [CONTEXT])
+        postprocess_predictions(logits, logits, offsets, Questions(np.zeros(2, dtype=np.int64), ["q"], [CONTEXT]))
     with pytest.raises(ValueError, match=r"must lie in \[0, 1\)"):
-        postprocess_predictions(logits, logits, offsets, np.array([1]), ["q"], [CONTEXT])
+        postprocess_predictions(logits, logits, offsets, Questions(np.array([1]), ["q"], [CONTEXT]))
     with pytest.raises(ValueError, match="1 example_ids but 2 contexts"):
-        postprocess_predictions(logits, logits, offsets, fei, ["q"], [CONTEXT, CONTEXT])
+        postprocess_predictions(logits, logits, offsets, Questions(fei, ["q"], [CONTEXT, CONTEXT]))
     with pytest.raises(ValueError, match="NaN or infinite"):
-        postprocess_predictions(np.full((1, 5), np.nan), logits, offsets, fei, ["q"], [CONTEXT])
+        postprocess_predictions(np.full((1, 5), np.nan), logits, offsets, Questions(fei, ["q"], [CONTEXT]))
 
 
 # --- randomized equivalence with a deliberately naive implementation ---------
@@ -194,8 +193,10 @@ def test_matches_slow_reference(integer_logits: bool) -> None:
         batch = _random_batch(rng, integer_logits)
         n_best_size = int(rng.integers(1, 8))
         max_answer_length = int(rng.integers(1, 10))
+        start, end, offsets, fei, ids, contexts = batch
         preds, nbest = postprocess_predictions(
-            *batch, n_best_size=n_best_size, max_answer_length=max_answer_length, return_nbest=True
+            start, end, offsets, Questions(fei, ids, contexts), SpanRules(n_best_size, max_answer_length),
+            return_nbest=True,
         )
         want_preds, want_nbest = _reference(*batch, n_best_size, max_answer_length)
         assert preds == want_preds

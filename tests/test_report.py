@@ -9,6 +9,7 @@ import pytest
 
 from conftest import PY, base_env, read_metrics, run_cmd, run_ok
 from qa_train import report
+from qa_train.schema import PerRank, RunMetrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -16,27 +17,27 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def fake_metrics(out: Path, strategy: str, world: int, samples_s: float, rss: float,
                  em: float | None = None, f1: float | None = None, offload: str = "none",
                  gpu: float | None = None) -> Path:
-    """A metrics.json shaped like run.py writes it, with only the figures the report reads."""
+    """A metrics.json written from the one schema run.py writes it from, with the figures the report reads."""
     out.mkdir(parents=True)
     mem = gpu if gpu is not None else rss
 
-    def per_rank(v: float | None) -> dict:
-        return {"per_rank": None if v is None else [v] * world, "max": v, "mean": None if v is None else v * 0.9}
+    def per_rank(v: float | None) -> PerRank:
+        return PerRank(None if v is None else [v] * world, v, None if v is None else v * 0.9)
 
-    metrics = {
-        "exact_match": em, "f1": f1, "initial_exact_match": None, "train_samples_per_second": samples_s,
-        "train_tokens_per_second": samples_s * 150, "train_padded_tokens_per_second": samples_s * 192,
-        "train_step_time_s_mean": 0.5, "tflops_per_device": 0.01, "mfu": 0.412 if gpu is not None else None,
-        "peak_memory_source": "cuda_max_allocated" if gpu is not None else "host_rss_during_training",
-        "peak_memory_gb": per_rank(mem), "peak_memory_reserved_gb": per_rank(gpu),
-        "train_host_rss_gb": per_rank(rss), "peak_host_rss_gb": per_rank(rss + 0.25),
-        "train_runtime_s": 10.0, "train_steps": 6, "world_size": world, "strategy": strategy,
-        "zero_stage": int(strategy[-1]) if strategy.startswith("zero") else None, "offload": offload,
-        "mixed_precision": "no", "device": "cpu", "global_batch_size": 8 * world,
-        "per_device_train_batch_size": 8, "max_seq_length": 192, "num_parameters": 1000,
-        "output_dir": str(out), "args": {"run_name": out.name},
-    }
-    (out / "metrics.json").write_text(json.dumps(metrics))
+    metrics = RunMetrics(
+        exact_match=em, f1=f1, train_samples_per_second=samples_s,
+        train_tokens_per_second=samples_s * 150, train_padded_tokens_per_second=samples_s * 192,
+        train_step_time_s_mean=0.5, tflops_per_device=0.01, mfu=0.412 if gpu is not None else None,
+        peak_memory_source="cuda_max_allocated" if gpu is not None else "host_rss_during_training",
+        peak_memory_gb=per_rank(mem), peak_memory_reserved_gb=per_rank(gpu),
+        train_host_rss_gb=per_rank(rss), peak_host_rss_gb=per_rank(rss + 0.25),
+        train_runtime_s=10.0, train_steps=6, world_size=world, strategy=strategy,
+        zero_stage=int(strategy[-1]) if strategy.startswith("zero") else None, offload=offload,
+        mixed_precision="no", device="cpu", global_batch_size=8 * world,
+        per_device_train_batch_size=8, max_seq_length=192, num_parameters=1000,
+        output_dir=str(out), args={"run_name": out.name},
+    )
+    (out / "metrics.json").write_text(json.dumps(metrics.to_json()))
     return out
 
 
@@ -189,15 +190,15 @@ def test_bench_reports_failed_runs_and_goes_on(tmp_path: Path) -> None:
 @pytest.mark.parametrize("on_cpu", [True, False])
 def test_ablation_flips_one_real_flag_per_run(on_cpu: bool) -> None:
     from qa_train import bench
-    from qa_train.config import TrainArgs, parse_args
+    from qa_train.config import parse_args
 
     plans = bench.ablation_plans(on_cpu)
     assert plans[0].name == "default" and plans[0].extra == []
     assert len({p.name for p in plans}) == len(plans)
-    defaults = TrainArgs.__dataclass_fields__
+    defaults = parse_args(["--offline_demo"]).to_dict()
     for plan in plans[1:]:
-        args = parse_args(["--offline_demo", *plan.extra])  # a misspelt flag would be refused here
-        flipped = [name for name in defaults if getattr(args, name) != getattr(parse_args(["--offline_demo"]), name)]
+        args = parse_args(["--offline_demo", *plan.extra]).to_dict()  # a misspelt flag would be refused here
+        flipped = [name for name in defaults if args[name] != defaults[name]]
         assert len(flipped) == 1, (plan.name, flipped)
     cuda_only = {"fp32", "unfused-adamw", "no-workers"}
     assert ({p.name for p in plans} & cuda_only) == (set() if on_cpu else cuda_only)

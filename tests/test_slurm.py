@@ -52,14 +52,15 @@ def test_two_nodes_form_one_world(config: str, strategy: str, port: int, tmp_pat
 
 def test_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:
     env = cluster_env(tmp_path, "7301", "ddp", 29731)
-    env.update({"FAKE_SLURM_SIGNAL_AFTER": "25", "QA_TRAIN_TEST_STEP_DELAY_S": "1.0"})
+    # The ranks hold after step 10 until asked to stop; the scheduler's warning signal comes once they hold.
+    env.update({"QA_TRAIN_TEST_HOLD_AT_STEP": "10", "FAKE_SLURM_SIGNAL_WHEN": str(tmp_path / "out" / "HOLDING-rank0")})
     proc = run_ok(["sbatch", "--nodes", "2", "slurm/train.sbatch", *train_flags(40)], env, timeout=900)
     assert "warning signal" in proc.stdout and "job requeued" in proc.stdout
     assert "start 1" in proc.stdout  # the fake scheduler ran the requeued job
     node0 = (tmp_path / "logs" / "node0.log").read_text()
     assert "stop requested: checkpoint saved at step" in node0
     stopped_at = int(node0.split("stop requested: checkpoint saved at step ")[1].split(";")[0])
-    assert 0 < stopped_at < 40
+    assert stopped_at == 10
     assert f"resumed from {tmp_path / 'out'}/checkpoints/step_{stopped_at:08d}" in node0
     m = read_metrics(tmp_path / "out")
     assert (m["world_size"], m["train_steps"]) == (2, 40)

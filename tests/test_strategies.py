@@ -11,8 +11,10 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -57,17 +59,34 @@ def assert_export_is_trained(out: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("ddp")
-    out = tmp / "run"
-    run_ok(launch_cmd("ddp", out), base_env(tmp))
-    return out
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """One uninterrupted run per config, launched once for every test of this module that compares with it."""
+    done: dict[str, Path] = {}
+
+    def run(config: str) -> Path:
+        if config not in done:
+            tmp = tmp_path_factory.mktemp(config)
+            # DDP, the reference, also evaluates: evaluation comes after training and changes no step.
+            extra = ("--do_eval", "true") if config == "ddp" else ()
+            run_ok(launch_cmd(config, tmp / "run", *extra), base_env(tmp))
+            done[config] = tmp / "run"
+        return done[config]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def ddp_run(uninterrupted: Callable[[str], Path]) -> Path:
+    return uninterrupted("ddp")
 
 
 def test_ddp_reference_run(ddp_run: Path) -> None:
     m = read_metrics(ddp_run)
     assert (m["world_size"], m["strategy"], m["zero_stage"], m["offload"]) == (2, "ddp", None, "none")
+    assert m["distributed_type"] == "MULTI_CPU" and m["global_batch_size"] == 16 and m["train_steps"] == STEPS
     assert m["train_loss_per_rank"][0] == m["train_loss_per_rank"][1]
+    assert len(m["peak_memory_gb"]["per_rank"]) == 2 and len(m["peak_host_rss_gb"]["per_rank"]) == 2
+    assert 0 <= m["exact_match"] <= m["f1"] <= 100 and (ddp_run / "eval_predictions.json").is_file()
     assert sorted(step_log(ddp_run)) == list(range(1, STEPS + 1))
     assert_export_is_trained(ddp_run)
 
@@ -77,9 +96,9 @@ def test_ddp_reference_run(ddp_run: Path) -> None:
     [("zero1", 1, "none"), ("zero2", 2, "none"), ("zero3", 3, "none"),
      ("zero2_offload", 2, "optimizer"), ("zero3_offload", 3, "optimizer+params")],
 )
-def test_zero_matches_ddp(config: str, stage: int, offload: str, ddp_run: Path, tmp_path: Path) -> None:
-    out = tmp_path / config
-    run_ok(launch_cmd(config, out), base_env(tmp_path))
+def test_zero_matches_ddp(config: str, stage: int, offload: str, ddp_run: Path,
+                          uninterrupted: Callable[[str], Path]) -> None:
+    out = uninterrupted(config)
     m = read_metrics(out)
     assert (m["world_size"], m["strategy"], m["zero_stage"], m["offload"]) == (2, f"zero{stage}", stage, offload)
     assert m["train_loss_per_rank"][0] == m["train_loss_per_rank"][1]
@@ -96,32 +115,55 @@ def test_zero_matches_ddp(config: str, stage: int, offload: str, ddp_run: Path, 
     assert_export_is_trained(out)
 
 
+def _kill_tree(proc: subprocess.Popen) -> list[psutil.Process]:
+    """SIGKILL the launcher and every process under it, as a node failure would: no chance to clean up.
+    torchrun starts its ranks in sessions of their own, so killing the launcher's process group is not enough.
+    Returns the ranks (the processes running qa_train's entry point)."""
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    ranks = [p for p in tree if " -m qa_train " in f" {' '.join(p.cmdline())} "]
+    for p in [psutil.Process(proc.pid), *tree]:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+    psutil.wait_procs(tree, timeout=30)
+    return ranks
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _kill_after_checkpoint(cmd: list[str], env: dict[str, str], out: Path) -> None:
-    env = {**env, "QA_TRAIN_TEST_STEP_DELAY_S": "0.7"}
+    """SIGKILL the run once both ranks hold after step 6: past the step-4 checkpoint, so the resume must redo steps."""
+    env = {**env, "QA_TRAIN_TEST_HOLD_AT_STEP": "6"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 400
     try:
-        while not (out / "checkpoints" / "step_00000004" / "trainer_state.json").exists():
-            assert proc.poll() is None, "run ended before its first checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint in time"
-            time.sleep(0.2)
-        time.sleep(1.0)  # let it train on past the checkpoint, so the resume must redo steps
+        while not all((out / f"HOLDING-rank{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None, "run ended before it reached step 6"
+            assert time.monotonic() < deadline, "step 6 not reached in time"
+            time.sleep(0.1)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank, no chance to clean up
-        proc.wait()
+        ranks = _kill_tree(proc)
+    assert len(ranks) == 2, [p.pid for p in ranks]
+    assert not any(_alive(p) for p in ranks), "a rank outlived the kill"
+    assert (out / "checkpoints" / "step_00000004" / "trainer_state.json").is_file()
     assert not (out / "metrics.json").exists()
 
 
 @pytest.mark.parametrize(("config", "tol"), [("ddp", 0.0), ("zero2", 1e-5)])
-def test_kill_and_resume_matches_uninterrupted(config: str, tol: float, ddp_run: Path, tmp_path: Path) -> None:
+def test_kill_and_resume_matches_uninterrupted(config: str, tol: float, uninterrupted: Callable[[str], Path],
+                                               tmp_path: Path) -> None:
     env = base_env(tmp_path)
     out = tmp_path / "killed"
     cmd = launch_cmd(config, out)
-    reference = ddp_run
-    if config != "ddp":  # compare with an uninterrupted run of the same strategy: same reduction order
-        reference = tmp_path / "uninterrupted"
-        run_ok(launch_cmd(config, reference), env)
+    reference = uninterrupted(config)  # the same strategy: the same reduction order
     _kill_after_checkpoint(cmd, env, out)
     run_ok([*cmd, "--resume_from_checkpoint", "latest"], env)
     ours, ref = step_log(out), step_log(reference)
@@ -130,6 +172,6 @@ def test_kill_and_resume_matches_uninterrupted(config: str, tol: float, ddp_run:
         assert ours[step]["train/lr"] == ref[step]["train/lr"], f"LR differs at step {step}"
         assert ours[step]["train/loss"] == pytest.approx(ref[step]["train/loss"], rel=tol, abs=tol)
     resumed = load_file(out / "final" / "model.safetensors")
-    uninterrupted = load_file(reference / "final" / "model.safetensors")
-    for name, tensor in uninterrupted.items():
+    expected = load_file(reference / "final" / "model.safetensors")
+    for name, tensor in expected.items():
         torch.testing.assert_close(resumed[name], tensor, rtol=tol, atol=tol, msg=name)

@@ -1,8 +1,9 @@
 """A fake SLURM for tests: sbatch, srun and scontrol that run a batch script as N "nodes" on this machine.
 
 Each node is a process on loopback with the variables a real cluster sets. sbatch honours
-`--signal=B:SIG@T` by sending SIG to the batch shell FAKE_SLURM_SIGNAL_AFTER seconds after start
-(standing in for "T seconds before the time limit") and re-runs the script when it requeued itself.
+`--signal=B:SIG@T` by sending SIG to the batch shell once the file FAKE_SLURM_SIGNAL_WHEN exists
+(standing in for "T seconds before the time limit": a test makes the run create it at a chosen
+step) and re-runs the script when it requeued itself.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ def _script_options(script: Path) -> dict[str, str]:
     return opts
 
 
+def _signal_when(marker: Path, shell: subprocess.Popen, sig: int) -> None:
+    while shell.poll() is None:
+        if marker.exists():
+            shell.send_signal(sig)
+            return
+        time.sleep(0.05)
+
+
 def sbatch(argv: list[str]) -> int:
     opts: dict[str, str] = {}
     rest = list(argv)
@@ -74,11 +83,11 @@ def sbatch(argv: list[str]) -> int:
         (STATE / f"requeue-{job_id}").unlink(missing_ok=True)
         print(f"fake sbatch: job {job_id} start {restarts}", flush=True)
         shell = subprocess.Popen(["bash", str(script), *script_args], env=env)
-        delay = os.environ.get("FAKE_SLURM_SIGNAL_AFTER")
-        if delay and restarts == 0 and "signal" in opts:
+        when = os.environ.get("FAKE_SLURM_SIGNAL_WHEN")
+        if when and restarts == 0 and "signal" in opts:
             sig = getattr(signal, "SIG" + opts["signal"].split(":")[-1].split("@")[0])
             # Bound now: after a requeue `shell` names the next attempt, which must not get this warning.
-            threading.Timer(float(delay), lambda sh=shell, s=sig: sh.poll() is None and sh.send_signal(s)).start()
+            threading.Thread(target=_signal_when, args=(Path(when), shell, sig), daemon=True).start()
         rc = shell.wait()
         if not (STATE / f"requeue-{job_id}").exists():
             return rc

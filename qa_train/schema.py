@@ -1,0 +1,162 @@
+"""metrics.json: one typed definition, written by the run and read by the report, tracker and tests.
+
+Every key a run writes is a field here; `RunMetrics.from_json` is the one reader, so a field
+renamed here breaks every reader at once instead of leaving one silently reading `None`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Kept for reading runs written before a field existed; everything else may be None but must be present.
+REQUIRED = ("strategy", "world_size", "train_samples_per_second")
+
+
+class MetricsFileError(ValueError):
+    """A metrics.json that cannot be read as a qa_train run; the message names the file."""
+
+
+@dataclass
+class PerRank:
+    """One figure on every rank (gathered before reporting), with its max and mean over ranks."""
+
+    per_rank: list[float] | None = None
+    max: float | None = None
+    mean: float | None = None
+
+    @classmethod
+    def of(cls, values: list[float]) -> PerRank:
+        """NaN marks a figure a rank cannot measure (CUDA memory on CPU): left out of max and mean."""
+        clean = [v for v in values if v == v]
+        if not clean:
+            return cls()
+        return cls([round(v, 4) for v in values], round(max(clean), 4), round(sum(clean) / len(clean), 4))
+
+
+@dataclass
+class TrainFigures:
+    """Throughput and memory of the training phase, summarised over ranks (`metrics.summarize`)."""
+
+    train_samples_per_second: float | None = None
+    """Training windows per second, all ranks together, over the timed steps."""
+    train_tokens_per_second: float | None = None
+    """Non-padding tokens per second, all ranks together."""
+    train_padded_tokens_per_second: float | None = None
+    """Tokens per second including padding: what the device computed."""
+    train_step_time_s_mean: float | None = None
+    """Mean seconds per optimizer step of the slowest rank."""
+    timed_steps: int | None = None
+    """Optimizer steps timed (all after --throughput_warmup_steps)."""
+    tflops_per_device: float | None = None
+    """Achieved training TFLOP/s per device, from padded tokens/s x FLOPs per token."""
+    mfu: float | None = None
+    """Model FLOPs utilisation against the GPU's dense 16-bit peak; None on CPU, fp32 or unknown GPUs."""
+    peak_memory_source: str | None = None
+    """What peak_memory_gb measures: cuda_max_allocated or host_rss_during_training."""
+    peak_memory_gb: PerRank = field(default_factory=PerRank)
+    """Peak memory of the training phase per rank, GiB (CUDA max allocated, else host RSS)."""
+    peak_memory_reserved_gb: PerRank = field(default_factory=PerRank)
+    """CUDA max reserved by the caching allocator per rank, GiB; empty on CPU."""
+    train_host_rss_gb: PerRank = field(default_factory=PerRank)
+    """Host RSS peak of the training phase per rank, GiB (sampled once per step)."""
+    peak_host_rss_gb: PerRank = field(default_factory=PerRank)
+    """Lifetime host RSS peak per rank (loading and evaluation included), GiB."""
+
+
+@dataclass
+class Scores:
+    """SQuAD scores of the run, first in metrics.json because they are what a reader looks for first."""
+
+    exact_match: float | None = None
+    """SQuAD exact match (0-100) after training; None with --no_eval."""
+    f1: float | None = None
+    """SQuAD token F1 (0-100) after training; None with --no_eval."""
+    initial_exact_match: float | None = None
+    """Exact match of the untrained model (--eval_before_training)."""
+    initial_f1: float | None = None
+    """F1 of the untrained model (--eval_before_training)."""
+
+
+@dataclass
+class RunMetrics(TrainFigures, Scores):
+    """Everything a finished run reports; metrics.json's keys in order (Scores, TrainFigures, then these)."""
+
+    train_runtime_s: float | None = None
+    """Wall seconds of the training loop (first step to last, checkpoints included)."""
+    eval_runtime_s: float | None = None
+    """Wall seconds of the final evaluation; None without one."""
+    total_runtime_s: float | None = None
+    """Wall seconds from start-up to the report."""
+    train_steps: int | None = None
+    """Optimizer steps completed (a resumed run counts the steps before its checkpoint)."""
+    train_loss: float | None = None
+    """Mean training loss over all ranks in the last logging interval."""
+    train_loss_per_rank: list[float] = field(default_factory=list)
+    """The same loss as each rank saw it after the all-reduce (equal when ranks agree)."""
+    world_size: int | None = None
+    """Processes in the data-parallel world."""
+    strategy: str | None = None
+    """single, ddp, fsdp, zero1, zero2 or zero3, read from the live accelerator."""
+    zero_stage: int | None = None
+    """DeepSpeed ZeRO stage; None outside DeepSpeed."""
+    offload: str | None = None
+    """none, optimizer, params or optimizer+params."""
+    distributed_type: str | None = None
+    """accelerate's distributed type as it names it (MULTI_GPU, MULTI_CPU, DEEPSPEED, FSDP, NO)."""
+    mixed_precision: str | None = None
+    """no, fp16 or bf16, as resolved for this run."""
+    device: str | None = None
+    """GPU name, or cpu."""
+    num_parameters: int | None = None
+    """Trainable parameters of the model (the real size under ZeRO-3 partitioning)."""
+    num_train_examples: int | None = None
+    """Training questions."""
+    num_train_features: int | None = None
+    """Training windows."""
+    num_eval_examples: int | None = None
+    """Evaluation questions."""
+    num_eval_features: int | None = None
+    """Evaluation windows."""
+    global_batch_size: int | None = None
+    """Windows per optimizer step: micro-batch x accumulation x world size."""
+    per_device_train_batch_size: int | None = None
+    """Micro-batch per process."""
+    max_seq_length: int | None = None
+    """Tokens per window."""
+    output_dir: str | None = None
+    """The run directory."""
+    qa_train_version: str | None = None
+    """qa_train's version that wrote the file."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Every flag of the run, flat: {flag: value}."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any], where: str = "metrics.json") -> RunMetrics:
+        """Read what to_json wrote; keys unknown to this version are ignored, REQUIRED ones must be there."""
+        missing = [k for k in REQUIRED if k not in payload]
+        if missing:
+            raise MetricsFileError(f"{where}: metrics.json lacks {', '.join(missing)}")
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in payload.items() if k in known}
+        for name, f in known.items():
+            if f.type == "PerRank" and isinstance(values.get(name), dict):
+                values[name] = PerRank(**values[name])
+        return cls(**values)
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunMetrics:
+        path = run_dir / "metrics.json"
+        if not path.is_file():
+            raise MetricsFileError(f"{run_dir}: no metrics.json (did the run finish?)")
+        try:
+            payload = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise MetricsFileError(f"{run_dir}: metrics.json is not valid JSON: {err}") from None
+        return cls.from_json(payload, str(run_dir))

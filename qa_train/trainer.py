@@ -1,0 +1,282 @@
+"""The Trainer: everything one run trains with, as named attributes; fit, evaluate and export are its phases.
+
+The loop never knows which strategy it runs under: that is the accelerate config's business, and
+distributed.py's where a library forces a difference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from qa_train import __version__, checkpoint, distributed
+from qa_train.config import TrainArgs
+from qa_train.evaluation import EvalResult, EvalSet, answer_and_score, predict_logits, write_predictions
+from qa_train.hostmem import HostMemory
+from qa_train.inputs import build_loaders, load_inputs
+from qa_train.metrics import (DeviceMemory, RankFigures, ThroughputMeter, device_name, gather_figures,
+                              lifetime_rss_gib, peak_tflops, summarize)
+from qa_train.modeling import flops_per_token, load_model, load_tokenizer
+from qa_train.optimization import batches_per_rank, build_optimizer, plan_steps
+from qa_train.postprocess import SpanRules
+from qa_train.preemption import StopRequest
+from qa_train.profiling import start_profiler
+from qa_train.schema import RunMetrics
+from qa_train.tracking import Tracker
+
+log = logging.getLogger("qa_train")
+
+
+def setup_logging(is_main: bool) -> None:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+                        level=logging.INFO if is_main else logging.WARNING, force=True)
+    for noisy in ("transformers", "datasets", "accelerate", "DeepSpeed", "torch.distributed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if is_main else logging.ERROR)
+
+
+class Trainer:
+    """Builds the run in data-flow order: accelerator -> inputs -> model and optimizer -> prepare -> resume -> tracker."""
+
+    def __init__(self, args: TrainArgs) -> None:
+        from accelerate.utils import set_seed
+
+        self.args = args
+        self.output_dir = Path(args.output.output_dir)
+        self.accelerator, self.mixed_precision = distributed.make_accelerator(args)
+        self.is_main = self.accelerator.is_main_process
+        setup_logging(self.is_main)
+        distributed.check_world(self.accelerator)
+        self.strategy = distributed.detect_strategy(self.accelerator)
+        self.on_cuda = self.accelerator.device.type == "cuda"
+        log.info("qa_train %s: %s on %d process(es), device %s, mixed precision %s", __version__, self.strategy.name,
+                 self.accelerator.num_processes, self.accelerator.device, self.mixed_precision)
+        self.stop = StopRequest(self.output_dir)
+        set_seed(args.system.seed)
+        self.host_memory = HostMemory(trim=not self.on_cuda)
+        self.device_memory = DeviceMemory(self.accelerator.device)
+        self._build_inputs()
+        self._build_model()
+        self.state = self._resume()
+        self.tracker = Tracker(self.is_main, self.output_dir, args.output.report_to == "wandb")
+        self.tracker.start(args.output.wandb_project, args.output.run_name,
+                           {**args.to_dict(), **self.strategy.as_dict(), "world_size": self.accelerator.num_processes},
+                           resuming=self.state.completed_steps > 0)
+        self.meter = ThroughputMeter(args.system.throughput_warmup_steps)
+        self.running_loss = torch.zeros((), device=self.accelerator.device)
+        self.micro_batches = 0
+        self.last_loss = float("nan")
+        self.preempted = False
+        self.train_runtime_s = 0.0
+        self.train_memory = (float("nan"), float("nan"), float("nan"))  # CUDA allocated, reserved, host RSS (GiB)
+
+    # --- building ------------------------------------------------------------------------------
+
+    def _build_inputs(self) -> None:
+        self.tokenizer = load_tokenizer(self.args.model)
+        self.inputs = load_inputs(self.accelerator, self.args, self.tokenizer)
+        self.train_dl, self.eval_dl = build_loaders(self.inputs, self.tokenizer, self.args.data, self.args.system.seed,
+                                                    self.on_cuda)
+        log.info("%s", self.inputs.describe())
+        self.host_memory.trim()  # featurisation's transient Python objects
+        self.eval_set = None
+        if self.eval_dl is not None and self.is_main:  # post-processing happens on the main process only
+            self.eval_set = EvalSet.build(self.inputs.eval_examples, self.inputs.eval_features,
+                                          self.args.data.max_seq_length)
+
+    def _build_model(self) -> None:
+        args, accelerator = self.args, self.accelerator
+        model = load_model(args.model, self.tokenizer)
+        if args.system.torch_compile:
+            model = torch.compile(model, dynamic=not args.data.pad_to_max_length)
+        self.plan = plan_steps(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
+        optimizer, scheduler = build_optimizer(accelerator, model, args, self.plan)
+        distributed.reconcile_with_flags(accelerator, args, self.mixed_precision)
+        loaders = [self.train_dl] + ([self.eval_dl] if self.eval_dl is not None else [])
+        self.model, self.optimizer, self.scheduler, *prepared = accelerator.prepare(model, optimizer, scheduler,
+                                                                                    *loaders)
+        self.train_dl = prepared[0]
+        self.eval_dl = prepared[1] if self.eval_dl is not None else None
+
+    def _resume(self) -> checkpoint.TrainerState:
+        spec = self.args.output.resume_from_checkpoint
+        path = checkpoint.resolve_resume(spec, self.output_dir)
+        if path is None:
+            if spec == "latest":
+                log.info("no checkpoint in %s yet: starting from scratch", checkpoint.checkpoint_root(self.output_dir))
+            return checkpoint.TrainerState()
+        state = checkpoint.load_checkpoint(self.accelerator, path)
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.completed_steps, state.epoch,
+                 state.batches_in_epoch)
+        return state
+
+    @property
+    def global_batch_size(self) -> int:
+        return (self.args.data.per_device_train_batch_size * self.args.optim.gradient_accumulation_steps
+                * self.accelerator.num_processes)
+
+    # --- training ------------------------------------------------------------------------------
+
+    def fit(self) -> bool:
+        """Train to the planned step count. False when a stop request ended it early (its checkpoint is written)."""
+        plan, system = self.plan, self.args.system
+        log.info("training %d steps (%d epochs of %d updates), global batch %d", plan.total_steps, plan.num_epochs,
+                 plan.updates_per_epoch, self.global_batch_size)
+        # Peaks from here on are the training phase's alone: loading, resuming and evaluation are not training.
+        self.host_memory.reset()
+        self.device_memory.reset()
+        profiler = (start_profiler(self.output_dir, system.throughput_warmup_steps, self.accelerator.process_index,
+                                   self.is_main, self.on_cuda) if system.profile else None)
+        t0 = time.perf_counter()
+        self.model.train()
+        while self.state.completed_steps < plan.total_steps and not self.preempted:
+            self._train_epoch(profiler)
+        self.meter.finish(self._sync)
+        if profiler is not None:
+            profiler.stop()
+        self.train_runtime_s = time.perf_counter() - t0
+        self.train_memory = (*self.device_memory.peaks_gib(), self.host_memory.peak_gib)
+        return not self.preempted
+
+    def _sync(self) -> None:
+        if self.on_cuda:
+            torch.cuda.synchronize()
+
+    def _train_epoch(self, profiler) -> None:
+        state = self.state
+        loader = (self.accelerator.skip_first_batches(self.train_dl, state.batches_in_epoch)
+                  if state.batches_in_epoch else self.train_dl)
+        loader.set_epoch(state.epoch)  # the shuffle of epoch e is a function of (seed, e) alone
+        for batch in loader:
+            self._micro_step(batch)
+            if self.accelerator.sync_gradients and self._after_update(profiler):
+                break
+        if self.preempted:
+            return
+        if state.completed_steps < self.plan.total_steps or state.batches_in_epoch >= len(self.train_dl):
+            state.epoch += 1
+            state.batches_in_epoch = 0
+            if self.args.output.checkpoint_every == "epoch":
+                self._save_checkpoint()
+
+    def _micro_step(self, batch: dict[str, torch.Tensor]) -> None:
+        real, padded = batch.pop("num_tokens")
+        batch.pop("feature_index")
+        accelerator, max_norm = self.accelerator, self.args.optim.max_grad_norm
+        with accelerator.accumulate(self.model):
+            loss = self.model(**batch).loss
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and max_norm > 0:
+                accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.state.batches_in_epoch += 1
+        self.running_loss += loss.detach()
+        self.micro_batches += 1
+        self.meter.micro_batch(len(batch["input_ids"]), int(real), int(padded))
+        self.host_memory.step()
+
+    def _after_update(self, profiler) -> bool:
+        """Count the update, log, checkpoint; True when the epoch loop must end (done or stopping)."""
+        state, out = self.state, self.args.output
+        state.completed_steps += 1
+        self.meter.optimizer_step(self._sync)
+        if profiler is not None:
+            profiler.step()
+        self.stop.hold_if_asked(state.completed_steps, self.accelerator.process_index)
+        if state.completed_steps % out.logging_steps == 0 or state.completed_steps == self.plan.total_steps:
+            if self._log_interval():
+                self._save_checkpoint()
+                self.stop.clear(self.is_main)
+                self.preempted = True
+                return True
+        every = out.checkpoint_every
+        if isinstance(every, int) and state.completed_steps % every == 0:
+            self._save_checkpoint()
+        return state.completed_steps >= self.plan.total_steps
+
+    def _log_interval(self) -> bool:
+        """The only host sync of the loop: mean loss over all ranks, and whether any rank must stop."""
+        device = self.running_loss.device
+        stats = torch.stack([self.running_loss.float(), torch.tensor(float(self.micro_batches), device=device),
+                             torch.tensor(float(self.stop.requested()), device=device)])
+        total = self.accelerator.reduce(stats, reduction="sum").tolist()
+        self.last_loss = total[0] / max(total[1], 1.0)
+        self.running_loss.zero_()
+        self.micro_batches = 0
+        self.tracker.log_step(self.state.completed_steps, {"train/loss": self.last_loss,
+                                                           "train/lr": self.scheduler.get_last_lr()[0],
+                                                           "train/epoch": self.state.epoch})
+        return total[2] > 0
+
+    def _save_checkpoint(self) -> None:
+        checkpoint.save_checkpoint(self.accelerator, self.output_dir, self.state, self.args.output.save_total_limit)
+
+    # --- evaluation, export, report --------------------------------------------------------------
+
+    def evaluate(self, predictions_path: Path | None = None) -> EvalResult | None:
+        """EM/F1 on the main process (None elsewhere, and without an eval split); every rank must call it."""
+        if self.eval_dl is None:
+            return None
+        t0 = time.perf_counter()
+        logits = predict_logits(self.accelerator, self.model, self.eval_dl, self.args.data.max_seq_length,
+                                self.host_memory)
+        self.host_memory.trim()  # evaluation's transient logits and batches
+        if self.eval_set is None:
+            return None
+        rules = SpanRules(self.args.eval.n_best_size, self.args.eval.max_answer_length)
+        predictions, result = answer_and_score(self.eval_set, logits, rules)
+        if predictions_path is not None:
+            write_predictions(predictions_path, predictions)
+        result.runtime_s = round(time.perf_counter() - t0, 3)
+        return result
+
+    def export(self) -> Path | None:
+        """The consolidated model and tokenizer in output_dir/final (every rank must call it)."""
+        if not self.args.output.save_final_model:
+            return None
+        return checkpoint.export_final(self.accelerator, self.model, self.tokenizer, self.output_dir)
+
+    def metrics(self, scores: EvalResult | None, initial: EvalResult | None) -> RunMetrics | None:
+        """Gather every rank's figures (a collective) and build metrics.json's content on the main process."""
+        m = self.meter
+        mine = RankFigures(m.samples, m.tokens, m.padded_tokens, m.elapsed, m.timed_steps, *self.train_memory,
+                           lifetime_rss_gib(), self.last_loss)
+        ranks = gather_figures(self.accelerator, mine)
+        if not self.is_main:
+            return None
+        model = self.accelerator.unwrap_model(self.model)
+        seq = self.args.data.max_seq_length
+        device = device_name(self.accelerator.device)
+        figures = summarize(ranks, flops_per_token(model.config, seq), peak_tflops(device, self.mixed_precision),
+                            self.on_cuda)
+        inputs, s = self.inputs, self.strategy
+        return RunMetrics(
+            **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},
+            exact_match=scores.exact_match if scores else None, f1=scores.f1 if scores else None,
+            initial_exact_match=initial.exact_match if initial else None, initial_f1=initial.f1 if initial else None,
+            train_runtime_s=round(self.train_runtime_s, 3), eval_runtime_s=scores.runtime_s if scores else None,
+            train_steps=self.state.completed_steps, train_loss=self.last_loss,
+            train_loss_per_rank=[r.last_loss for r in ranks], world_size=self.accelerator.num_processes,
+            strategy=s.name, zero_stage=s.zero_stage, offload=s.offload, distributed_type=s.distributed_type,
+            mixed_precision=self.mixed_precision, device=device, num_parameters=distributed.num_parameters(model),
+            num_train_examples=inputs.num_train_examples, num_train_features=len(inputs.train_features),
+            num_eval_examples=len(inputs.eval_examples) if inputs.eval_examples else 0,
+            num_eval_features=len(inputs.eval_features) if inputs.eval_features else 0,
+            global_batch_size=self.global_batch_size,
+            per_device_train_batch_size=self.args.data.per_device_train_batch_size, max_seq_length=seq,
+            output_dir=str(self.output_dir), qa_train_version=__version__, args=self.args.to_dict(),
+        )
+
+    def finish(self, metrics: RunMetrics | None) -> None:
+        """Write metrics.json and close the tracker (main process), then leave the process group together."""
+        if metrics is not None:
+            self.tracker.finish(metrics)
+        else:
+            self.tracker.close()
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()

@@ -1,0 +1,95 @@
+"""Strategy logic on plain values: DeepSpeed JSON reconciliation, precision, LR-schedule sizing."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from qa_train.config import ConfigError, parse_args
+from qa_train.distributed import (num_parameters, reconcile_deepspeed, resolve_mixed_precision,
+                                  scheduler_steps_per_update, uses_deepspeed_optimizer)
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = "ds_configs/test.json"
+ARGS = parse_args(["--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2",
+                   "--max_grad_norm", "0.5", "--learning_rate", "2e-5", "--weight_decay", "0.01"])
+
+
+def shipped(name: str) -> dict:
+    return json.loads((ROOT / "ds_configs" / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"])
+def test_shipped_configs_take_every_value_from_the_flags(name: str) -> None:
+    cfg = shipped(name)
+    reconcile_deepspeed(cfg, ARGS, world_size=4, mixed_precision="bf16", source=SOURCE)
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (8, 2)
+    assert cfg["gradient_clipping"] == 0.5
+    if "optimizer" in cfg:
+        params = cfg["optimizer"]["params"]
+        assert (params["lr"], params["betas"], params["eps"], params["weight_decay"]) == (2e-5, [0.9, 0.999], 1e-8, 0.01)
+
+
+def test_values_equal_to_the_flags_are_accepted() -> None:
+    cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
+           "train_batch_size": 64, "bf16": {"enabled": True}}
+    before = copy.deepcopy(cfg)
+    reconcile_deepspeed(cfg, ARGS, world_size=4, mixed_precision="bf16", source=SOURCE)
+    assert cfg == before
+
+
+@pytest.mark.parametrize(("cfg", "mixed_precision", "message"), [
+    ({"train_micro_batch_size_per_gpu": 16}, "no",
+     r"ds_configs/test.json: 'train_micro_batch_size_per_gpu' is 16 but --per_device_train_batch_size is 8"),
+    ({"gradient_accumulation_steps": 4}, "no",
+     r"'gradient_accumulation_steps' is 4 but --gradient_accumulation_steps is 2"),
+    ({"gradient_clipping": 1.0}, "no", r"'gradient_clipping' is 1.0 but --max_grad_norm is 0.5"),
+    ({"train_batch_size": 32}, "no", r"'train_batch_size' is 32 but the flags give 64"),
+    ({"fp16": {"enabled": True}}, "bf16", r"fp16 is enabled but --mixed_precision resolved to bf16"),
+    ({"bf16": {"enabled": "true"}}, "no", r"bf16 is enabled but --mixed_precision resolved to no"),
+])
+def test_every_contradiction_is_refused_naming_the_json_key_and_flag(cfg: dict, mixed_precision: str,
+                                                                      message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        reconcile_deepspeed(cfg, ARGS, world_size=4, mixed_precision=mixed_precision, source=SOURCE)
+
+
+def test_optimizer_values_set_in_the_json_are_kept() -> None:
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": "auto"}}}
+    reconcile_deepspeed(cfg, ARGS, world_size=1, mixed_precision="no", source=SOURCE)
+    assert cfg["optimizer"]["params"]["lr"] == 1e-4 and cfg["optimizer"]["params"]["betas"] == [0.9, 0.999]
+
+
+@pytest.mark.parametrize(("flag", "env", "bf16_capable", "expected"), [
+    ("fp16", {"ACCELERATE_MIXED_PRECISION": "bf16"}, True, "fp16"),  # the flag wins
+    ("auto", {"ACCELERATE_MIXED_PRECISION": "fp16"}, True, "fp16"),  # then the accelerate config
+    ("auto", {"ACCELERATE_MIXED_PRECISION": "no"}, True, "bf16"),  # then the device
+    ("auto", {}, False, "no"),
+])
+def test_mixed_precision_resolution(flag: str, env: dict, bf16_capable: bool, expected: str) -> None:
+    assert resolve_mixed_precision(flag, env, bf16_capable) == expected
+
+
+def fake_accelerator(processes: int, ds_config: dict | None) -> SimpleNamespace:
+    plugin = None if ds_config is None else SimpleNamespace(deepspeed_config=ds_config)
+    return SimpleNamespace(num_processes=processes, state=SimpleNamespace(deepspeed_plugin=plugin))
+
+
+def test_schedule_steps_per_update_follow_who_steps_the_scheduler() -> None:
+    """accelerate steps a torch scheduler once per process per update; DeepSpeed's own optimizer, once."""
+    assert scheduler_steps_per_update(fake_accelerator(4, None)) == 4
+    assert scheduler_steps_per_update(fake_accelerator(4, {"zero_optimization": {"stage": 2}})) == 4
+    with_optimizer = fake_accelerator(4, {"optimizer": {"type": "AdamW"}})
+    assert uses_deepspeed_optimizer(with_optimizer) and scheduler_steps_per_update(with_optimizer) == 1
+
+
+def test_num_parameters_counts_zero3_placeholders_at_their_real_size() -> None:
+    model = torch.nn.Linear(4, 3)
+    assert num_parameters(model) == 15
+    model.weight.ds_numel = 1200  # ZeRO-3 leaves an empty tensor and records the full size here
+    assert num_parameters(model) == 1203

@@ -1,0 +1,119 @@
+"""Figures from counts: throughput over ranks, MFU, FLOPs per token and the metrics.json schema."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from qa_train.metrics import RankFigures, peak_tflops, summarize
+from qa_train.modeling import flops_per_token
+from qa_train.schema import MetricsFileError, PerRank, RunMetrics, Scores, TrainFigures
+
+NAN = float("nan")
+
+
+def rank(samples: float, elapsed: float, rss: float, cuda: float = NAN, loss: float = 1.0) -> RankFigures:
+    return RankFigures(samples=samples, tokens=samples * 100, padded_tokens=samples * 128, elapsed_s=elapsed,
+                       timed_steps=10, cuda_allocated_gib=cuda, cuda_reserved_gib=cuda * 1.25,
+                       train_rss_gib=rss, lifetime_rss_gib=rss + 0.5, last_loss=loss)
+
+
+def test_throughput_sums_ranks_over_the_slowest_and_memory_stays_per_rank() -> None:
+    fig = summarize([rank(100, 10.0, 1.0), rank(100, 12.5, 1.5)], flops_per_token_padded=1e9, peak=None,
+                    on_cuda=False)
+    assert fig.train_samples_per_second == 16.0  # 200 samples / the slower rank's 12.5 s
+    assert fig.train_tokens_per_second == 1600.0 and fig.train_padded_tokens_per_second == 2048.0
+    assert fig.train_step_time_s_mean == 1.25 and fig.timed_steps == 10
+    assert fig.tflops_per_device == round(2048 * 1e9 / 2 / 1e12, 3) and fig.mfu is None
+    assert fig.peak_memory_source == "host_rss_during_training"
+    assert fig.peak_memory_gb == PerRank([1.0, 1.5], 1.5, 1.25) == fig.train_host_rss_gb
+    assert fig.peak_host_rss_gb == PerRank([1.5, 2.0], 2.0, 1.75)
+    assert fig.peak_memory_reserved_gb == PerRank()  # NaN on CPU: no CUDA figures at all
+
+
+def test_on_cuda_memory_is_the_allocator_peak_and_mfu_is_against_the_peak() -> None:
+    fig = summarize([rank(1000, 1.0, 3.0, cuda=20.0), rank(1000, 1.0, 3.2, cuda=22.0)],
+                    flops_per_token_padded=5e8, peak=989.0, on_cuda=True)
+    achieved = 2000 * 128 * 5e8 / 2 / 1e12
+    assert fig.tflops_per_device == round(achieved, 3) and fig.mfu == round(achieved / 989.0, 4)
+    assert fig.peak_memory_source == "cuda_max_allocated"
+    assert fig.peak_memory_gb.per_rank == [20.0, 22.0] and fig.peak_memory_reserved_gb.max == 27.5
+    assert fig.train_host_rss_gb.max == 3.2
+
+
+def test_rank_figures_travel_as_rows_by_field_name() -> None:
+    mine = rank(7, 2.0, 0.5, loss=0.25)
+    row = mine.as_row()
+    assert len(row) == len(dataclasses.fields(RankFigures)) and row[0] == 7.0 and row[-1] == 0.25
+    back = RankFigures.from_row(row)
+    assert back.last_loss == 0.25 and back.train_rss_gib == 0.5 and math.isnan(back.cuda_allocated_gib)
+
+
+@pytest.mark.parametrize(("name", "precision", "peak"), [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.0), ("NVIDIA H100 PCIe", "bf16", 756.0),
+    ("NVIDIA H100 NVL", "fp16", 835.0), ("NVIDIA H200", "bf16", 989.0), ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+    ("NVIDIA A10G", "bf16", 125.0), ("NVIDIA L40S", "bf16", 362.0), ("NVIDIA L4", "bf16", 121.0),
+    ("NVIDIA H100 80GB HBM3", "no", None), ("cpu", "bf16", None), ("Some Future GPU", "bf16", None),
+])
+def test_peak_tflops_per_device_and_precision(name: str, precision: str, peak: float | None) -> None:
+    assert peak_tflops(name, precision) == peak
+
+
+def test_flops_per_token_matches_torch_flop_counter() -> None:
+    """The formula counts exactly the matmuls torch runs for one training step (forward + backward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import BertConfig, BertForQuestionAnswering
+
+    config = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                        intermediate_size=160, max_position_embeddings=128)
+    model = BertForQuestionAnswering._from_config(config, attn_implementation="eager")
+    batch, seq = 2, 48
+    ids = torch.randint(0, 500, (batch, seq))
+    labels = torch.zeros(batch, dtype=torch.long)
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, start_positions=labels, end_positions=labels).loss.backward()
+    assert flops_per_token(config, seq) * batch * seq == counter.get_total_flops()
+
+
+def test_flops_per_token_bert_base_by_hand() -> None:
+    from transformers import BertConfig
+
+    h, layers, inter, seq = 768, 12, 3072, 384
+    matmul_params = layers * (4 * h * h + 2 * h * inter) + 2 * h  # 84,936,192
+    assert flops_per_token(BertConfig(), seq) == 6 * matmul_params + 12 * layers * h * seq == 552_084_480
+
+
+def test_schema_reads_what_it_writes_and_names_what_is_missing(tmp_path) -> None:
+    m = RunMetrics(exact_match=80.0, f1=88.0, peak_memory_gb=PerRank([1.0], 1.0, 1.0), world_size=1,
+                   strategy="single", train_samples_per_second=10.0, args={"run_name": "r"})
+    payload = m.to_json()
+    assert list(payload)[:2] == ["exact_match", "f1"]
+    assert set(payload) == {f.name for f in dataclasses.fields(RunMetrics)}
+    assert {f.name for f in dataclasses.fields(TrainFigures)} | {f.name for f in dataclasses.fields(Scores)} < set(payload)
+    assert RunMetrics.from_json({**payload, "from_a_newer_version": 1}) == m
+    with pytest.raises(MetricsFileError, match="some/run: metrics.json lacks strategy"):
+        RunMetrics.from_json({"world_size": 1, "train_samples_per_second": 1.0}, "some/run")
+    (tmp_path / "metrics.json").write_text("{broken")
+    with pytest.raises(MetricsFileError, match="not valid JSON"):
+        RunMetrics.read(tmp_path)
+
+
+def test_every_schema_field_is_documented() -> None:
+    """A field without its docstring is a key a reader of metrics.json cannot look up."""
+    import ast
+    import inspect
+
+    from qa_train import schema
+
+    tree = ast.parse(inspect.getsource(schema))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name in ("Scores", "TrainFigures", "RunMetrics"):
+            body = node.body
+            for i, item in enumerate(body):
+                if isinstance(item, ast.AnnAssign):
+                    doc = body[i + 1] if i + 1 < len(body) else None
+                    assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), \
+                        f"{node.name}.{item.target.id} has no docstring"
