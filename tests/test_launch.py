@@ -1,0 +1,415 @@
+"""qa_train.launch without launching: config refusals, the command each branch builds, --dry_run."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from qa_train import launch
+from qa_train.launch import LaunchConfigError, build_command, cpu_refusal, parse, read_config
+
+DS_YAML = """\
+distributed_type: DEEPSPEED
+deepspeed_config:
+  deepspeed_config_file: ds/zero2.json
+num_processes: 2
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def ds_dir(tmp_path: Path) -> Path:
+    """A launch directory holding a DeepSpeed JSON at ds/zero2.json."""
+    write(tmp_path / "ds" / "zero2.json", json.dumps({"zero_optimization": {"stage": 2}}))
+    return tmp_path
+
+
+# --- read_config -------------------------------------------------------------------------------
+
+
+def test_read_config_returns_the_yaml(ds_dir: Path) -> None:
+    cfg = read_config(str(write(ds_dir / "zero2.yaml", DS_YAML)), launch_dir=ds_dir)
+    assert cfg["distributed_type"] == "DEEPSPEED"
+    assert cfg["deepspeed_config"]["deepspeed_config_file"] == "ds/zero2.json"
+
+
+def test_missing_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(LaunchConfigError, match=f"--config_file {path}: no such file"):
+        read_config(str(path))
+
+
+def test_a_directory_is_not_a_config(tmp_path: Path) -> None:
+    with pytest.raises(LaunchConfigError, match="no such file"):
+        read_config(str(tmp_path))
+
+
+def test_invalid_yaml_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path / "bad.yaml", "distributed_type: [MULTI_GPU\nnum_processes: 2\n")
+    with pytest.raises(LaunchConfigError, match=f"--config_file {path}: not valid YAML"):
+        read_config(str(path))
+
+
+def test_empty_yaml_is_an_empty_config(tmp_path: Path) -> None:
+    assert read_config(str(write(tmp_path / "empty.yaml", ""))) == {}
+
+
+def test_deepspeed_json_is_resolved_against_launch_dir(ds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    path = write(ds_dir / "zero2.yaml", DS_YAML)
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    with pytest.raises(LaunchConfigError) as err:
+        read_config(str(path), launch_dir=elsewhere)
+    assert str(path) in str(err.value)
+    assert "deepspeed_config_file ds/zero2.json does not exist" in str(err.value)
+    assert "relative to the directory you launch from" in str(err.value)
+
+
+def test_deepspeed_json_defaults_to_cwd(ds_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    path = write(ds_dir / "zero2.yaml", DS_YAML)
+    monkeypatch.chdir(ds_dir)
+    assert read_config(str(path))["distributed_type"] == "DEEPSPEED"
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    with pytest.raises(LaunchConfigError, match="ds/zero2.json does not exist"):
+        read_config(str(path))
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("gradient_accumulation_steps", 4),
+        ("gradient_clipping", 1.0),
+        ("zero_stage", 2),
+        ("offload_optimizer_device", "cpu"),
+        ("offload_param_device", "cpu"),
+        ("zero3_save_16bit_model", True),
+        ("mixed_precision", "bf16"),
+    ],
+)
+def test_flag_decided_keys_next_to_a_json_are_refused(ds_dir: Path, key: str, value: object) -> None:
+    cfg = yaml.safe_load(DS_YAML)
+    cfg["deepspeed_config"][key] = value
+    path = write(ds_dir / "clash.yaml", yaml.safe_dump(cfg))
+    with pytest.raises(LaunchConfigError) as err:
+        read_config(str(path), launch_dir=ds_dir)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: {key} must not be set next to deepspeed_config_file ds/zero2.json")
+    assert '"auto"' in msg
+
+
+def test_every_clashing_key_is_named(ds_dir: Path) -> None:
+    cfg = yaml.safe_load(DS_YAML)
+    cfg["deepspeed_config"].update(zero_stage=3, gradient_accumulation_steps=2)
+    path = write(ds_dir / "clash.yaml", yaml.safe_dump(cfg))
+    with pytest.raises(LaunchConfigError, match="gradient_accumulation_steps, zero_stage must not be set"):
+        read_config(str(path), launch_dir=ds_dir)
+
+
+def test_flag_decided_keys_without_a_json_are_accepted(tmp_path: Path) -> None:
+    """accelerate's inline DeepSpeed settings are fine when no JSON is given."""
+    path = write(tmp_path / "inline.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n"
+                                           "  zero_stage: 2\n  gradient_accumulation_steps: 4\nmixed_precision: bf16\n")
+    assert read_config(str(path))["deepspeed_config"]["zero_stage"] == 2
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_top_level_mixed_precision_next_to_a_json_is_refused(ds_dir: Path, precision: str) -> None:
+    path = write(ds_dir / "mp.yaml", DS_YAML + f"mixed_precision: {precision}\n")
+    with pytest.raises(LaunchConfigError) as err:
+        read_config(str(path), launch_dir=ds_dir)
+    assert str(err.value).startswith(f"{path}: mixed_precision must not be set next to deepspeed_config_file")
+    assert "--mixed_precision" in str(err.value)
+
+
+def test_top_level_mixed_precision_no_next_to_a_json_is_accepted(ds_dir: Path) -> None:
+    path = write(ds_dir / "mp.yaml", DS_YAML + "mixed_precision: 'no'\n")
+    assert read_config(str(path), launch_dir=ds_dir)["mixed_precision"] == "no"
+
+
+def test_a_yaml_that_is_not_a_mapping_is_refused_as_a_config_error(tmp_path: Path) -> None:
+    path = write(tmp_path / "list.yaml", "- distributed_type: MULTI_GPU\n")
+    with pytest.raises(LaunchConfigError, match=f"{path}: not an accelerate config"):
+        read_config(str(path))
+    path = write(tmp_path / "scalar.yaml", "deepspeed_config: foo\n")
+    with pytest.raises(LaunchConfigError, match=f"{path}: not an accelerate config"):
+        read_config(str(path))
+
+
+# --- the repository's own configs --------------------------------------------------------------
+
+REPO_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
+# Values qa_train.distributed.reconcile_deepspeed fills from flags: the JSON must leave them to the flags.
+FLAG_DECIDED = [("train_micro_batch_size_per_gpu",), ("train_batch_size",), ("gradient_accumulation_steps",),
+                ("gradient_clipping",), ("bf16", "enabled"), ("fp16", "enabled")]
+OPTIMIZER_FLAG_DECIDED = ["lr", "betas", "eps", "weight_decay"]
+
+
+def test_repository_ships_the_expected_configs() -> None:
+    assert {p.stem for p in REPO_CONFIGS} >= {"single", "ddp", "fsdp", "zero1", "zero2", "zero3"}
+
+
+@pytest.mark.parametrize("path", REPO_CONFIGS, ids=lambda p: p.name)
+def test_repository_config_passes_read_config(path: Path) -> None:
+    cfg = read_config(str(path), launch_dir=ROOT)
+    assert cfg["distributed_type"] in {"NO", "MULTI_GPU", "FSDP", "DEEPSPEED"}
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in REPO_CONFIGS if yaml.safe_load(p.read_text())["distributed_type"] == "DEEPSPEED"],
+    ids=lambda p: p.name)
+def test_repository_deepspeed_json_leaves_flag_decided_values_to_flags(path: Path) -> None:
+    ds_file = read_config(str(path), launch_dir=ROOT)["deepspeed_config"]["deepspeed_config_file"]
+    assert Path(ds_file).parts[0] == "ds_configs"
+    ds = json.loads((ROOT / ds_file).read_text())
+    for keys in FLAG_DECIDED:
+        value = ds
+        for key in keys:
+            value = value[key]
+        assert value == "auto", f"{ds_file}: {'.'.join(keys)} is {value!r}, not \"auto\""
+    params = ds.get("optimizer", {}).get("params")
+    if params is not None:
+        for key in OPTIMIZER_FLAG_DECIDED:
+            assert params.get(key) == "auto", f"{ds_file}: optimizer.params.{key} is {params.get(key)!r}"
+
+
+def test_only_fsdp_is_refused_on_cpu() -> None:
+    reasons = {p.stem: cpu_refusal(yaml.safe_load(p.read_text())) for p in REPO_CONFIGS}
+    assert "FSDP" in reasons.pop("fsdp")
+    assert set(reasons.values()) == {None}
+    assert cpu_refusal({}) is None  # no distributed_type: accelerate's NO
+
+
+# --- parse -------------------------------------------------------------------------------------
+
+
+def test_parse_splits_at_double_dash() -> None:
+    opts, train = parse(["--config_file", "c.yaml", "--cpu", "--", "--output_dir", "out", "--dry_run", "--cpu"])
+    assert (opts.config_file, opts.cpu, opts.dry_run) == ("c.yaml", True, False)
+    assert train == ["--output_dir", "out", "--dry_run", "--cpu"]
+
+
+def test_parse_forwards_unknown_flags_before_the_double_dash() -> None:
+    opts, train = parse(["--config_file", "c.yaml", "--max_seq_length", "128", "--", "--output_dir", "out"])
+    assert opts.num_processes is None and opts.num_machines is None
+    assert train == ["--max_seq_length", "128", "--output_dir", "out"]
+
+
+def test_parse_defaults() -> None:
+    opts, train = parse(["--config_file", "c.yaml"])
+    assert train == []
+    assert (opts.cpu, opts.machine_rank, opts.main_process_ip, opts.main_process_port, opts.dry_run) == (
+        False, 0, "127.0.0.1", 29500, False)
+
+
+def test_parse_requires_config_file(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse(["--cpu", "--", "--output_dir", "out"])
+    assert exc.value.code == 2
+    assert "--config_file" in capsys.readouterr().err
+
+
+# --- build_command -----------------------------------------------------------------------------
+
+MULTI_GPU = {"distributed_type": "MULTI_GPU", "num_processes": 8, "num_machines": 1}
+DEEPSPEED = {"distributed_type": "DEEPSPEED", "num_processes": 8, "num_machines": 1,
+             "deepspeed_config": {"deepspeed_config_file": "ds_configs/zero2.json"}}
+FSDP = {"distributed_type": "FSDP", "num_processes": 8, "num_machines": 1}
+TRAIN = ["--output_dir", "out", "--max_train_steps", "3"]
+
+
+def build(cfg: dict, *argv: str) -> tuple[list[str], dict[str, str]]:
+    opts, train = parse(["--config_file", "cfg.yaml", *argv, "--", *TRAIN])
+    return build_command(cfg, opts, train)
+
+
+@pytest.mark.parametrize("cfg", [MULTI_GPU, DEEPSPEED, FSDP], ids=lambda c: c["distributed_type"])
+def test_gpu_is_accelerate_launch(cfg: dict) -> None:
+    cmd, env = build(cfg)
+    assert cmd == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "8",
+                   "-m", "qa_train", *TRAIN]
+    assert env == dict(os.environ)
+
+
+def test_gpu_flag_overrides_config_process_count() -> None:
+    cmd, _ = build(MULTI_GPU, "--num_processes", "2")
+    assert cmd[cmd.index("--num_processes") + 1] == "2"
+
+
+def test_gpu_multi_machine_flags() -> None:
+    cmd, _ = build(MULTI_GPU, "--num_processes", "16", "--num_machines", "2", "--machine_rank", "1",
+                   "--main_process_ip", "10.0.0.1", "--main_process_port", "1234")
+    assert cmd == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "16",
+                   "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "10.0.0.1",
+                   "--main_process_port", "1234", "-m", "qa_train", *TRAIN]
+
+
+def test_gpu_num_machines_from_config() -> None:
+    cmd, _ = build({**MULTI_GPU, "num_machines": 2, "num_processes": 16})
+    assert cmd[cmd.index("--num_machines") + 1] == "2"
+
+
+def test_cpu_deepspeed_is_accelerate_launch() -> None:
+    cmd, env = build(DEEPSPEED, "--cpu", "--num_processes", "2")
+    assert cmd == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "2",
+                   "-m", "qa_train", *TRAIN]
+    # qa_train picks gloo itself under DeepSpeed; the environment is passed through untouched.
+    assert env == dict(os.environ)
+
+
+def test_cpu_deepspeed_multi_machine() -> None:
+    cmd, _ = build(DEEPSPEED, "--cpu", "--num_processes", "4", "--num_machines", "2")
+    assert cmd[:6] == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "4"]
+    assert cmd[cmd.index("--num_machines") + 1] == "2"
+
+
+def test_cpu_fsdp_is_refused_naming_the_config_and_zero3() -> None:
+    with pytest.raises(LaunchConfigError) as err:
+        build(FSDP, "--cpu", "--num_processes", "2")
+    msg = str(err.value)
+    assert msg.startswith("cfg.yaml: accelerate does not apply FSDP on CPU")
+    assert "accelerate_configs/zero3.yaml" in msg
+
+
+@pytest.mark.parametrize("cfg", [{"distributed_type": "NO", "num_processes": 1}, {**MULTI_GPU, "num_processes": 1}, {}],
+                         ids=["single", "ddp-1", "empty"])
+def test_cpu_one_process_is_plain_python(cfg: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    cmd, env = build(cfg, "--cpu")
+    assert cmd == [sys.executable, "-m", "qa_train", *TRAIN]
+    assert (env["ACCELERATE_USE_CPU"], env["ACCELERATE_MIXED_PRECISION"]) == ("true", "no")
+    assert "ACCELERATE_USE_CPU" not in os.environ  # the launcher's own environment is left alone
+
+
+def test_cpu_keeps_a_mixed_precision_already_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    _, env = build(MULTI_GPU, "--cpu", "--num_processes", "1")
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+
+
+def test_cpu_ddp_many_processes_is_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    cmd, env = build(MULTI_GPU, "--cpu", "--num_processes", "2")
+    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--node_rank", "0",
+                   "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", "29500",
+                   "-m", "qa_train", *TRAIN]
+    assert (env["ACCELERATE_USE_CPU"], env["ACCELERATE_MIXED_PRECISION"]) == ("true", "no")
+
+
+def test_cpu_ddp_many_machines_splits_processes_per_node() -> None:
+    cmd, _ = build(MULTI_GPU, "--cpu", "--num_processes", "6", "--num_machines", "3", "--machine_rank", "2",
+                   "--main_process_ip", "10.1.2.3", "--main_process_port", "4000")
+    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--nnodes", "3", "--node_rank", "2",
+                   "--nproc_per_node", "2", "--master_addr", "10.1.2.3", "--master_port", "4000",
+                   "-m", "qa_train", *TRAIN]
+
+
+def test_cpu_ddp_uses_config_process_count() -> None:
+    cmd, _ = build({**MULTI_GPU, "num_processes": 4}, "--cpu")
+    assert cmd[cmd.index("--nproc_per_node") + 1] == "4"
+
+
+@pytest.mark.parametrize(("procs", "machines"), [("3", "2"), ("1", "2")])
+def test_cpu_ddp_processes_not_a_multiple_of_machines_is_refused(procs: str, machines: str) -> None:
+    msg = f"--num_processes {procs} is not a multiple of --num_machines {machines}"
+    with pytest.raises(LaunchConfigError, match=msg):
+        build(MULTI_GPU, "--cpu", "--num_processes", procs, "--num_machines", machines)
+
+
+def test_gpu_processes_not_a_multiple_of_machines_is_refused() -> None:
+    with pytest.raises(LaunchConfigError, match="--num_processes 3 is not a multiple of --num_machines 2"):
+        build(MULTI_GPU, "--num_processes", "3", "--num_machines", "2")
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_exec(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object) -> None:
+        raise AssertionError(f"main executed {args}")
+
+    monkeypatch.setattr(launch.os, "execvpe", refuse)
+    monkeypatch.setattr(launch, "cuda_available", lambda: pytest.fail("--cpu must skip the CUDA check"))
+
+
+@pytest.mark.usefixtures("no_exec")
+def test_dry_run_prints_the_torchrun_command(capsys: pytest.CaptureFixture[str]) -> None:
+    code = launch.main(["--config_file", str(ROOT / "accelerate_configs" / "ddp.yaml"), "--cpu", "--num_processes",
+                        "2", "--dry_run", "--", "--output_dir", "out"])
+    out = capsys.readouterr()
+    assert code == 0
+    assert out.out == (f"{sys.executable} -m torch.distributed.run --nnodes 1 --node_rank 0 --nproc_per_node 2 "
+                       "--master_addr 127.0.0.1 --master_port 29500 -m qa_train --output_dir out\n")
+    assert "+ " not in out.err
+
+
+@pytest.mark.usefixtures("no_exec")
+@pytest.mark.parametrize("on_path", [True, False])
+def test_dry_run_deepspeed_falls_back_to_python_m_accelerate(on_path: bool, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(ROOT)  # the DeepSpeed JSON path is relative to where the launch happens
+    monkeypatch.setattr(launch.shutil, "which", lambda name: f"/usr/bin/{name}" if on_path else None)
+    code = launch.main(["--config_file", "accelerate_configs/zero2.yaml", "--cpu", "--num_processes", "2",
+                        "--dry_run", "--", "--output_dir", "out"])
+    head = "accelerate launch" if on_path else f"{sys.executable} -m accelerate.commands.launch"
+    assert code == 0
+    assert capsys.readouterr().out == (f"{head} --config_file accelerate_configs/zero2.yaml --num_processes 2 "
+                                       "-m qa_train --output_dir out\n")
+
+
+@pytest.mark.usefixtures("no_exec")
+def test_main_refuses_a_bad_config_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "zero2.yaml", DS_YAML)  # ds/zero2.json does not exist here
+    code = launch.main(["--config_file", "zero2.yaml", "--cpu", "--dry_run"])
+    out = capsys.readouterr()
+    assert code == 2
+    assert out.out == ""
+    lines = out.err.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("qa_train.launch: error: zero2.yaml: deepspeed_config_file ds/zero2.json")
+
+
+@pytest.mark.usefixtures("no_exec")
+def test_main_refuses_fsdp_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    config = str(ROOT / "accelerate_configs" / "fsdp.yaml")
+    code = launch.main(["--config_file", config, "--cpu", "--dry_run"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"qa_train.launch: error: {config}: accelerate does not apply FSDP on CPU")
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.usefixtures("no_exec")
+def test_main_refuses_invalid_yaml_without_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "bad.yaml", "a: [1, 2\nb: 3\n")
+    code = launch.main(["--config_file", str(path), "--cpu", "--dry_run"])
+    err = capsys.readouterr().err
+    assert code == 2
+    # PyYAML's message spans several lines (it quotes the offending line); the first names the file.
+    assert err.splitlines()[0].startswith(f"qa_train.launch: error: --config_file {path}: not valid YAML")
+    assert "Traceback" not in err
+
+
+def test_without_gpu_main_falls_back_to_cpu(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(launch, "cuda_available", lambda: False)
+    monkeypatch.setattr(launch.os, "execvpe", lambda *a: pytest.fail("dry run executed"))
+    code = launch.main(["--config_file", str(ROOT / "accelerate_configs" / "single.yaml"), "--dry_run"])
+    out = capsys.readouterr()
+    assert code == 0
+    assert out.out == f"{sys.executable} -m qa_train\n"
+    assert "no GPU visible, running on CPU processes" in out.err

@@ -1,0 +1,290 @@
+"""qa_train.tracking: W&B failures never stop training; metrics.json, the step log and the summary table."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import types
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qa_train import tracking
+from qa_train.schema import PerRank, RunMetrics
+from qa_train.tracking import Tracker, summary_table
+
+
+class FakeRun:
+    def __init__(self, fail_log_on: int | None = None, fail_summary: bool = False) -> None:
+        self.name = "fake-run"
+        self.logged: list[tuple[dict, int]] = []
+        self.finished = 0
+        self.summaries: list[dict] = []
+        self.fail_log_on, self.fail_summary = fail_log_on, fail_summary
+        self.summary = types.SimpleNamespace(update=self._update)
+
+    def log(self, values: dict, step: int) -> None:
+        self.logged.append((values, step))
+        if len(self.logged) == self.fail_log_on:
+            raise ConnectionError("wandb backend went away")
+
+    def finish(self) -> None:
+        self.finished += 1
+
+    def _update(self, summary: dict) -> None:
+        self.summaries.append(summary)
+        if self.fail_summary:
+            raise RuntimeError("summary rejected")
+
+
+class FakeWandb(types.ModuleType):
+    def __init__(self, run: FakeRun | None = None, init_error: Exception | None = None) -> None:
+        super().__init__("wandb")
+        self.run, self.init_error = run or FakeRun(), init_error
+        self.inits: list[dict[str, Any]] = []
+
+    def init(self, **kwargs: Any) -> FakeRun:
+        self.inits.append(kwargs)
+        if self.init_error is not None:
+            raise self.init_error
+        return self.run
+
+
+@pytest.fixture
+def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "WANDB_RUN_GROUP", "WANDB_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    netrc = tmp_path_factory.mktemp("home") / "empty.netrc"  # outside tmp_path, which tests list
+    netrc.write_text("")
+    monkeypatch.setenv("NETRC", str(netrc))
+
+
+def install(monkeypatch: pytest.MonkeyPatch, fake: FakeWandb) -> FakeWandb:
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    return fake
+
+
+def metrics(**kw: Any) -> RunMetrics:
+    base = dict(strategy="zero2", zero_stage=2, offload="none", world_size=2, mixed_precision="bf16",
+                exact_match=81.25, f1=88.5, train_steps=30, global_batch_size=16, train_samples_per_second=12.5,
+                peak_memory_gb=PerRank.of([1.5, 2.5]), train_loss_per_rank=[0.5, 0.5],
+                args={"learning_rate": 3e-5, "output_dir": "out"})
+    return RunMetrics(**{**base, **kw})
+
+
+def step_lines(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def run_steps(tracker: Tracker, n: int) -> None:
+    for step in range(1, n + 1):
+        tracker.log_step(step, {"train/loss": 1.0 / step})
+
+
+# --- failures never stop training --------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_init_failure_warns_and_files_are_still_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = install(monkeypatch, FakeWandb(init_error=PermissionError("no api key")))
+    out = tmp_path / "run"
+    tracker = Tracker(True, out, use_wandb=True)
+    with pytest.warns(UserWarning, match="wandb.init failed: no api key"):
+        tracker.start("qa", "r1", {"lr": 1e-3}, resuming=False)
+    assert len(fake.inits) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing more to warn about: W&B is simply off
+        run_steps(tracker, 3)
+        tracker.finish(metrics())
+        tracker.close()
+    assert [line["step"] for line in step_lines(out)] == [1, 2, 3]
+    assert json.loads((out / "metrics.json").read_text()) == metrics().to_json()
+    assert fake.run.logged == [] and fake.run.finished == 0
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_log_failure_disables_wandb_and_keeps_the_step_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = install(monkeypatch, FakeWandb(FakeRun(fail_log_on=2)))
+    out = tmp_path / "run"
+    tracker = Tracker(True, out, use_wandb=True)
+    tracker.start("qa", None, {}, resuming=False)
+    with pytest.warns(UserWarning) as caught:
+        run_steps(tracker, 5)
+    assert [str(w.message) for w in caught] == ["W&B log failed, continuing without it: wandb backend went away"]
+    assert [step for _, step in fake.run.logged] == [1, 2]  # nothing reached W&B after the failure
+    assert [line["step"] for line in step_lines(out)] == [1, 2, 3, 4, 5]
+    assert step_lines(out)[4] == {"step": 5, "train/loss": 0.2}
+    tracker.finish(metrics())
+    assert fake.run.summaries == [] and fake.run.finished == 0
+    assert (out / "metrics.json").is_file()
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_summary_failure_warns_and_metrics_are_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = install(monkeypatch, FakeWandb(FakeRun(fail_summary=True)))
+    out = tmp_path / "run"
+    tracker = Tracker(True, out, use_wandb=True)
+    tracker.start("qa", None, {}, resuming=False)
+    with pytest.warns(UserWarning, match="W&B summary failed: summary rejected"):
+        tracker.finish(metrics())
+    assert json.loads((out / "metrics.json").read_text()) == metrics().to_json()
+    assert fake.run.finished == 1  # the run is still closed so it does not stay "running" in W&B
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_summary_is_flat_and_leaves_out_args_and_lists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = install(monkeypatch, FakeWandb())
+    tracker = Tracker(True, tmp_path, use_wandb=True)
+    tracker.start("qa", None, {}, resuming=False)
+    tracker.finish(metrics())
+    (summary,) = fake.run.summaries
+    assert summary["exact_match"] == 81.25 and summary["strategy"] == "zero2"
+    assert summary["peak_memory_gb/max"] == 2.5 and summary["peak_memory_gb/mean"] == 2.0
+    assert not [k for k in summary if k.startswith("args/") or k == "args"]
+    assert "train_loss_per_rank" not in summary and "peak_memory_gb/per_rank" not in summary
+    assert fake.run.finished == 1
+
+
+# --- W&B mode ----------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_offline_without_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = install(monkeypatch, FakeWandb())
+    Tracker(True, tmp_path, use_wandb=True).start("qa-proj", "r1", {"lr": 1e-3}, resuming=False)
+    assert fake.inits == [{"project": "qa-proj", "name": "r1", "config": {"lr": 1e-3}, "mode": "offline",
+                           "dir": str(tmp_path), "group": None, "resume": None, "id": None}]
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_online_with_an_api_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    fake = install(monkeypatch, FakeWandb())
+    Tracker(True, tmp_path, use_wandb=True).start("qa", None, {}, resuming=False)
+    assert fake.inits[0]["mode"] == "online"
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_online_with_a_netrc_entry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    netrc = tmp_path / "wandb.netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password secret\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    fake = install(monkeypatch, FakeWandb())
+    Tracker(True, tmp_path / "run", use_wandb=True).start("qa", None, {}, resuming=False)
+    assert fake.inits[0]["mode"] == "online"
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_wandb_mode_wins_and_resume_joins_the_same_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_RUN_ID", "abc123")
+    monkeypatch.setenv("WANDB_RUN_GROUP", "sweep")
+    fake = install(monkeypatch, FakeWandb())
+    Tracker(True, tmp_path, use_wandb=True).start("qa", None, {}, resuming=True)
+    (kw,) = fake.inits
+    assert (kw["mode"], kw["resume"], kw["id"], kw["group"]) == ("disabled", "allow", "abc123", "sweep")
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_report_to_none_never_imports_wandb(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = install(monkeypatch, FakeWandb())
+    tracker = Tracker(True, tmp_path, use_wandb=False)
+    tracker.start("qa", None, {}, resuming=False)
+    run_steps(tracker, 2)
+    tracker.finish(metrics())
+    assert fake.inits == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "train_log.jsonl"]
+
+
+# --- what gets written -------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_disabled_tracker_writes_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = install(monkeypatch, FakeWandb())
+    out = tmp_path / "run"
+    tracker = Tracker(False, out, use_wandb=True)  # a non-main rank
+    tracker.start("qa", None, {}, resuming=False)
+    run_steps(tracker, 3)
+    tracker.finish(metrics())
+    tracker.close()
+    assert not out.exists()
+    assert fake.inits == [] and fake.run.logged == []
+
+
+def test_disabled_tracker_leaves_an_existing_step_log(tmp_path: Path) -> None:
+    (tmp_path / "train_log.jsonl").write_text('{"step": 1}\n')
+    Tracker(False, tmp_path, use_wandb=False).start("qa", None, {}, resuming=False)
+    assert (tmp_path / "train_log.jsonl").read_text() == '{"step": 1}\n'
+
+
+@pytest.mark.parametrize("resuming", [False, True])
+def test_step_log_is_reset_unless_resuming(tmp_path: Path, resuming: bool) -> None:
+    (tmp_path / "train_log.jsonl").write_text('{"step": 1, "train/loss": 9.0}\n')
+    tracker = Tracker(True, tmp_path, use_wandb=False)
+    tracker.start("qa", None, {}, resuming=resuming)
+    assert (tmp_path / "train_log.jsonl").exists() == resuming
+    tracker.log_step(2, {"train/loss": 0.5})
+    expected = ([{"step": 1, "train/loss": 9.0}] if resuming else []) + [{"step": 2, "train/loss": 0.5}]
+    assert step_lines(tmp_path) == expected
+
+
+def test_start_creates_the_output_dir(tmp_path: Path) -> None:
+    out = tmp_path / "a" / "b"
+    Tracker(True, out, use_wandb=False).start("qa", None, {}, resuming=False)
+    assert out.is_dir()
+
+
+def test_metrics_json_is_to_json_written_atomically(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "metrics.json").write_text('{"old": true}')
+    replaced: list[tuple[Path, Path]] = []
+    real_replace = tracking.os.replace
+
+    def spy(src: Path, dst: Path) -> None:
+        replaced.append((Path(src), Path(dst)))
+        assert json.loads(Path(dst).read_text()) == {"old": True}  # the old file is intact until the rename
+        real_replace(src, dst)
+
+    monkeypatch.setattr(tracking.os, "replace", spy)
+    m = metrics(mfu=None, initial_exact_match=3.0)
+    tracker = Tracker(True, tmp_path, use_wandb=False)
+    tracker.finish(m)
+    assert replaced == [(tmp_path / ".metrics.json.tmp", tmp_path / "metrics.json")]
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert written == m.to_json()
+    assert list(written) == list(m.to_json())  # key order is the schema's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
+    assert RunMetrics.read(tmp_path) == m
+
+
+# --- summary_table -----------------------------------------------------------------------------
+
+
+def row(table: str, label: str) -> str:
+    (line,) = [ln for ln in table.splitlines() if ln.startswith(label)]
+    return line[len(label):].strip()
+
+
+def test_summary_table_shows_strategy_and_scores() -> None:
+    table = summary_table(metrics())
+    assert row(table, "strategy") == "zero2 (zero_stage=2, offload=none), world_size=2, bf16"
+    assert row(table, "exact match / F1") == "81.25 / 88.50"
+    assert row(table, "peak memory") == "max 2.50 GiB / mean 2.00 GiB per rank [None]"
+
+
+def test_summary_table_shows_untrained_scores_when_measured() -> None:
+    table = summary_table(metrics(initial_exact_match=0.5, initial_f1=4.25))
+    assert row(table, "exact match / F1") == "81.25 / 88.50  (untrained: EM 0.50, F1 4.25)"
+
+
+def test_summary_table_says_na_for_missing_values() -> None:
+    table = summary_table(RunMetrics(strategy="ddp", world_size=1, mfu=math.nan))
+    assert row(table, "exact match / F1") == "n/a / n/a"
+    assert row(table, "throughput") == "n/a samples/s, n/a tokens/s (n/a padded)"
+    assert row(table, "step time") == "n/a, MFU n/a"
+    assert row(table, "peak memory").startswith("max n/a / mean n/a per rank")
+    assert "untrained" not in table
