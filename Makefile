@@ -8,6 +8,15 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 DEMO_DIR ?= runs/demo
 
+define DS_PREBUILD
+from deepspeed.accelerator import get_accelerator
+for name in ("CPUAdamBuilder", "ShareMemCommBuilder"):
+    builder = get_accelerator().create_op_builder(name)
+    if builder is not None and builder.is_compatible():
+        builder.load(verbose=False)
+endef
+export DS_PREBUILD
+
 .PHONY: install demo test bench-data clean
 
 install: $(VENV)/.installed
@@ -17,6 +26,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
+	@# DeepSpeed JIT-compiles its ops at first use (CPUAdam for ZeRO offload, the shared-memory
+	@# collectives on CPU): about a minute each. Building them here keeps that stall out of the first
+	@# run and the tests; a machine without a compiler only pays it later. With the venv's ninja, as
+	@# the tests use: another ninja version would read its build log as stale and rebuild.
+	-PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -c "$$DS_PREBUILD" 2>&1 | grep -v WARNING || true
 	touch $@
 
 demo: install

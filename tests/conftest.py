@@ -31,7 +31,11 @@ def tiny_flags(output_dir: Path, *extra: str) -> list[str]:
 def base_env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"QA_TRAIN_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"})
+                "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1",
+                # The venv's tools first, as `make install` built DeepSpeed's ops with them: two ninja versions
+                # (pip's and the system's) disagree on the build log's hashes, and each then rebuilds the ops
+                # (~40 s a launch).
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
     env.pop("WANDB_API_KEY", None)
     return env
 
