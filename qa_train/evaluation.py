@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from qa_train.hostmem import HostMemory
 from qa_train.postprocess import Questions, SpanRules, postprocess_predictions
 from qa_train.squad_eval import score
 
-log = logging.getLogger("qa_train")
 # Padding logit: far below any real logit, finite so bf16/fp16 stay well-defined.
 PAD_LOGIT = -1e4
 

@@ -12,13 +12,16 @@ GIB = 1024**3
 # glibc keeps freed heap pages mapped. Batches of changing shapes (dynamic padding) fragment the
 # heap, so RSS creeps up by hundreds of MB with nothing live in it, by a different amount each run
 # (measured: 1.05-1.87 GiB peak for the same tiny-model run on SQuAD-sized data). malloc_trim gives
-# the free pages back, but pages a later step reuses are then faulted in again: trimming after every
-# batch cost ~30% throughput on the tiny model, and at BERT-base size, where RSS swings by GBs within
-# each step, a fixed 256 MiB allowance trimmed on every step (4x the page faults of transformers'
-# example). So the allowance is the larger of MIN_SLACK_BYTES and the first training step's own RSS
-# growth (its activations, gradients and optimizer state): what a step legitimately reuses is never
-# trimmed, and only creep beyond it is.
+# the free pages back, but pages the next step uses again are then faulted back in: trimming after
+# every batch cost ~30% throughput on the tiny model, and at BERT-base size, where a step's
+# activations come and go by GBs, a fixed 256 MiB allowance trimmed on every step (1.6x the page
+# faults of transformers' example, 0.89x its speed). So the allowance is learnt: the first
+# LEARN_STEPS batches of a phase are never trimmed and the allowance grows to cover their rise
+# (with a quarter to spare), and whatever the very next batch takes back after a trim counts as
+# working set too. Only creep beyond the working set is trimmed.
 MIN_SLACK_BYTES = 256 * 2**20
+LEARN_STEPS = 8
+SPARE = 1.25
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -26,6 +29,11 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None  # not glibc (macOS, musl): nothing to do
+
+
+def _own_rss() -> Callable[[], int]:
+    process = psutil.Process()
+    return lambda: process.memory_info().rss
 
 
 class HostMemory:
@@ -37,29 +45,23 @@ class HostMemory:
 
     def __init__(self, trim: bool, min_slack: int = MIN_SLACK_BYTES, read_rss: Callable[[], int] | None = None) -> None:
         self._trim = _malloc_trim() if trim else None
-        self._rss = read_rss or (lambda process=psutil.Process(): process.memory_info().rss)
-        self.min_slack = min_slack
-        self.step_growth = 0  # RSS growth over the first step after reset(): the step's working set
+        self._rss = read_rss or _own_rss()
+        self.slack = min_slack  # how far RSS may rise above the floor before a trim
         self.floor = self._rss()  # RSS right after the last trim (or reset)
         self.peak = self.floor
-        self.steps = 0
         self.trims = 0
-
-    @property
-    def slack(self) -> int:
-        return max(self.min_slack, self.step_growth)
+        self._learning = LEARN_STEPS  # batches left whose rise only teaches the allowance
 
     def reset(self) -> None:
         self.floor = self.peak = self._rss()
-        self.steps = 0
-        self.step_growth = 0
+        self._learning = LEARN_STEPS
 
     def step(self) -> None:
         rss = self._rss()
         self.peak = max(self.peak, rss)
-        self.steps += 1
-        if self.steps == 1:
-            self.step_growth = max(0, rss - self.floor)
+        if self._learning:
+            self._learning -= 1
+            self.slack = max(self.slack, int(SPARE * (rss - self.floor)))
         elif self._trim is not None and rss > self.floor + self.slack:
             self.trim()
 
@@ -68,6 +70,7 @@ class HostMemory:
             self._trim(0)
             self.trims += 1
             self.floor = self._rss()
+            self._learning = 1
 
     @property
     def peak_gib(self) -> float:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psutil
 import pytest
 
-from qa_train.hostmem import MIN_SLACK_BYTES, HostMemory, _malloc_trim
+from qa_train.hostmem import LEARN_STEPS, MIN_SLACK_BYTES, SPARE, HostMemory, _malloc_trim
 
 pytestmark = pytest.mark.skipif(_malloc_trim() is None, reason="needs glibc's malloc_trim")
 MIB, GIB = 2**20, 2**30
@@ -31,50 +29,73 @@ def test_trim_returns_freed_heap_pages() -> None:
     del pin
 
 
-def scripted(readings: list[float]) -> tuple[HostMemory, Iterator[float]]:
-    """A HostMemory reading RSS (in GiB) from a script: one reading per reset, step and trim."""
+def scripted(readings: list[float]) -> HostMemory:
+    """A HostMemory reading RSS (in GiB) from a script: one reading at start, per reset, step and trim.
+    Running out of readings raises StopIteration: a test that reads more than it scripted fails."""
     values = iter(readings)
-    return HostMemory(trim=True, read_rss=lambda: int(next(values) * GIB)), values
+    return HostMemory(trim=True, read_rss=lambda: int(next(values) * GIB))
 
 
 def test_a_steps_own_working_set_is_never_trimmed() -> None:
-    """BERT-base-like: the first step grows RSS by 4 GiB (activations, gradients, Adam state) and later steps
-    swing by GBs within that. Only the first overshoot of the pre-training floor trims (down to the state that
-    persists, 2.5 GiB); the swings after it never do, where a fixed 256 MiB allowance trimmed on every step."""
-    swings = [3.1, 5.0, 2.9, 5.1, 3.3, 4.9, 6.0]
-    memory, _ = scripted([1.0, 1.0, 5.0, 4.0, 5.2, 2.5, *swings])  # __init__, reset, steps (a trim reads once more)
-    memory.reset()
-    memory.step()
-    assert memory.step_growth == 4 * GIB and memory.slack == 4 * GIB
-    memory.step()  # 4.0: within 1.0 + 4.0
-    memory.step()  # 5.2: beyond it, trimmed to 2.5
-    assert memory.trims == 1 and memory.floor == int(2.5 * GIB)
-    for _ in swings:  # all within 2.5 + 4.0
+    """BERT-base-like: weights, gradients and Adam state stay near 1.7 GiB and each step's activations come and
+    go by 2-3 GiB on top. The first LEARN_STEPS batches only teach the allowance; the swings after them are
+    never trimmed, where a fixed 256 MiB allowance trimmed on every step. A real rise beyond them is."""
+    learning = [2.9, 4.1, 4.6, 3.9, 4.4, 4.9, 4.0, 4.5]
+    swings = [4.6, 4.1, 4.8, 4.3, 4.7, 5.0, 4.2, 4.4]
+    memory = scripted([0.5, 1.0, *learning, *swings, 6.2, 1.7, 4.8])
+    memory.reset()  # 1.0
+    assert len(learning) == LEARN_STEPS
+    for _ in learning:
         memory.step()
-    assert memory.trims == 1 and memory.peak == int(6.0 * GIB)
+    assert memory.trims == 0 and memory.slack == pytest.approx(SPARE * (4.9 - 1.0) * GIB, abs=2)
+    for _ in swings:  # all within 1.0 + 4.875
+        memory.step()
+    assert memory.trims == 0 and memory.peak == int(5.0 * GIB)
+    memory.step()  # 6.2: creep beyond the working set: trimmed to 1.7
+    memory.step()  # 4.8 came straight back: it counts as working set, the allowance already covers it
+    assert memory.trims == 1 and memory.floor == int(1.7 * GIB)
+    assert memory.slack == pytest.approx(SPARE * 3.9 * GIB, abs=2)
 
 
-def test_creep_beyond_the_allowance_is_trimmed() -> None:
-    """Tiny-model-like: a first step of 50 MiB leaves the 256 MiB minimum; fragmentation creep past it trims."""
-    memory, _ = scripted([0.5, 0.5, 0.55, 0.6, 0.7, 0.8, 0.52, 0.6, 0.79, 0.53])
+def test_after_a_trim_what_comes_straight_back_widens_the_allowance() -> None:
+    memory = scripted([0.5, 0.5, *[0.55] * LEARN_STEPS, 0.9, 0.5, 1.0, 1.1, 1.3, 0.5])
     memory.reset()
-    memory.step()  # 0.55: the first step only measures its growth
+    for _ in range(LEARN_STEPS):
+        memory.step()
+    assert memory.slack == MIN_SLACK_BYTES  # 1.25 x 50 MiB is below the minimum
+    memory.step()  # 0.9 > 0.5 + 0.25: trimmed to 0.5
+    memory.step()  # 1.0: taken straight back: allowance 1.25 x 0.5 GiB
+    assert memory.trims == 1 and memory.slack == pytest.approx(SPARE * 0.5 * GIB, abs=2)
+    memory.step()  # 1.1: within 0.5 + 0.625
+    memory.step()  # 1.3: beyond, trimmed to 0.5
+    assert memory.trims == 2
+
+
+def test_creep_beyond_the_working_set_is_trimmed() -> None:
+    """Tiny-model-like: a small working set keeps the 256 MiB minimum; fragmentation creep past it is trimmed."""
+    memory = scripted([0.5, 0.5, *[0.6] * LEARN_STEPS, 0.7, 0.8, 0.52, 0.55, 0.6, 0.79, 0.53, 0.56])
+    memory.reset()  # 0.5
+    for _ in range(LEARN_STEPS):
+        memory.step()  # 0.6
     assert memory.slack == MIN_SLACK_BYTES
-    memory.step()  # 0.6: within 0.5 + 0.25
-    memory.step()  # 0.7: within
+    memory.step()  # 0.7: within 0.5 + 0.25
     assert memory.trims == 0
-    memory.step()  # 0.8 > 0.75: trim, after which RSS reads 0.52
+    memory.step()  # 0.8 > 0.75: trimmed to 0.52
     assert memory.trims == 1 and memory.floor == int(0.52 * GIB)
+    memory.step()  # 0.55: the next batch took back 30 MiB, less than the minimum allowance
     memory.step()  # 0.6: within 0.52 + 0.25
-    memory.step()  # 0.79 > 0.77: trim again -> 0.53
+    memory.step()  # 0.79 > 0.77: trimmed again to 0.53
+    memory.step()  # 0.56
     assert memory.trims == 2 and memory.floor == int(0.53 * GIB) and memory.peak == int(0.8 * GIB)
+    assert memory.slack == MIN_SLACK_BYTES
 
 
 def test_reset_starts_a_new_phase_and_off_never_trims() -> None:
-    memory, _ = scripted([2.0, 1.0, 1.1, 3.0, 1.2])
+    memory = scripted([2.0, 1.0, *[1.1] * LEARN_STEPS, 3.0, 1.2])
     memory.reset()  # 1.0: the peak of 2.0 before it is not this phase's
-    memory.step()  # 1.1
-    memory.step()  # 3.0 > 1.0 + 0.25: would trim, and reads once more
+    for _ in range(LEARN_STEPS):
+        memory.step()  # 1.1
+    memory.step()  # 3.0 > 1.0 + 0.25: trimmed, reading once more
     assert memory.peak == 3 * GIB and memory.trims == 1
     off = HostMemory(trim=False, min_slack=0)
     off.step()

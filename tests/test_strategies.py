@@ -7,8 +7,6 @@ must follow its LR schedule exactly and its loss curve to rounding.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable
