@@ -34,7 +34,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: install
-	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(PY) -m qa_train --offline_demo --output_dir $(DEMO_DIR)
+	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(PY) -m qa_train --offline_demo --output_dir $(DEMO_DIR) --overwrite_output_dir
 
 test: install
 	$(PY) -m pytest -q

@@ -1,28 +1,70 @@
-"""`python -m qa_train [flags]`, also under `accelerate launch ... -m qa_train`."""
+"""`python -m qa_train [flags]`, also under `accelerate launch ... -m qa_train`.
+
+Exit codes: 0 finished; 1 crashed (a traceback says where); 2 refused input (flags, data, output
+dir, checkpoint), before any training; 3 diverged (non-finite loss, gradients or weights; nothing
+exported); 4 the export failed (metrics.json is written); 75 preempted (checkpoint saved, resume
+with --resume_from_checkpoint latest).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+
+# A launcher that cannot see its workers' exit codes (torchrun reports any failure as 1) names a file
+# here, and the main process writes its code into it.
+STATUS_FILE_ENV = "QA_TRAIN_STATUS_FILE"
+FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, PREEMPTED = 0, 1, 2, 3, 4, 75
+
+
+def _say(message: str, rank: int) -> None:
+    if rank == 0:  # every rank meets the same error; one line is enough
+        print(f"qa_train: error: {message}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     from qa_train.config import ConfigError, parse_args
+    from qa_train.outputdir import claim, world_rank
 
+    rank = world_rank()
     try:
         args = parse_args(argv)
+        claim(args.output, is_main=rank == 0)
     except ConfigError as err:
-        print(f"qa_train: error: {err}", file=sys.stderr)
-        return 2
+        _say(str(err), rank)
+        return REFUSED
+    from qa_train.checkpoint import CheckpointError
+    from qa_train.data import DataError
     from qa_train.distributed import LaunchError
-    from qa_train.run import run
+    from qa_train.run import Preempted, run
+    from qa_train.trainer import ExportError, TrainingDiverged
 
     try:
         run(args)
-    except (LaunchError, ConfigError) as err:
-        print(f"qa_train: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    except (LaunchError, ConfigError, DataError, CheckpointError) as err:
+        _say(str(err), rank)
+        return REFUSED
+    except TrainingDiverged as err:
+        _say(str(err), rank)
+        return DIVERGED
+    except ExportError as err:
+        _say(str(err), rank)
+        return EXPORT_FAILED
+    except Preempted:  # its checkpoint and the log line saying so are written
+        return PREEMPTED
+    return FINISHED
+
+
+def _report_status(code: int) -> int:
+    path = os.environ.get(STATUS_FILE_ENV)
+    if path and int(os.environ.get("RANK", "0")) == 0:
+        try:
+            with open(path, "w") as f:
+                f.write(f"{code}\n")
+        except OSError:
+            pass  # the launcher then reports its own code
+    return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_report_status(main()))

@@ -124,7 +124,8 @@ def run_one(plan: Plan, opts: argparse.Namespace, train_flags: list[str], port: 
     cmd = [sys.executable, "-m", "qa_train.launch", *(["--cpu"] if opts.cpu else []),
            "--config_file", str(CONFIG_DIR / f"{plan.config}.yaml"), "--num_processes", str(plan.processes),
            "--main_process_port", str(port), "--", *train_flags, *plan.extra,
-           "--max_train_steps", str(opts.max_train_steps), "--output_dir", str(run_dir), "--run_name", plan.name]
+           "--max_train_steps", str(opts.max_train_steps), "--output_dir", str(run_dir), "--run_name", plan.name,
+           "--overwrite_output_dir"]  # the bench owns its run folders: a rerun replaces them
     log, env = run_dir / "launch.log", thread_env(plan.processes, opts.cpu)
     threads = f", {env['OMP_NUM_THREADS']} thread(s) each" if opts.cpu else ""
     print(f"[bench] {plan.name}: {plan.config} x {plan.processes} process(es){threads}, log {log}", flush=True)

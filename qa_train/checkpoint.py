@@ -1,57 +1,324 @@
 """Resumable checkpoints and the final export, both atomic under every strategy.
 
-A checkpoint is written under a temporary name by all ranks (DeepSpeed and FSDP write shards)
-and renamed by the main process once every rank has finished, so a crash mid-write never
-becomes `latest`.
+A checkpoint is written under a temporary name by all ranks (DeepSpeed and FSDP write shards); the
+main process then writes trainer_state.json, then manifest.json (every file and its size), and
+renames the folder once every rank has finished. A checkpoint is complete only with its manifest,
+and usable only when every file still has the size the manifest records (`verify`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
-from dataclasses import asdict, dataclass
+import uuid
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 log = logging.getLogger("qa_train")
 STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE_FILE = "trainer_state.json"
+MANIFEST = "manifest.json"
+RNG_FILE = "random_states_{}.pkl"  # accelerate's name for one rank's RNG state
+CONTRACT = ("world_size", "global_batch_size", "per_device_train_batch_size", "gradient_accumulation_steps",
+            "total_steps")
+COUNTERS = ("completed_steps", "epoch", "batches_in_epoch")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from, said in one line that names it."""
 
 
 @dataclass
 class TrainerState:
-    """Counters that accelerate's save_state does not keep."""
+    """Counters that accelerate's save_state does not keep, and what the checkpoint was sized for."""
 
     completed_steps: int = 0
     epoch: int = 0
     batches_in_epoch: int = 0  # micro-batches of `epoch` already consumed
+    # Whose checkpoints rotation may delete: new for a fresh run, inherited on resume. Every rank draws
+    # its own, but only the main process's is written.
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The resume contract (see resume_conflicts); None: written by a qa_train that did not record it.
+    world_size: int | None = None
+    global_batch_size: int | None = None
+    per_device_train_batch_size: int | None = None
+    gradient_accumulation_steps: int | None = None
+    total_steps: int | None = None
+
+    def contract(self) -> dict[str, int | None]:
+        return {name: getattr(self, name) for name in CONTRACT}
+
+
+def state_from_json(text: str) -> TrainerState:
+    """Parse trainer_state.json, old formats included; ValueError says what is wrong with it."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    unknown = sorted(set(data) - {f.name for f in fields(TrainerState)})
+    if unknown:
+        raise ValueError(f"unknown keys {', '.join(unknown)} (written by a newer qa_train?)")
+    for name in COUNTERS:
+        if not _is_int(data.get(name)) or data[name] < 0:
+            raise ValueError(f"{name} is {data.get(name)!r}, not a count")
+    for name in CONTRACT:
+        if data.get(name) is not None and not (_is_int(data[name]) and data[name] > 0):
+            raise ValueError(f"{name} is {data[name]!r}, not a positive integer")
+    if "run_id" in data and not (isinstance(data["run_id"], str) and data["run_id"]):
+        raise ValueError(f"run_id is {data['run_id']!r}, not a string")
+    return TrainerState(**data)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_state(path: Path) -> TrainerState:
+    try:
+        return state_from_json((path / STATE_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path / STATE_FILE}: unreadable or invalid ({_one_line(err)})") from None
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    lines = str(err).strip().splitlines()
+    text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+# --- finding and checking checkpoints ----------------------------------------------------------
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def complete_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Finished checkpoints, oldest first (temporary folders never match STEP_DIR)."""
-    root = checkpoint_root(output_dir)
+def _step_folders(root: Path) -> list[Path]:
+    """step_N folders, oldest first (temporary and trash folders never match STEP_DIR)."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / STATE_FILE).is_file()]
+    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and p.is_dir()]
     return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
 
-def resolve_resume(spec: str | None, output_dir: str | Path) -> Path | None:
-    """'latest' means the newest complete checkpoint in output_dir, or a fresh start if there is none."""
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Finished checkpoints (trainer state and manifest present), oldest first; `verify` says if they are whole."""
+    return [p for p in _step_folders(checkpoint_root(output_dir))
+            if (p / STATE_FILE).is_file() and (p / MANIFEST).is_file()]
+
+
+def _write_manifest(folder: Path) -> None:
+    # Sizes, not hashes: hashing GBs of optimizer state would add seconds to every save, and the failure
+    # that happens is truncation (a full disk, a kill or a lost node mid-write), which sizes catch.
+    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+    (folder / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1))
+
+
+def _read_manifest(path: Path) -> dict[str, int]:
+    """The manifest's files and sizes; ValueError (or OSError) when it is not a manifest."""
+    files = json.loads((path / MANIFEST).read_text()).get("files")
+    if not isinstance(files, dict) or not all(_is_int(size) for size in files.values()):
+        raise ValueError("no 'files' mapping of sizes")
+    return files
+
+
+def _size_problem(path: Path, name: str, expected: int) -> str | None:
+    if not path.is_file():
+        return f"{name}: missing"
+    size = path.stat().st_size
+    return None if size == expected else f"{name}: {size} bytes, manifest says {expected}"
+
+
+def verify(path: str | Path) -> str | None:
+    """What makes `path` unusable as a checkpoint, in one line, or None when it is complete and whole."""
+    path = Path(path)
+    if not path.is_dir():
+        return f"no {STATE_FILE}: the folder does not exist"
+    if not (path / STATE_FILE).is_file():
+        return f"no {STATE_FILE}: not a complete qa_train checkpoint"
+    if not (path / MANIFEST).is_file():
+        return f"no {MANIFEST}: incomplete (written by a run that was killed mid-save, or by an older qa_train?)"
+    try:
+        files = _read_manifest(path)
+    except (OSError, ValueError, AttributeError) as err:
+        return f"{MANIFEST}: unreadable or invalid ({_one_line(err)})"
+    problems = [p for name, size in files.items() if (p := _size_problem(path / name, name, size))]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return problems[0] + more
+    try:
+        state_from_json((path / STATE_FILE).read_text())
+    except (OSError, ValueError) as err:
+        return f"{STATE_FILE}: unreadable or invalid ({_one_line(err)})"
+    return None
+
+
+def _good_siblings(path: Path) -> list[Path]:
+    """The usable step folders next to `path`, newest first."""
+    return [p for p in reversed(_step_folders(path.parent)) if p != path and verify(p) is None]
+
+
+def _step_of(path: Path) -> int | None:
+    match = STEP_DIR.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+# --- resume ------------------------------------------------------------------------------------
+
+
+def resolve_resume(spec: str | None, output_dir: str | Path, warn: bool = True) -> Path | None:
+    """The checkpoint to resume from, or None for a fresh start.
+
+    'latest' is the newest usable checkpoint in output_dir: damaged ones are skipped with a warning
+    (pass warn=False on all but the main process). An explicit path must be usable: CheckpointError.
+    """
     if spec is None:
         return None
     if spec == "latest":
-        found = complete_checkpoints(output_dir)
-        return found[-1] if found else None
+        return _latest_usable(checkpoint_root(output_dir), warn)
     path = Path(spec)
-    if not (path / STATE_FILE).is_file():
-        raise ValueError(f"--resume_from_checkpoint {spec}: no {STATE_FILE}; not a complete qa_train checkpoint")
-    return path
+    problem = verify(path)
+    if problem is None:
+        return path
+    good = _good_siblings(path)
+    instead = (f"the newest good checkpoint there is {good[0]}" if good
+               else f"there is no good checkpoint in {path.parent}")
+    raise CheckpointError(f"--resume_from_checkpoint {path}: {problem}; {instead}")
+
+
+def _latest_usable(root: Path, warn: bool) -> Path | None:
+    skipped: list[tuple[Path, str]] = []
+    chosen = None
+    for path in reversed(_step_folders(root)):
+        problem = verify(path)
+        if problem is None:
+            chosen = path
+            break
+        skipped.append((path, problem))
+    if warn:
+        instead = (f"resuming from {chosen} instead" if chosen
+                   else "no usable checkpoint left: starting from scratch (the damaged ones are kept)")
+        for path, problem in skipped:
+            log.warning("checkpoint %s skipped: %s; %s", path, problem, instead)
+    return chosen
+
+
+def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str], list[str]]:
+    """Why this run cannot continue `saved` (refusals), and what changes although it can (notes).
+
+    Each is one phrase naming the checkpoint's value and this run's. None on either side is unknown
+    (an older checkpoint, or a caller that did not say) and skipped.
+    """
+    def changed(name: str) -> bool:
+        was, now_is = getattr(saved, name), getattr(now, name)
+        return was is not None and now_is is not None and was != now_is
+
+    refusals, notes = [], []
+    if changed("world_size"):
+        refusals.append(
+            f"it was written by {saved.world_size} processes, this run has {now.world_size}: its optimizer, RNG and "
+            f"data-position state and its LR schedule are sized for {saved.world_size}; resume with "
+            f"{saved.world_size} processes, or start a new run with --overwrite_output_dir")
+    if changed("global_batch_size"):
+        refusals.append(
+            f"its global batch is {saved.global_batch_size}, this run's is {now.global_batch_size}: the steps done "
+            f"and the LR schedule count batches of {saved.global_batch_size}; resume with per-device batch x "
+            f"accumulation x processes = {saved.global_batch_size}, or start a new run with --overwrite_output_dir")
+    elif not refusals and (changed("per_device_train_batch_size") or changed("gradient_accumulation_steps")):
+        split = _split_change(saved, now)
+        (refusals if saved.batches_in_epoch else notes).append(split)
+    if changed("total_steps"):
+        note = (f"total steps {saved.total_steps} -> {now.total_steps}: the LR schedule is recomputed for "
+                f"{now.total_steps} steps, so the learning rate jumps at step {saved.completed_steps}")
+        if saved.completed_steps >= now.total_steps:
+            note += f"; the checkpoint is already at step {saved.completed_steps}, so no training step runs"
+        notes.append(note)
+    return refusals, notes
+
+
+def _split_change(saved: TrainerState, now: TrainerState) -> str:
+    """Same global batch, another per-device x accumulation split: safe only at an epoch boundary.
+
+    Resuming skips `batches_in_epoch` micro-batches of this run's per-device size on each rank
+    (skip_first_batches on the sharded loader), and the length-grouped sampler's order depends on that
+    size too; so mid-epoch, another split would see some examples twice and others never.
+    """
+    was = f"{saved.per_device_train_batch_size} per device x {saved.gradient_accumulation_steps} accumulation"
+    now_is = f"{now.per_device_train_batch_size} x {now.gradient_accumulation_steps}"
+    if saved.batches_in_epoch:
+        return (f"its batches were {was}, this run's are {now_is}: it stopped {saved.batches_in_epoch} micro-batches "
+                f"into epoch {saved.epoch}, and skipping that many of another size would see examples twice or "
+                f"never; resume with --per_device_train_batch_size {saved.per_device_train_batch_size} "
+                f"--gradient_accumulation_steps {saved.gradient_accumulation_steps}")
+    return (f"batches {was} -> {now_is} with the same global batch {now.global_batch_size}: the checkpoint is at an "
+            "epoch boundary, so no example is skipped or repeated; updates match in expectation, not bit for bit")
+
+
+def load_checkpoint(accelerator, path: Path, now: TrainerState | None = None) -> TrainerState:
+    """Restore everything save_checkpoint wrote; with `now`, refuse a checkpoint this run cannot continue first.
+
+    Checkpoints must be trusted: DeepSpeed's loader unpickles them (torch.load with weights_only=False).
+    """
+    saved = read_state(path)
+    if now is not None:
+        _check_contract(accelerator, path, saved, now)
+    try:
+        accelerator.load_state(str(path))
+    except Exception as err:  # corrupt content surfaces as SafetensorError, RuntimeError, pickle errors, ...
+        if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
+            raise  # not the checkpoint's fault
+        raise CheckpointError(_load_failure(path, err)) from err
+    _warn_on_rng(path, accelerator.process_index)
+    return saved if now is None else replace(saved, **now.contract())
+
+
+def _check_contract(accelerator, path: Path, saved: TrainerState, now: TrainerState) -> None:
+    # Before load_state: a different world size would otherwise fail deep inside DeepSpeed, misleadingly.
+    refusals, notes = resume_conflicts(saved, now)
+    if refusals:
+        raise CheckpointError(f"--resume_from_checkpoint {path}: cannot continue it: {'; '.join(refusals)}")
+    if accelerator.is_main_process:
+        for note in notes:
+            log.warning("resuming from %s: %s", path, note)
+
+
+def _load_failure(path: Path, err: Exception) -> str:
+    step = _step_of(path)
+    earlier = [p for p in _good_siblings(path) if step is None or (_step_of(p) or 0) < step]
+    hint = (f"if it is damaged, resume from the previous complete checkpoint: --resume_from_checkpoint {earlier[0]}"
+            if earlier else f"there is no earlier complete checkpoint in {path.parent}")
+    return f"checkpoint {path} could not be loaded: {_one_line(err)}; {hint}"
+
+
+def _warn_on_rng(path: Path, process_index: int) -> None:
+    """accelerate loads a rank's RNG file inside `except Exception: logger.info(...)` and goes on: say so."""
+    rng = path / RNG_FILE.format(process_index)
+    problem = _rng_problem(rng)
+    if problem:
+        log.warning("%s: %s; this rank goes on with the RNG seeded at start-up, so dropout differs from an "
+                    "uninterrupted run (the resume is not bit-exact)", rng, problem)
+
+
+def _rng_problem(rng: Path) -> str | None:
+    """Read the file as accelerate does and check the keys it restores (CUDA's only on a CUDA machine)."""
+    if not rng.is_file():
+        return "missing"
+    import torch
+    from accelerate.utils import load
+
+    try:
+        states = load(rng)
+    except Exception as err:  # torch.load's failures on a damaged file have no common type
+        return f"unreadable ({_one_line(err)})"
+    needed = ["random_state", "numpy_random_seed", "torch_manual_seed"]
+    needed += ["torch_cuda_manual_seed"] if torch.cuda.is_available() else []
+    missing = [key for key in needed if not isinstance(states, dict) or key not in states]
+    return f"lacks {', '.join(missing)}" if missing else None
+
+
+# --- save --------------------------------------------------------------------------------------
 
 
 def save_checkpoint(accelerator, output_dir: str | Path, state: TrainerState, keep: int | None) -> Path:
@@ -66,25 +333,61 @@ def save_checkpoint(accelerator, output_dir: str | Path, state: TrainerState, ke
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
-        if final.exists():  # the same step saved twice (e.g. preemption right after a periodic save)
-            shutil.rmtree(final)
-        tmp.rename(final)
-        _rotate(output_dir, keep)
+        _write_manifest(tmp)  # last: only now is the folder complete
+        _replace(tmp, final, state.run_id)
+        _rotate(output_dir, keep, state.run_id, final)
         log.info("checkpoint saved: %s", final)
     accelerator.wait_for_everyone()
     return final
 
 
-def _rotate(output_dir: str | Path, keep: int | None) -> None:
+def _run_id_of(path: Path) -> str | None:
+    try:
+        return json.loads((path / STATE_FILE).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _replace(tmp: Path, final: Path, run_id: str) -> None:
+    """Rename tmp to final. The same step saved twice by this run (e.g. preemption right after a periodic
+    save) replaces the old folder; another run's folder at that name is moved aside, never deleted."""
+    if final.exists():
+        other = _run_id_of(final)
+        if other == run_id:
+            _delete(final)
+        else:
+            aside = final.with_name(f"{final.name}.run-{(other or 'unknown')[:8]}")
+            _delete(aside)
+            final.rename(aside)
+            log.warning("%s belonged to another run (%s): moved to %s, not deleted", final, other or "unknown", aside)
+    tmp.rename(final)
+
+
+def _delete(path: Path) -> None:
+    # Renamed first, so a kill mid-delete leaves a trash folder, never a half-deleted step_N.
+    trash = path.with_name(f".deleting-{path.name}")
+    shutil.rmtree(trash, ignore_errors=True)
+    if path.exists():
+        path.rename(trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _rotate(output_dir: str | Path, keep: int | None, run_id: str, just_written: Path | None = None) -> None:
+    """Keep this run's newest `keep` whole checkpoints (always including `just_written`); delete its older ones.
+
+    Another run's checkpoints, older formats without a run_id, and damaged ones are never deleted, and
+    damaged ones do not count towards `keep`.
+    """
     if keep is None:
         return
-    for old in complete_checkpoints(output_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    ours = [p for p in complete_checkpoints(output_dir)
+            if p != just_written and _run_id_of(p) == run_id and verify(p) is None]
+    room = keep - 1 if just_written is not None else keep
+    for old in ours[:max(len(ours) - room, 0)]:
+        _delete(old)
 
 
-def load_checkpoint(accelerator, path: Path) -> TrainerState:
-    accelerator.load_state(str(path))
-    return TrainerState(**json.loads((path / STATE_FILE).read_text()))
+# --- export ------------------------------------------------------------------------------------
 
 
 def export_final(accelerator, model, tokenizer, output_dir: str | Path) -> Path:
@@ -97,13 +400,33 @@ def export_final(accelerator, model, tokenizer, output_dir: str | Path) -> Path:
     tmp = Path(output_dir) / ".tmp-final"
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _clear(tmp)
         unwrapped = accelerator.unwrap_model(model)
         unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        if final.exists():
-            shutil.rmtree(final)
+        # save_pretrained only logs (and writes nothing) when its target is not a folder.
+        if not any(tmp.glob("*.safetensors")):
+            raise OSError(f"{tmp}: no weights were written")
+        _share_like_umask(tmp)
+        _clear(final)
         tmp.rename(final)
         log.info("model exported: %s", final)
     accelerator.wait_for_everyone()
     return final
+
+
+def _clear(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _share_like_umask(folder: Path) -> None:
+    """Files as the umask allows (usually group- and world-readable): some writers create them 0600,
+    and an exported model is meant to be read by others on a shared file system."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in folder.rglob("*"):
+        if f.is_file():
+            f.chmod(0o666 & ~umask)

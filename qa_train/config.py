@@ -58,6 +58,7 @@ def _not_negative(group: object, *names: str) -> None:
 def _check_file(path: str | None, flag: str) -> None:
     if path is None:
         return
+    _require(not Path(path).is_dir(), flag, f"{path!r} is a directory, not a SQuAD JSON file")
     _require(Path(path).is_file(), flag, f"file {path!r} does not exist")
     _require(
         path.endswith((".json", ".jsonl")), flag, f"{path!r} must be .json (nested SQuAD) or .jsonl (flat records)"
@@ -192,6 +193,11 @@ class OutputArgs:
     """What a run writes, where, and to which tracker."""
 
     output_dir: str = field(default="runs/qa_train", metadata={"help": "Where metrics, predictions and the model go."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Replace the run already in --output_dir (its metrics, model, checkpoints and logs are "
+                          "removed first). Without it an occupied --output_dir is refused, unless resuming."},
+    )
     checkpointing_steps: str | None = field(
         default=None, metadata={"help": "Save a resumable checkpoint every N steps, or 'epoch'."}
     )

@@ -2,15 +2,19 @@
 
 Local files may be the official nested SQuAD JSON (`data[].paragraphs[].qas[]`) or flat records
 (`id, title, context, question, answers{text, answer_start}`) as JSON lines, the hub's layout.
+Every fault is one DataError line naming the file, the record's place (`data[a].paragraphs[p].qas[q]`,
+`line N` of JSON lines, `record i` of a list) with its id when it has one, and the problem.
 """
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 
 class DataError(ValueError):
@@ -53,99 +57,264 @@ class Examples:
         return dict(zip(self.ids, self.answer_texts))
 
 
-def _flat_records(path: Path, text: str) -> Iterable[dict[str, Any]]:
-    """Yield flat records from nested SQuAD JSON, a JSON list/`{"data": [flat]}`, or JSON lines."""
+# Where a record sits, for messages: `data[a].paragraphs[p].qas[q]`, `line N` or `record i`.
+Located = tuple[str, Any]
+
+# Characters that show nothing: whitespace, controls and format characters (zero-width space U+200B,
+# BOM U+FEFF, joiners, bidi marks). A question made of them tokenises to nothing.
+_INVISIBLE = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
+
+
+def _kind(value: Any) -> str:
+    """A JSON value's type, in JSON's words, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    for types, name in ((str, "a string"), ((int, float), "a number"), (list, "a list"), (dict, "an object")):
+        if isinstance(value, types):
+            return name
+    return type(value).__name__
+
+
+def _decode(path: Path, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8-sig")  # a leading BOM (Windows editors write one) is not data
+    except UnicodeDecodeError as err:
+        offset = err.start + (len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0)
+        line = raw.count(b"\n", 0, offset) + 1
+        raise DataError(f"{path}: not UTF-8 text: byte {offset} (line {line}) is 0x{raw[offset]:02x} "
+                        f"({err.reason}); save the file as UTF-8") from None
+
+
+def _lines(text: str) -> list[str]:
+    r"""Lines ended by \n, \r\n or \r. Not str.splitlines: it also breaks at U+2028, U+2029 and U+0085,
+    which JSON allows raw inside strings, and would cut a valid record in two."""
+    if "\r" in text:  # raw \r cannot occur inside a JSON string, so it can only end a line
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text.split("\n")
+
+
+def _json_lines(path: Path, text: str) -> Iterator[Located]:
+    for lineno, line in enumerate(_lines(text), 1):
+        if line.strip():
+            try:
+                yield f"line {lineno}", json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}: line {lineno}: not valid JSON: {err.msg} at column {err.colno}") from None
+            except RecursionError as err:  # nested too deeply
+                raise DataError(f"{path}: line {lineno}: not valid JSON: {err}") from None
+
+
+def _list_at(path: Path, where: str, value: Any, of: str) -> list:
+    if not isinstance(value, list):
+        raise DataError(f"{path}: {where} must be a list of {of}, found {_kind(value)}")
+    return value
+
+
+def _flatten_qa(path: Path, loc: str, qa: Any, title: Any, context: Any) -> Any:
+    """One nested question as a flat record; a qa that is not an object is left for _check_record to name."""
+    if not isinstance(qa, dict):
+        return qa
+    answers = qa.get("answers")
+    if not isinstance(answers, list):
+        raise DataError(f"{path}: {_at(loc, qa)}: 'answers' must be a list, found {_kind(answers)}")
+    for k, x in enumerate(answers):
+        if not isinstance(x, dict):
+            raise DataError(f"{path}: {_at(loc, qa)}: answers[{k}] must be an object with 'text' and "
+                            f"'answer_start', found {_kind(x)}")
+    return {"id": qa.get("id"), "title": title, "context": context, "question": qa.get("question"),
+            "answers": {"text": [x.get("text") for x in answers],
+                        "answer_start": [x.get("answer_start") for x in answers]}}
+
+
+def _article_records(path: Path, base: str, article: dict[str, Any]) -> Iterator[Located]:
+    """The questions of one nested SQuAD article, as flat records."""
+    for p, para in enumerate(_list_at(path, f"{base}.paragraphs", article["paragraphs"], "paragraphs")):
+        where = f"{base}.paragraphs[{p}]"
+        if not isinstance(para, dict):
+            raise DataError(f"{path}: {where} must be an object with 'context' and 'qas', found {_kind(para)}")
+        for key in ("context", "qas"):
+            if key not in para:
+                raise DataError(f"{path}: {where} lacks '{key}'")
+        for q, qa in enumerate(_list_at(path, f"{where}.qas", para["qas"], "questions")):
+            loc = f"{where}.qas[{q}]"
+            yield loc, _flatten_qa(path, loc, qa, article.get("title", ""), para["context"])
+
+
+def _flat_records(path: Path, text: str) -> Iterator[Located]:
+    """Located flat records from nested SQuAD JSON, a JSON list/`{"data": [flat]}`, or JSON lines."""
+    if not text.strip():
+        raise DataError(f"{path}: the file is empty")
+    json_lines = False
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
-        if "Extra data" not in str(err):
+        if err.msg != "Extra data":
             raise DataError(f"{path}: not valid JSON: {err}") from None
-        doc = None
-    if doc is None:  # JSON lines
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path}: line {lineno}: not valid JSON: {err}") from None
+        json_lines = True  # one document per line
+    except RecursionError as err:
+        raise DataError(f"{path}: not valid JSON: {err}") from None
+    if json_lines:
+        yield from _json_lines(path, text)
         return
-    if isinstance(doc, dict) and isinstance(doc.get("data"), list):
-        doc = doc["data"]
+    if isinstance(doc, dict) and "data" not in doc and "question" in doc:
+        yield "line 1", doc  # JSON lines holding a single record
+        return
+    wrapped = isinstance(doc, dict) and "data" in doc
+    if wrapped:
+        doc = _list_at(path, "'data'", doc["data"], "articles or records")
     if not isinstance(doc, list):
-        raise DataError(f"{path}: expected SQuAD JSON with a 'data' list, JSON lines, or a list of records")
+        raise DataError(f"{path}: expected SQuAD JSON with a 'data' list, JSON lines, or a list of records; "
+                        f"found {_kind(doc)}")
     for a, article in enumerate(doc):
-        if not isinstance(article, dict):
-            raise DataError(f"{path}: data[{a}] is not an object")
-        if "paragraphs" not in article:
-            yield article  # already flat
-            continue
-        for p, para in enumerate(article["paragraphs"]):
-            if "context" not in para or "qas" not in para:
-                raise DataError(f"{path}: data[{a}].paragraphs[{p}] lacks 'context' or 'qas'")
-            for qa in para["qas"]:
-                answers = qa.get("answers")
-                if not isinstance(answers, list):
-                    raise DataError(f"{path}: question {qa.get('id', '?')}: 'answers' must be a list")
-                yield {
-                    "id": qa.get("id"), "title": article.get("title", ""), "context": para["context"],
-                    "question": qa.get("question"),
-                    "answers": {"text": [x.get("text") for x in answers],
-                                "answer_start": [x.get("answer_start") for x in answers]},
-                }
+        if isinstance(article, dict) and "paragraphs" in article:
+            yield from _article_records(path, f"data[{a}]" if wrapped else f"[{a}]", article)
+        else:
+            yield (f"data[{a}]" if wrapped else f"record {a}"), article  # a flat record
 
 
-def _check_record(rec: dict[str, Any], where: str, need_answers: bool) -> tuple[list[str], list[int]]:
+class _Problem(ValueError):
+    """What is wrong with one record; _check_record adds the file, the place and the id."""
+
+
+def _usable_id(rec: dict[str, Any]) -> str | None:
     qid = rec.get("id")
-    if not isinstance(qid, (str, int)) or str(qid) == "":
-        raise DataError(f"{where}: a question has no 'id'")
+    if isinstance(qid, bool) or not isinstance(qid, (str, int)) or not str(qid).strip():
+        return None
+    return str(qid)
+
+
+def _shown(qid: str) -> str:
+    """The id as a message shows it: quoted when it holds a line break or other unprintable character."""
+    return qid if qid.isprintable() else repr(qid)
+
+
+def _at(loc: str, rec: Any) -> str:
+    """The record's place, and its id when it has one."""
+    qid = _usable_id(rec) if isinstance(rec, dict) else None
+    return loc if qid is None else f"{loc}: question {_shown(qid)}"
+
+
+def _invisible(ch: str) -> bool:
+    return ch.isspace() or unicodedata.category(ch) in _INVISIBLE
+
+
+def _check_shows_something(text: str, what: str) -> None:
+    """Callers skip this when the text starts with a letter or digit: it runs three times per question."""
+    shown = text.strip()
+    if not shown:
+        raise _Problem(f"empty {what}")
+    if all(map(_invisible, shown)):  # stops at the first visible character
+        codes = sorted({f"U+{ord(ch):04X}" for ch in text if not ch.isspace()})
+        raise _Problem(f"empty {what} (only invisible characters: {', '.join(codes[:4])})")
+
+
+def _check_id(rec: dict[str, Any]) -> str:
+    qid = _usable_id(rec)
+    if qid is None:
+        raw = rec.get("id")
+        raise _Problem("question has no 'id'" if raw is None or isinstance(raw, str)
+                       else f"'id' must be a string or an integer, found {_kind(raw)}")
+    return qid
+
+
+def _check_texts(rec: dict[str, Any]) -> None:
     for key in ("context", "question"):
         value = rec.get(key)
         if not isinstance(value, str):
-            raise DataError(f"{where}: question {qid}: missing field '{key}'")
-        if not value.strip():
-            raise DataError(f"{where}: question {qid}: empty {key}")
+            raise _Problem(f"missing field '{key}'" if value is None
+                           else f"'{key}' must be a string, found {_kind(value)}")
+        if not value[:1].isalnum():
+            _check_shows_something(value, key)
+    title = rec.get("title")
+    if title is not None and not isinstance(title, str):
+        raise _Problem(f"'title' must be a string, found {_kind(title)}")
+
+
+def _answer_lists(rec: dict[str, Any]) -> tuple[list, list]:
     answers = rec.get("answers")
-    if not isinstance(answers, dict) or "text" not in answers or "answer_start" not in answers:
-        raise DataError(f"{where}: question {qid}: missing field 'answers' with 'text' and 'answer_start'")
+    if not isinstance(answers, dict):
+        raise _Problem("missing field 'answers' with 'text' and 'answer_start'" if answers is None else
+                       f"'answers' must be an object with 'text' and 'answer_start' lists, found {_kind(answers)}")
+    for key in ("text", "answer_start"):
+        if key not in answers:
+            raise _Problem(f"missing field 'answers' with 'text' and 'answer_start' (no '{key}')")
+        if not isinstance(answers[key], (list, tuple)):
+            raise _Problem(f"'answers.{key}' must be a list, found {_kind(answers[key])}")
     texts, starts = list(answers["text"]), list(answers["answer_start"])
     if len(texts) != len(starts):
-        raise DataError(f"{where}: question {qid}: {len(texts)} answer texts but {len(starts)} answer_start values")
-    if need_answers and not texts:
-        raise DataError(f"{where}: question {qid}: no answers (SQuAD v1.1 questions are all answerable)")
-    context = rec["context"]
-    for text, start in zip(texts, starts):
-        if not isinstance(text, str) or not text.strip():
-            raise DataError(f"{where}: question {qid}: empty answer text")
-        if not isinstance(start, int) or start < 0 or start + len(text) > len(context):
-            raise DataError(f"{where}: question {qid}: answer_start {start!r} is outside the context "
-                            f"({len(context)} characters)")
-        if context[start:start + len(text)] != text:
-            raise DataError(f"{where}: question {qid}: answer_start {start} does not match text {text!r} "
-                            f"(the context there reads {context[start:start + len(text)]!r})")
+        raise _Problem(f"{len(texts)} answer texts but {len(starts)} answer_start values")
     return texts, starts
 
 
-def build_examples(records: Iterable[dict[str, Any]], where: str, need_answers: bool) -> Examples:
-    """Validate every record; refuse duplicates and mismatched spans with the question id."""
+def _check_span(k: int, text: Any, start: Any, context: str) -> None:
+    """Answer k's text must sit at its start in the context."""
+    if not isinstance(text, str):
+        raise _Problem(f"answer {k}: 'text' must be a string, found {_kind(text)}")
+    if not text[:1].isalnum():
+        _check_shows_something(text, "answer text")
+    if isinstance(start, bool) or not isinstance(start, int):
+        raise _Problem(f"answer {k}: 'answer_start' must be an integer, found {start!r}")
+    if start < 0 or start + len(text) > len(context):
+        raise _Problem(f"answer_start {start!r} is outside the context ({len(context)} characters)")
+    if context[start:start + len(text)] != text:
+        raise _Problem(f"answer_start {start} does not match text {text!r} "
+                       f"(the context there reads {context[start:start + len(text)]!r})")
+
+
+def _checked(rec: Any, need_answers: bool) -> tuple[str, list[str], list[int]]:
+    if not isinstance(rec, dict):
+        raise _Problem(f"expected an object (one question), found {_kind(rec)}")
+    qid = _check_id(rec)
+    _check_texts(rec)
+    texts, starts = _answer_lists(rec)
+    if need_answers and not texts:
+        raise _Problem("no answers (SQuAD v1.1 questions are all answerable)")
+    for k, (text, start) in enumerate(zip(texts, starts)):
+        _check_span(k, text, start, rec["context"])
+    return qid, texts, starts
+
+
+def _check_record(rec: Any, where: str, loc: str, need_answers: bool) -> tuple[str, list[str], list[int]]:
+    """The record's (id, answer texts, answer starts); a DataError naming the file, the place and the id."""
+    try:
+        return _checked(rec, need_answers)
+    except _Problem as problem:
+        raise DataError(f"{where}: {_at(loc, rec)}: {problem}") from None
+
+
+def build_examples(records: Iterable[Located], where: str, need_answers: bool) -> Examples:
+    """Validate every (place, record); refuse duplicates and mismatched spans with the place and question id."""
     out = Examples(source=where)
-    seen: set[str] = set()
-    for rec in records:
-        texts, starts = _check_record(rec, where, need_answers)
-        qid = str(rec["id"])
-        if qid in seen:
-            raise DataError(f"{where}: question {qid}: duplicate id")
-        seen.add(qid)
+    first_at: dict[str, str] = {}
+    for loc, rec in records:
+        qid, texts, starts = _check_record(rec, where, loc, need_answers)
+        if qid in first_at:
+            raise DataError(f"{where}: {loc}: question {_shown(qid)}: duplicate id (first at {first_at[qid]})")
+        first_at[qid] = loc
         out.append(qid, rec.get("title") or "", rec["context"], rec["question"], texts, starts)
     if not out.ids:
         raise DataError(f"{where}: no questions found")
     return out
 
 
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, not a file") from None
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot be read: {err.strerror or err}") from None
+
+
 def load_file(path: str | Path, need_answers: bool = True) -> Examples:
     path = Path(path)
-    raw = path.read_bytes()
-    examples = build_examples(_flat_records(path, raw.decode("utf-8")), str(path), need_answers)
-    examples.fingerprint = hashlib.sha256(raw).hexdigest()[:16]
+    raw = _read(path)
+    examples = build_examples(_flat_records(path, _decode(path, raw)), str(path), need_answers)
+    examples.fingerprint = hashlib.sha256(raw).hexdigest()[:16]  # of the bytes as stored, BOM and all
     return examples
 
 
@@ -154,7 +323,8 @@ def load_hub(name: str, config_name: str | None, split: str, need_answers: bool 
 
     ds = datasets.load_dataset(name, config_name, split=split)
     records = ds.select_columns(["id", "title", "context", "question", "answers"]).to_list()
-    examples = build_examples(records, f"{name}[{split}]", need_answers)
+    located = ((f"record {i}", rec) for i, rec in enumerate(records))
+    examples = build_examples(located, f"{name}[{split}]", need_answers)
     examples.fingerprint = getattr(ds, "_fingerprint", "") or hashlib.sha256(name.encode()).hexdigest()[:16]
     return examples
 

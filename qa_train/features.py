@@ -10,8 +10,11 @@ windows sharing `doc_stride` tokens.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from qa_train.data import Examples
 # As in the original BERT SQuAD recipe: a longer question is cut so the context keeps its room.
 MAX_QUERY_LENGTH = 64
 CACHE_VERSION = "2"
+log = logging.getLogger("qa_train")
 
 
 @dataclass
@@ -80,17 +84,38 @@ class Features:
         return np.diff(self.row_start)
 
     def save(self, path: Path) -> None:
-        """Atomic: write a temporary file in the same folder, then rename."""
+        """Atomic: write a temporary file in the same folder, then rename; a killed run leaves no partial cache."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
-        os.close(fd)
-        np.savez(tmp, **{k: v for k, v in self.__dict__.items() if v is not None})
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.stem}.", suffix=".tmp.npz")
+        try:
+            # No fsync: after a power loss a damaged cache is detected on load and rebuilt.
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **{k: v for k, v in self.__dict__.items() if v is not None})
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     @classmethod
     def load(cls, path: Path) -> Features:
-        with np.load(path) as z:
-            return cls(**{k: z[k] for k in z.files})
+        """Raises what numpy raises for a damaged file, or ValueError when its arrays do not fit together."""
+        with np.load(path, allow_pickle=False) as z:
+            features = cls(**{k: z[k] for k in z.files})
+        features._check_shapes()
+        return features
+
+    def _check_shapes(self) -> None:
+        """Cheap consistency of the arrays' lengths: catches a damaged file whose zip checks passed."""
+        n, total = len(self.example_index), len(self.input_ids)
+        expected = {"token_type_ids": (total,), "row_start": (n + 1,), "context_offset": (n,),
+                    "context_span": (n, 2), "start_positions": (n,), "end_positions": (n,)}
+        if self.offsets is not None:
+            expected["offsets"] = (total, 2)
+        for name, shape in expected.items():
+            if getattr(self, name).shape != shape:
+                raise ValueError(f"{name} has shape {getattr(self, name).shape}, expected {shape}")
+        if self.row_start[0] != 0 or self.row_start[-1] != total:
+            raise ValueError(f"row_start runs {self.row_start[0]}..{self.row_start[-1]}, expected 0..{total}")
 
 
 def _char_to_token(offsets: np.ndarray, start_char: int, end_char: int) -> tuple[int, int]:
@@ -208,18 +233,39 @@ def cache_dir() -> Path:
     return Path(os.environ.get("QA_TRAIN_CACHE", Path.home() / ".cache" / "qa_train")) / "features"
 
 
+# What np.load and Features(...) raise for a cache file that is truncated or damaged, found by flipping
+# every bit of a small cache and truncating it at every byte: zipfile.BadZipFile, EOFError, ValueError
+# (bad .npy header, our shape check), TypeError (missing or unknown arrays), RuntimeError (a flipped
+# zip flag: "encrypted", NotImplementedError "compression method"), OSError; zlib.error for compressed ones.
+_UNREADABLE_CACHE = (OSError, EOFError, ValueError, KeyError, TypeError, RuntimeError, zipfile.BadZipFile,
+                     zlib.error)
+
+
+def _read_cache(path: Path, with_offsets: bool) -> Features | None:
+    """The cached windows, or None (with one warning saying why) when the file cannot be used."""
+    try:
+        features = Features.load(path)
+        if with_offsets and features.offsets is None:
+            raise ValueError("it holds no character offsets, which evaluation needs")
+        return features
+    except _UNREADABLE_CACHE as err:
+        reason = f"{type(err).__name__}: {err}".replace("\n", " ")
+        log.warning("feature cache %s cannot be used (%s); featurising again and replacing it", path, reason)
+        return None
+
+
 def load_or_featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int, *,
                       overwrite: bool = False, with_offsets: bool = False) -> tuple[Features, bool]:
     """Reuse cached windows when the data, tokenizer and window settings are the same; returns (features, hit)."""
     path = cache_dir() / f"{cache_key(examples, tokenizer, max_seq_length, doc_stride, with_offsets)}.npz"
     if path.is_file() and not overwrite:
-        try:
-            return Features.load(path), True
-        except (OSError, ValueError, KeyError):
-            pass  # a cache from an incompatible version: rebuild it
+        features = _read_cache(path, with_offsets)
+        if features is not None:
+            return features, True
     features = featurize(examples, tokenizer, max_seq_length, doc_stride, with_offsets)
     try:
         features.save(path)
-    except OSError:
-        pass  # a read-only cache folder only costs time
+    except OSError as err:  # a read-only or full cache folder only costs time
+        log.warning("feature cache %s could not be written (%s); the next run will featurise again", path,
+                    err.strerror or err)
     return features, False

@@ -1,7 +1,4 @@
-"""What the model reads: SQuAD splits -> windows (cached) -> loaders, built once per run.
-
-The first process on each node featurises and caches; the others then read its cache.
-"""
+"""What the model reads: SQuAD splits -> windows (cached) -> loaders, built once per run."""
 
 from __future__ import annotations
 
@@ -35,19 +32,35 @@ class Inputs:
                 f"(cache hits {self.cache_hits})")
 
 
-def load_inputs(accelerator, args: TrainArgs, tokenizer) -> Inputs:
+@dataclass
+class Splits:
+    """Parsed and validated questions, before any tokenisation."""
+
+    train: Examples
+    evaluation: Examples | None
+
+
+def load_splits(args: TrainArgs) -> Splits:
+    """Every rank parses and validates on its own, before any process group exists: a bad record is
+    refused by each rank in one line, and no rank is left waiting in a collective for one that failed."""
     d = args.data
+    train = load_split(d.train_file, d.dataset_name, d.dataset_config_name, "train", d.max_train_samples)
+    evaluation = (load_split(d.validation_file, d.dataset_name, d.dataset_config_name, "validation",
+                             d.max_eval_samples) if args.eval.needs_eval_data else None)
+    return Splits(train, evaluation)
+
+
+def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> Inputs:
+    """The first process on each node tokenises and caches; the others then read its cache."""
     with accelerator.local_main_process_first():
-        train = load_split(d.train_file, d.dataset_name, d.dataset_config_name, "train", d.max_train_samples)
-        features, hit = load_or_featurize(train, tokenizer, d.max_seq_length, d.doc_stride,
-                                          overwrite=d.overwrite_cache)
-        inputs = Inputs(len(train), features, cache_hits=[hit])
-        del train
-        if args.eval.needs_eval_data:
-            inputs.eval_examples = load_split(d.validation_file, d.dataset_name, d.dataset_config_name,
-                                              "validation", d.max_eval_samples)
-            inputs.eval_features, hit = load_or_featurize(inputs.eval_examples, tokenizer, d.max_seq_length,
-                                                          d.doc_stride, overwrite=d.overwrite_cache,
+        features, hit = load_or_featurize(splits.train, tokenizer, data.max_seq_length, data.doc_stride,
+                                          overwrite=data.overwrite_cache)
+        inputs = Inputs(len(splits.train), features, cache_hits=[hit])
+        splits.train = None  # type: ignore[assignment]  # the text is not needed once the windows are cut
+        if splits.evaluation is not None:
+            inputs.eval_examples = splits.evaluation
+            inputs.eval_features, hit = load_or_featurize(splits.evaluation, tokenizer, data.max_seq_length,
+                                                          data.doc_stride, overwrite=data.overwrite_cache,
                                                           with_offsets=True)
             inputs.cache_hits.append(hit)
     return inputs

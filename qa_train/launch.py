@@ -7,17 +7,42 @@ launch that really forms a process group there: `accelerate launch --multi_gpu` 
 starts N processes that each think they are alone, so DDP goes through torchrun with
 ACCELERATE_USE_CPU=true (gloo); DeepSpeed configs go through accelerate launch (qa_train selects
 gloo itself). accelerate does not apply FSDP on CPU, so an FSDP config is refused there.
+
+Every launch gets --main_process_port (and, across machines, --main_process_ip): two jobs on one
+node must not both take accelerate's default 29500.
+
+The launch runs as a child in a session of its own, so stop signals reach the ranks only through
+this launcher: SIGTERM, SIGUSR1 and Ctrl-C ask every rank to checkpoint and stop (qa_train's own
+handler), a second Ctrl-C or SIGTERM, or --stop_grace_s without an exit, kills them, and no rank
+outlives the launcher. Its exit code is the launch's (the main process's own code where torchrun
+would report only 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import yaml
+
+
+DEFAULT_IP, DEFAULT_PORT = "127.0.0.1", 29500  # accelerate's defaults
+DEFAULT_GRACE_S = 120.0
+RANK_MODULE = "qa_train"  # a process running `python [-u] -m qa_train` is a rank
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+POLL_S = 0.2
+LEFTOVER_WAIT_S = 10.0
 
 
 class LaunchConfigError(ValueError):
@@ -85,26 +110,32 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     env = dict(os.environ)
     if procs % machines:  # accelerate would start procs // machines per node without a word
         raise LaunchConfigError(f"--num_processes {procs} is not a multiple of --num_machines {machines}")
-    multi = ["--num_machines", str(machines), "--machine_rank", str(opts.machine_rank),
-             "--main_process_ip", opts.main_process_ip, "--main_process_port", str(opts.main_process_port)]
-    if not opts.cpu:
-        cmd = ["accelerate", "launch", "--config_file", opts.config_file, "--num_processes", str(procs)]
-        return cmd + (multi if machines > 1 else []) + ["-m", "qa_train", *train_args], env
-    refusal = cpu_refusal(cfg)
+    refusal = cpu_refusal(cfg) if opts.cpu else None
     if refusal:
         raise LaunchConfigError(f"{opts.config_file}: {refusal}. On CPU use accelerate_configs/zero3.yaml for "
                                 "fully sharded training, or run FSDP on GPUs.")
-    if kind == "DEEPSPEED":
+    ip, port = main_process(cfg, opts)
+    if not opts.cpu or kind == "DEEPSPEED":
         cmd = ["accelerate", "launch", "--config_file", opts.config_file, "--num_processes", str(procs)]
-        return cmd + (multi if machines > 1 else []) + ["-m", "qa_train", *train_args], env
+        if machines > 1:
+            cmd += ["--num_machines", str(machines), "--machine_rank", str(opts.machine_rank), "--main_process_ip", ip]
+        # Always the port: on one node too, two jobs left on accelerate's default 29500 would collide.
+        return cmd + ["--main_process_port", str(port), "-m", "qa_train", *train_args], env
     env["ACCELERATE_USE_CPU"] = "true"
     env.setdefault("ACCELERATE_MIXED_PRECISION", "no")
     if procs == 1 and machines == 1:
-        return [sys.executable, "-m", "qa_train", *train_args], env
+        return [sys.executable, "-m", "qa_train", *train_args], env  # no process group, so no port
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(machines), "--node_rank",
            str(opts.machine_rank), "--nproc_per_node", str(procs // machines),
-           "--master_addr", opts.main_process_ip, "--master_port", str(opts.main_process_port)]
+           "--master_addr", ip, "--master_port", str(port)]
     return cmd + ["-m", "qa_train", *train_args], env
+
+
+def main_process(cfg: dict, opts: argparse.Namespace) -> tuple[str, int]:
+    """Rank 0's address and port: the flags, else the config's own keys, else accelerate's defaults."""
+    ip = opts.main_process_ip or cfg.get("main_process_ip") or DEFAULT_IP
+    port = opts.main_process_port if opts.main_process_port is not None else cfg.get("main_process_port")
+    return str(ip), int(port if port is not None else DEFAULT_PORT)
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -120,8 +151,14 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--num_processes", type=int, default=None, help="Processes in total (all machines).")
     p.add_argument("--num_machines", type=int, default=None)
     p.add_argument("--machine_rank", type=int, default=0)
-    p.add_argument("--main_process_ip", default="127.0.0.1")
-    p.add_argument("--main_process_port", type=int, default=29500)
+    p.add_argument("--main_process_ip", default=None,
+                   help=f"Rank 0's address (default: the config's main_process_ip, else {DEFAULT_IP}).")
+    p.add_argument("--main_process_port", type=int, default=None,
+                   help=f"Rank 0's port (default: the config's main_process_port, else {DEFAULT_PORT}). "
+                        "Give each job on a node its own.")
+    p.add_argument("--stop_grace_s", type=float, default=DEFAULT_GRACE_S,
+                   help="After SIGTERM or Ctrl-C, how long the ranks get to checkpoint and exit before they are "
+                        "killed (default %(default)g).")
     p.add_argument("--dry_run", action="store_true", help="Print the command instead of running it.")
     opts, extra = p.parse_known_args(own)
     return opts, extra + train_args
@@ -144,8 +181,185 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(cmd))
         return 0
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-    # exec keeps signals (SLURM's warning, Ctrl-C) going straight to the launcher.
-    os.execvpe(cmd[0], cmd, env)
+    return run_launch(cmd, env, opts.stop_grace_s)
+
+
+# --- running the launch ------------------------------------------------------------------------
+
+def run_launch(cmd: list[str], env: dict[str, str], grace_s: float = DEFAULT_GRACE_S) -> int:
+    """Run the launch command to its end; its exit code, or the main process's own where torchrun says only 1."""
+    from qa_train.__main__ import STATUS_FILE_ENV
+
+    own_file = STATUS_FILE_ENV not in env
+    if own_file:
+        fd, name = tempfile.mkstemp(prefix="qa_train-status-")
+        os.close(fd)
+        env = {**env, STATUS_FILE_ENV: name}
+    status = Path(env[STATUS_FILE_ENV])
+    try:
+        code = Supervisor(cmd, env, grace_s).wait()
+        return _main_process_code(code, status)
+    finally:
+        if own_file:
+            status.unlink(missing_ok=True)
+
+
+def _main_process_code(code: int, status: Path) -> int:
+    try:
+        main_code = int(status.read_text().strip())
+    except (OSError, ValueError):
+        return code
+    # torchrun turns any failed rank into 1: rank 0's own code (preempted, diverged, refused) says more.
+    return main_code if code != 0 and main_code != 0 else code
+
+
+class Supervisor:
+    """The launch in a session of its own, so stop signals reach the ranks only through here.
+
+    Left in the launcher's process group, torchrun (and accelerate, which runs torchrun) would get the
+    group's signals itself: SIGUSR1 kills it and orphans the ranks, which torchrun starts in sessions
+    of their own; Ctrl-C becomes SIGINT in the ranks, which dies without a checkpoint.
+    """
+
+    def __init__(self, cmd: list[str], env: dict[str, str], grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.pending: list[int] = []
+        self.deadline: float | None = None
+        self.me = psutil.Process()
+        self.others = {p.pid for p in self.me.children()}  # not ours to stop (a test runner's other children)
+        # As subreaper the launcher adopts ranks whose torchrun died, so it can still stop them.
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        # Handlers before the child exists: a signal in between is queued, not the launcher's death.
+        self.previous = {sig: signal.signal(sig, self._queue) for sig in STOP_SIGNALS}
+        try:
+            self.proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent())
+        except BaseException:
+            self._restore()
+            raise
+
+    def _queue(self, signum: int, frame) -> None:  # noqa: ARG002
+        self.pending.append(signum)  # acted on in wait(), outside the handler
+
+    def wait(self) -> int:
+        try:
+            while True:
+                try:
+                    code = self.proc.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    self._act()
+        finally:
+            self._end_leftovers()
+            self._restore()
+        return code if code >= 0 else 128 - code  # killed by signal N: the shell's 128 + N
+
+    def _restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        _prctl(PR_SET_CHILD_SUBREAPER, 0)
+
+    def _act(self) -> None:
+        while self.pending:
+            self._on_signal(signal.Signals(self.pending.pop(0)))
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            _say(f"the ranks did not stop within {self.grace_s:g} s (--stop_grace_s): killing them")
+            self.deadline = None
+            _kill(self._tree())
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        name = "Ctrl-C" if sig == signal.SIGINT else sig.name
+        if self.deadline is not None and sig != signal.SIGUSR1:
+            _say(f"{name} again: killing the ranks now")
+            self.deadline = None
+            _kill(self._tree())
+            return
+        ranks = [p for p in self._tree() if runs_module(p, RANK_MODULE)]
+        # qa_train checkpoints and stops on SIGTERM and SIGUSR1; SIGINT would only raise KeyboardInterrupt there.
+        # Before any rank exists, torchrun's own SIGTERM handling stops the launch (SIGUSR1 would kill it).
+        if not ranks:
+            _say(f"{name}: no rank has started yet: stopping the launch")
+            _send([psutil.Process(self.proc.pid)], signal.SIGTERM)
+        else:
+            _send(ranks, signal.SIGUSR1 if sig == signal.SIGUSR1 else signal.SIGTERM)
+            then = "" if sig == signal.SIGUSR1 else f" (killed after {self.grace_s:g} s, or at a second {name})"
+            _say(f"{name}: asked {len(ranks)} rank(s) to checkpoint and stop{then}")
+        if sig != signal.SIGUSR1 or not ranks:
+            self.deadline = time.monotonic() + self.grace_s
+
+    def _tree(self) -> list[psutil.Process]:
+        """The child, everything under it, and any orphan of it the launcher adopted."""
+        tree: list[psutil.Process] = []
+        for top in self.me.children():
+            if top.pid not in self.others:
+                tree.append(top)
+                tree.extend(_children(top))
+        return tree
+
+    def _end_leftovers(self) -> None:
+        """Whatever of the tree outlives the child (ranks of a torchrun that died) gets a moment, then SIGKILL."""
+        left = self._tree()
+        if not left:
+            return
+        _, alive = psutil.wait_procs(left, timeout=LEFTOVER_WAIT_S)
+        if alive:
+            _say(f"killing {len(alive)} process(es) the launch left behind: {' '.join(str(p.pid) for p in alive)}")
+            _kill(alive)
+            psutil.wait_procs(alive, timeout=5)  # adopted ones are the launcher's to reap
+
+
+def _say(message: str) -> None:
+    print(f"qa_train.launch: {message}", file=sys.stderr, flush=True)
+
+
+def _children(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return p.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def runs_module(p: psutil.Process, module: str) -> bool:
+    """Whether p is `python [options] -m module ...`: with "qa_train", whether p is a rank. torchrun's and
+    accelerate's own command lines name qa_train too, but not as the module they run."""
+    try:
+        args = iter(p.cmdline()[1:])
+    except psutil.Error:
+        return False
+    for arg in args:
+        if arg == "-m":
+            return next(args, None) == module
+        if arg in ("-X", "-W"):  # interpreter options that take a value
+            next(args, None)
+        elif not arg.startswith("-"):
+            return False  # a script
+    return False
+
+
+def _send(procs: list[psutil.Process], sig: signal.Signals) -> None:
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            pass  # already gone
+
+
+def _kill(procs: list[psutil.Process]) -> None:
+    # No wait here: psutil would reap the child under Popen, which then reads its exit code as 0.
+    _send(procs, signal.SIGKILL)
+
+
+def _prctl(option: int, value: int) -> None:
+    """Linux's prctl(2); elsewhere the launcher relies on forwarding alone."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def _die_with_parent() -> Callable[[], object] | None:
+    """A preexec_fn: the child gets SIGTERM (torchrun then stops its ranks) if the launcher dies, even by SIGKILL."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
+    return lambda: prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qa_train.config import ModelArgs
+from qa_train.config import ConfigError, ModelArgs
 
 
 def load_tokenizer(args: ModelArgs):
@@ -11,28 +11,51 @@ def load_tokenizer(args: ModelArgs):
     name = args.tokenizer_name or args.model_name_or_path
     tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True)
     if not tokenizer.is_fast:
-        raise ValueError(f"--tokenizer_name {name!r}: a fast tokenizer is needed for offset mappings")
+        raise ConfigError(f"--tokenizer_name {name!r}: a fast tokenizer is needed for offset mappings")
     # transformers 5 can silently build a near-empty vocab from a bad vocab file: every word -> [UNK].
     if len(tokenizer) < 100:
-        raise ValueError(f"--tokenizer_name {name!r}: vocabulary has only {len(tokenizer)} tokens; "
+        raise ConfigError(f"--tokenizer_name {name!r}: vocabulary has only {len(tokenizer)} tokens; "
                          "check that the folder holds tokenizer.json or a valid vocab.txt")
     return tokenizer
 
 
-def load_model(args: ModelArgs, tokenizer):
-    """Pretrained weights by default; random init from --config_name (offline use, benchmarks)."""
-    from transformers import AutoConfig, AutoModelForQuestionAnswering
+def load_config(args: ModelArgs):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(args.config_name or args.model_name_or_path)
+
+
+def check_positions(config, tokenizer, max_seq_length: int) -> None:
+    """Refuse windows longer than the model can embed, before featurisation rather than at the first long batch."""
+    limits = {"position embeddings": getattr(config, "max_position_embeddings", None)}
+    if 0 < tokenizer.model_max_length < 1_000_000:  # unset lengths are stored as a huge sentinel
+        limits["tokenizer model_max_length"] = tokenizer.model_max_length
+    for what, limit in limits.items():
+        if limit is not None and max_seq_length > limit:
+            raise ConfigError(f"--max_seq_length {max_seq_length}: the model has {limit} {what} "
+                              f"({getattr(config, '_name_or_path', '') or config.model_type}); use at most {limit}")
+
+
+def load_model(args: ModelArgs, tokenizer, config):
+    """Pretrained weights by default; random init from --config_name (offline use, benchmarks).
+
+    Master weights are fp32 whatever the checkpoint stores: transformers 5 loads a checkpoint in its
+    stored dtype, so an fp16/bf16 upload would otherwise train in half precision (autocast is how
+    mixed precision is done here).
+    """
+    import torch
+    from transformers import AutoModelForQuestionAnswering
 
     if args.config_name:
-        config = AutoConfig.from_pretrained(args.config_name)
         config.vocab_size = max(config.vocab_size, len(tokenizer))
-        model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=args.attn_implementation)
+        model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=args.attn_implementation,
+                                                          dtype=torch.float32)
     else:
         model = AutoModelForQuestionAnswering.from_pretrained(
-            args.model_name_or_path, attn_implementation=args.attn_implementation
+            args.model_name_or_path, attn_implementation=args.attn_implementation, dtype=torch.float32
         )
     if model.config.vocab_size < len(tokenizer):
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
+        raise ConfigError(f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
                          f"{model.config.vocab_size}")
     return model
 

@@ -76,9 +76,12 @@ class Scores:
     f1: float | None = None
     """SQuAD token F1 (0-100) after training; None with --no_eval."""
     initial_exact_match: float | None = None
-    """Exact match of the untrained model (--eval_before_training)."""
+    """Exact match before this run trained (--eval_before_training): of the untrained model, or of the
+    resumed one when initial_eval_step > 0."""
     initial_f1: float | None = None
-    """F1 of the untrained model (--eval_before_training)."""
+    """F1 before this run trained (--eval_before_training); see initial_eval_step."""
+    initial_eval_step: int | None = None
+    """Optimizer step of the model the initial_* scores are for: 0 untrained, N resumed from step N."""
 
 
 @dataclass
@@ -90,7 +93,7 @@ class RunMetrics(TrainFigures, Scores):
     eval_runtime_s: float | None = None
     """Wall seconds of the final evaluation; None without one."""
     total_runtime_s: float | None = None
-    """Wall seconds from start-up to the report."""
+    """Wall seconds from start-up to metrics.json (written before the export, so a failed export keeps it)."""
     train_steps: int | None = None
     """Optimizer steps completed (a resumed run counts the steps before its checkpoint)."""
     train_loss: float | None = None

@@ -1,11 +1,13 @@
 """W&B, metrics.json, the per-step log and the end-of-run summary. Main process only.
 
 W&B is driven directly rather than through `Accelerator(log_with="wandb")` because a run must
-fall back to offline mode without credentials and a tracker failure must never stop training.
+fall back to offline mode without credentials or without a reachable server, and a tracker failure
+must never stop training.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -17,6 +19,9 @@ from typing import Any
 from qa_train.schema import RunMetrics
 
 log = logging.getLogger("qa_train")
+# wandb.init waits 90 s for an unreachable server by default (and its service 10 s more) while every other
+# rank waits at the next collective; after this long the run goes offline instead. WANDB_INIT_TIMEOUT wins.
+WANDB_INIT_TIMEOUT_S = 5.0
 
 
 def atomic_write_json(path: Path, payload: Any) -> None:
@@ -61,17 +66,38 @@ class Tracker:
             return
         # Without credentials wandb.init raises in a non-interactive job; offline runs sync later.
         mode = os.environ.get("WANDB_MODE") or ("online" if _has_wandb_credentials() else "offline")
+        kwargs = dict(project=project, name=name, config=config, dir=str(self.output_dir),
+                      group=os.environ.get("WANDB_RUN_GROUP"), resume="allow" if resuming else None,
+                      id=os.environ.get("WANDB_RUN_ID"))
         try:
             import wandb
 
-            self.run = wandb.init(project=project, name=name, config=config, mode=mode,
-                                  dir=str(self.output_dir), group=os.environ.get("WANDB_RUN_GROUP"),
-                                  resume="allow" if resuming else None,
-                                  id=os.environ.get("WANDB_RUN_ID"))
+            if mode == "online":
+                self.run = self._init_online(wandb, kwargs)
+                mode = "online" if self.run is not None else "offline"
+            if self.run is None:
+                self.run = wandb.init(mode=mode, **kwargs)
             log.info("W&B run %s (mode=%s)", getattr(self.run, "name", "?"), mode)
         except Exception as err:  # noqa: BLE001 - any tracker failure must leave training running
             warnings.warn(f"W&B disabled: wandb.init failed: {err}", stacklevel=2)
             self.run = None
+
+    def _init_online(self, wandb: Any, kwargs: dict[str, Any]) -> Any:
+        """The online run, or None (after one warning line) when it cannot start in time: the run then goes
+        offline, its files in output_dir/wandb for `wandb sync`."""
+        timeout = float(os.environ.get("WANDB_INIT_TIMEOUT") or WANDB_INIT_TIMEOUT_S)
+        # Before init's own timeout even starts, its "logged in as" line asks the server who the key belongs to
+        # (5 s a try, and it tries twice). Only that line needs the answer, so the question is not asked.
+        with contextlib.suppress(Exception):
+            wandb.setup(settings=wandb.Settings(x_disable_viewer=True))
+        try:
+            return wandb.init(mode="online", settings=wandb.Settings(init_timeout=timeout), **kwargs)
+        except Exception as err:  # noqa: BLE001 - CommError on timeout, AuthenticationError, ...
+            reason = (str(err).strip().splitlines() or [""])[0][:200]
+            log.warning("W&B online run did not start (%s: %s; init timeout %g s): logging offline to %s, "
+                        "upload later with `wandb sync %s`", type(err).__name__, reason, timeout,
+                        self.output_dir / "wandb", self.output_dir / "wandb" / "offline-run-*")
+            return None
 
     def _wandb(self, fn: str, *args: Any, **kwargs: Any) -> None:
         if self.run is None:
@@ -130,7 +156,8 @@ def summary_table(m: RunMetrics) -> str:
     mem, rss = m.peak_memory_gb, m.peak_host_rss_gb
     before = ""
     if m.initial_exact_match is not None:
-        before = f"  (untrained: EM {_fmt(m.initial_exact_match)}, F1 {_fmt(m.initial_f1)})"
+        label = f"at step {m.initial_eval_step}, resumed" if m.initial_eval_step else "untrained"
+        before = f"  ({label}: EM {_fmt(m.initial_exact_match)}, F1 {_fmt(m.initial_f1)})"
     rows = [
         ("strategy", f"{m.strategy} (zero_stage={m.zero_stage}, offload={m.offload}), "
                      f"world_size={m.world_size}, {m.mixed_precision}"),
@@ -150,3 +177,15 @@ def summary_table(m: RunMetrics) -> str:
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 60)
     return "\n".join([line, *(f"{k:<{width}}  {v}" for k, v in rows), line])
+
+
+def forget_steps_after(step_log: Path, step: int) -> None:
+    """A resumed run logs again the steps after its checkpoint: drop the interrupted run's lines for them."""
+    if not step_log.exists():
+        return
+    lines = step_log.read_text().splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        tmp = step_log.with_name(f".{step_log.name}.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(tmp, step_log)

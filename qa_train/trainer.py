@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -17,18 +18,26 @@ from qa_train import __version__, checkpoint, distributed
 from qa_train.config import TrainArgs
 from qa_train.evaluation import EvalResult, EvalSet, answer_and_score, predict_logits, write_predictions
 from qa_train.hostmem import HostMemory
-from qa_train.inputs import build_loaders, load_inputs
+from qa_train.inputs import Splits, build_loaders, featurize_splits, load_splits
 from qa_train.metrics import (DeviceMemory, RankFigures, ThroughputMeter, device_name, gather_figures,
                               lifetime_rss_gib, peak_tflops, summarize)
-from qa_train.modeling import flops_per_token, load_model, load_tokenizer
+from qa_train.modeling import check_positions, flops_per_token, load_config, load_model, load_tokenizer
 from qa_train.optimization import batches_per_rank, build_optimizer, plan_steps
 from qa_train.postprocess import SpanRules
 from qa_train.preemption import StopRequest
 from qa_train.profiling import start_profiler
 from qa_train.schema import RunMetrics
-from qa_train.tracking import Tracker
+from qa_train.tracking import Tracker, forget_steps_after
 
 log = logging.getLogger("qa_train")
+
+
+class TrainingDiverged(RuntimeError):
+    """Non-finite loss, gradients or weights: the run stops before anything non-finite is saved."""
+
+
+class ExportError(RuntimeError):
+    """The final model could not be written; metrics.json already was."""
 
 
 def setup_logging(is_main: bool) -> None:
@@ -39,13 +48,19 @@ def setup_logging(is_main: bool) -> None:
 
 
 class Trainer:
-    """Builds the run in data-flow order: accelerator -> inputs -> model and optimizer -> prepare -> resume -> tracker."""
+    """Builds the run in data-flow order: preflight (tokenizer, model limits, data) -> accelerator -> windows ->
+    model and optimizer -> prepare -> resume -> tracker."""
 
     def __init__(self, args: TrainArgs) -> None:
         from accelerate.utils import set_seed
 
         self.args = args
         self.output_dir = Path(args.output.output_dir)
+        # Preflight on every rank before any process group: limits and records are refused in one line.
+        self.tokenizer = load_tokenizer(args.model)
+        self.model_config = load_config(args.model)
+        check_positions(self.model_config, self.tokenizer, args.data.max_seq_length)
+        splits = load_splits(args)
         self.accelerator, self.mixed_precision = distributed.make_accelerator(args)
         self.is_main = self.accelerator.is_main_process
         setup_logging(self.is_main)
@@ -58,15 +73,22 @@ class Trainer:
         set_seed(args.system.seed)
         self.host_memory = HostMemory(trim=not self.on_cuda)
         self.device_memory = DeviceMemory(self.accelerator.device)
-        self._build_inputs()
+        self._build_inputs(splits)
         self._build_model()
         self.state = self._resume()
+        self.first_step = self.state.completed_steps
         self.tracker = Tracker(self.is_main, self.output_dir, args.output.report_to == "wandb")
+        if self.is_main and self.first_step:
+            forget_steps_after(self.tracker.step_log, self.first_step)
         self.tracker.start(args.output.wandb_project, args.output.run_name,
                            {**args.to_dict(), **self.strategy.as_dict(), "world_size": self.accelerator.num_processes},
                            resuming=self.state.completed_steps > 0)
         self.meter = ThroughputMeter(args.system.throughput_warmup_steps)
         self.running_loss = torch.zeros((), device=self.accelerator.device)
+        # Non-finite gradient norms since the last log, counted on the device (no host sync per step).
+        self.bad_grad_norms = torch.zeros((), device=self.accelerator.device)
+        # fp16's loss scaler expects overflowing gradients now and then and skips those steps itself.
+        self.guard_grad_norm = self.mixed_precision != "fp16"
         self.micro_batches = 0
         self.last_loss = float("nan")
         self.preempted = False
@@ -75,9 +97,8 @@ class Trainer:
 
     # --- building ------------------------------------------------------------------------------
 
-    def _build_inputs(self) -> None:
-        self.tokenizer = load_tokenizer(self.args.model)
-        self.inputs = load_inputs(self.accelerator, self.args, self.tokenizer)
+    def _build_inputs(self, splits: Splits) -> None:
+        self.inputs = featurize_splits(self.accelerator, splits, self.args.data, self.tokenizer)
         self.train_dl, self.eval_dl = build_loaders(self.inputs, self.tokenizer, self.args.data, self.args.system.seed,
                                                     self.on_cuda)
         log.info("%s", self.inputs.describe())
@@ -89,7 +110,7 @@ class Trainer:
 
     def _build_model(self) -> None:
         args, accelerator = self.args, self.accelerator
-        model = load_model(args.model, self.tokenizer)
+        model = load_model(args.model, self.tokenizer, self.model_config)
         if args.system.torch_compile:
             model = torch.compile(model, dynamic=not args.data.pad_to_max_length)
         self.plan = plan_steps(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
@@ -102,13 +123,19 @@ class Trainer:
         self.eval_dl = prepared[1] if self.eval_dl is not None else None
 
     def _resume(self) -> checkpoint.TrainerState:
+        """A fresh state carrying this run's contract, or the checkpoint's counters once the contract holds."""
+        now = checkpoint.TrainerState(world_size=self.accelerator.num_processes,
+                                      global_batch_size=self.global_batch_size,
+                                      per_device_train_batch_size=self.args.data.per_device_train_batch_size,
+                                      gradient_accumulation_steps=self.args.optim.gradient_accumulation_steps,
+                                      total_steps=self.plan.total_steps)
         spec = self.args.output.resume_from_checkpoint
-        path = checkpoint.resolve_resume(spec, self.output_dir)
+        path = checkpoint.resolve_resume(spec, self.output_dir, warn=self.is_main)
         if path is None:
             if spec == "latest":
                 log.info("no checkpoint in %s yet: starting from scratch", checkpoint.checkpoint_root(self.output_dir))
-            return checkpoint.TrainerState()
-        state = checkpoint.load_checkpoint(self.accelerator, path)
+            return now
+        state = checkpoint.load_checkpoint(self.accelerator, path, now)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.completed_steps, state.epoch,
                  state.batches_in_epoch)
         return state
@@ -139,6 +166,8 @@ class Trainer:
             profiler.stop()
         self.train_runtime_s = time.perf_counter() - t0
         self.train_memory = (*self.device_memory.peaks_gib(), self.host_memory.peak_gib)
+        if not self.preempted:
+            self._check_weights()  # the last update is after the last loss that was read
         return not self.preempted
 
     def _sync(self) -> None:
@@ -170,7 +199,9 @@ class Trainer:
             loss = self.model(**batch).loss
             accelerator.backward(loss)
             if accelerator.sync_gradients and max_norm > 0:
-                accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
+                norm = accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
+                if self.guard_grad_norm and isinstance(norm, torch.Tensor):  # DeepSpeed clips inside its step
+                    self.bad_grad_norms += (~torch.isfinite(norm)).to(self.bad_grad_norms.dtype)
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -203,18 +234,41 @@ class Trainer:
         """The only host sync of the loop: mean loss over all ranks, and whether any rank must stop."""
         device = self.running_loss.device
         stats = torch.stack([self.running_loss.float(), torch.tensor(float(self.micro_batches), device=device),
-                             torch.tensor(float(self.stop.requested()), device=device)])
+                             torch.tensor(float(self.stop.requested()), device=device), self.bad_grad_norms.float()])
         total = self.accelerator.reduce(stats, reduction="sum").tolist()
         self.last_loss = total[0] / max(total[1], 1.0)
         self.running_loss.zero_()
+        self.bad_grad_norms.zero_()
         self.micro_batches = 0
+        if not math.isfinite(self.last_loss) or total[3] > 0:  # every rank sees the same sums: all stop together
+            what = f"loss is {self.last_loss}" if not math.isfinite(self.last_loss) else (
+                f"{int(total[3])} gradient norm(s) were not finite")
+            raise TrainingDiverged(self._diverged(what))
         self.tracker.log_step(self.state.completed_steps, {"train/loss": self.last_loss,
                                                            "train/lr": self.scheduler.get_last_lr()[0],
                                                            "train/epoch": self.state.epoch})
         return total[2] > 0
 
     def _save_checkpoint(self) -> None:
+        self._check_weights()
         checkpoint.save_checkpoint(self.accelerator, self.output_dir, self.state, self.args.output.save_total_limit)
+
+    def _check_weights(self) -> None:
+        """Non-finite weights are never checkpointed or exported (each rank checks what it holds)."""
+        bad = torch.zeros((), device=self.accelerator.device)
+        with torch.no_grad():
+            for p in self.model.parameters():
+                if p.numel():  # ZeRO-3 leaves empty placeholders outside its gather
+                    bad += (~torch.isfinite(p)).any().to(bad.dtype)
+        if self.accelerator.reduce(bad, reduction="sum").item() > 0:
+            raise TrainingDiverged(self._diverged("the weights hold NaN or Inf values"))
+
+    def _diverged(self, what: str) -> str:
+        done = checkpoint.complete_checkpoints(self.output_dir)
+        kept = f"the last checkpoint, {done[-1]}, is from before it" if done else "no checkpoint was saved"
+        return (f"training diverged at step {self.state.completed_steps}: {what} (learning rate "
+                f"{self.scheduler.get_last_lr()[0]:.3g}); nothing was exported and {kept}. Try a lower "
+                "--learning_rate, more warm-up (--warmup_ratio 0.1), --max_grad_norm 1.0, or bf16 instead of fp16")
 
     # --- evaluation, export, report --------------------------------------------------------------
 
@@ -239,7 +293,13 @@ class Trainer:
         """The consolidated model and tokenizer in output_dir/final (every rank must call it)."""
         if not self.args.output.save_final_model:
             return None
-        return checkpoint.export_final(self.accelerator, self.model, self.tokenizer, self.output_dir)
+        try:
+            return checkpoint.export_final(self.accelerator, self.model, self.tokenizer, self.output_dir)
+        except Exception as err:  # a full disk surfaces as OSError, or as safetensors' own error type
+            reason = " ".join(str(err).split())[:300]
+            raise ExportError(f"export to {self.output_dir / 'final'} failed: {type(err).__name__}: {reason}; "
+                              "metrics.json is written, and the last checkpoint (if any) still holds the "
+                              "weights") from err
 
     def metrics(self, scores: EvalResult | None, initial: EvalResult | None) -> RunMetrics | None:
         """Gather every rank's figures (a collective) and build metrics.json's content on the main process."""
@@ -259,6 +319,7 @@ class Trainer:
             **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},
             exact_match=scores.exact_match if scores else None, f1=scores.f1 if scores else None,
             initial_exact_match=initial.exact_match if initial else None, initial_f1=initial.f1 if initial else None,
+            initial_eval_step=self.first_step if initial else None,
             train_runtime_s=round(self.train_runtime_s, 3), eval_runtime_s=scores.runtime_s if scores else None,
             train_steps=self.state.completed_steps, train_loss=self.last_loss,
             train_loss_per_rank=[r.last_loss for r in ranks], world_size=self.accelerator.num_processes,
@@ -272,11 +333,13 @@ class Trainer:
             output_dir=str(self.output_dir), qa_train_version=__version__, args=self.args.to_dict(),
         )
 
-    def finish(self, metrics: RunMetrics | None) -> None:
-        """Write metrics.json and close the tracker (main process), then leave the process group together."""
+    def record(self, metrics: RunMetrics | None) -> None:
+        """metrics.json and the tracker's summary (main process), before the export that may still fail."""
         if metrics is not None:
             self.tracker.finish(metrics)
-        else:
-            self.tracker.close()
+
+    def finish(self) -> None:
+        """Close the tracker, then leave the process group together."""
+        self.tracker.close()
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from qa_train import checkpoint as ckpt  # names added with manifests: fail one by one on an older module
 from qa_train.checkpoint import (STATE_FILE, TrainerState, _rotate, checkpoint_root, complete_checkpoints,
                                  load_checkpoint, resolve_resume, save_checkpoint)
 
+MANIFEST = "manifest.json"
+RUN = "0123456789abcdef0123456789abcdef"  # the run_id of the folders `make` writes
+
 
 class FakeAccelerator:
-    """The four members save_checkpoint/load_checkpoint use, on a single main process."""
+    """The members save_checkpoint/load_checkpoint use, on a single main process."""
 
     is_main_process = True
+    process_index = 0
 
-    def __init__(self, fail_save: bool = False) -> None:
+    def __init__(self, fail_save: bool = False, fail_load: Exception | None = None) -> None:
         self.fail_save = fail_save
+        self.fail_load = fail_load
         self.saved: list[tuple[str, list[str]]] = []  # (dir, files already in it) per save_state
         self.loaded: list[str] = []
         self.barriers = 0
@@ -34,15 +41,38 @@ class FakeAccelerator:
 
     def load_state(self, input_dir: str) -> None:
         self.loaded.append(input_dir)
+        if self.fail_load is not None:
+            raise self.fail_load
 
 
-def make(output_dir: Path, name: str, complete: bool = True) -> Path:
+def make(output_dir: Path, name: str, complete: bool = True, run_id: str = RUN) -> Path:
+    """A checkpoint folder as save_checkpoint leaves it (complete) or as a crash might (no state, no manifest)."""
     d = checkpoint_root(output_dir) / name
     d.mkdir(parents=True)
     (d / "model.safetensors").write_text(name)
     if complete:
-        (d / STATE_FILE).write_text(json.dumps(asdict(TrainerState())))
+        (d / STATE_FILE).write_text(json.dumps({**asdict(TrainerState()), "run_id": run_id}))
+        write_manifest(d)
     return d
+
+
+def make_old_format(output_dir: Path, name: str) -> Path:
+    """What qa_train wrote before manifests: no manifest.json, and only the three counters in its state."""
+    d = checkpoint_root(output_dir) / name
+    d.mkdir(parents=True)
+    (d / "model.safetensors").write_text(name)
+    (d / STATE_FILE).write_text(json.dumps({"completed_steps": 3, "epoch": 1, "batches_in_epoch": 2}))
+    return d
+
+
+def write_manifest(d: Path) -> None:
+    """The documented format, written here by hand so these tests pin it down."""
+    files = {p.relative_to(d).as_posix(): p.stat().st_size for p in d.rglob("*") if p.is_file() and p.name != MANIFEST}
+    (d / MANIFEST).write_text(json.dumps({"format": 1, "files": files}))
+
+
+def truncate(path: Path, size: int = 3) -> None:
+    path.write_bytes(path.read_bytes()[:size])
 
 
 def names(paths: list[Path]) -> list[str]:
@@ -88,7 +118,7 @@ def test_rotate_keeps_the_newest_complete_ones(tmp_path: Path) -> None:
         make(tmp_path, f"step_{step:08d}")
     tmp = make(tmp_path, ".tmp-step_00000011")
     incomplete = make(tmp_path, "step_00000012", complete=False)
-    _rotate(tmp_path, keep=2)
+    _rotate(tmp_path, keep=2, run_id=RUN)
     assert names(complete_checkpoints(tmp_path)) == ["step_00000003", "step_00000010"]
     assert not (checkpoint_root(tmp_path) / "step_00000001").exists()
     assert tmp.is_dir() and incomplete.is_dir()
@@ -97,14 +127,14 @@ def test_rotate_keeps_the_newest_complete_ones(tmp_path: Path) -> None:
 def test_rotate_with_fewer_than_keep_removes_nothing(tmp_path: Path) -> None:
     for step in (1, 2):
         make(tmp_path, f"step_{step:08d}")
-    _rotate(tmp_path, keep=3)
+    _rotate(tmp_path, keep=3, run_id=RUN)
     assert names(complete_checkpoints(tmp_path)) == ["step_00000001", "step_00000002"]
 
 
 def test_rotate_none_keeps_all(tmp_path: Path) -> None:
     for step in range(1, 6):
         make(tmp_path, f"step_{step:08d}")
-    _rotate(tmp_path, keep=None)
+    _rotate(tmp_path, keep=None, run_id=RUN)
     assert len(complete_checkpoints(tmp_path)) == 5
 
 
@@ -157,9 +187,11 @@ def test_save_writes_a_temp_folder_then_renames_it(tmp_path: Path) -> None:
     # accelerate wrote into an empty temporary folder, not into the final name
     assert acc.saved == [(str(root / ".tmp-step_00000007"), [])]
     assert sorted(p.name for p in root.iterdir()) == ["step_00000007"]
-    assert sorted(p.name for p in final.iterdir()) == ["model.safetensors", STATE_FILE]
-    assert json.loads((final / STATE_FILE).read_text()) == {"completed_steps": 7, "epoch": 1,
-                                                             "batches_in_epoch": 3}
+    assert sorted(p.name for p in final.iterdir() if p.name != MANIFEST) == ["model.safetensors", STATE_FILE]
+    saved = json.loads((final / STATE_FILE).read_text())
+    counters = {k: saved[k] for k in ("completed_steps", "epoch", "batches_in_epoch")}
+    assert counters == {"completed_steps": 7, "epoch": 1,
+                        "batches_in_epoch": 3}
     assert acc.barriers >= 2  # ranks meet before and after writing their shards
 
 
@@ -178,11 +210,11 @@ def test_a_save_that_crashes_never_becomes_latest(tmp_path: Path) -> None:
 
 
 def test_saving_the_same_step_again_overwrites(tmp_path: Path) -> None:
-    first = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=5, batches_in_epoch=1),
-                            keep=None)
+    first = save_checkpoint(FakeAccelerator(), tmp_path,
+                            TrainerState(completed_steps=5, batches_in_epoch=1, run_id=RUN), keep=None)
     (first / "stale.bin").write_text("from the first save")
-    second = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=5, batches_in_epoch=2),
-                             keep=None)
+    second = save_checkpoint(FakeAccelerator(), tmp_path,
+                             TrainerState(completed_steps=5, batches_in_epoch=2, run_id=RUN), keep=None)
     assert second == first
     assert not (second / "stale.bin").exists()
     assert json.loads((second / STATE_FILE).read_text())["batches_in_epoch"] == 2
@@ -192,7 +224,7 @@ def test_saving_the_same_step_again_overwrites(tmp_path: Path) -> None:
 def test_save_applies_the_keep_limit(tmp_path: Path) -> None:
     stray = make(tmp_path, ".tmp-step_00000099")  # someone else's unfinished save: not ours to delete
     for step in (1, 2, 3, 4):
-        save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=step), keep=2)
+        save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=step, run_id=RUN), keep=2)
     assert names(complete_checkpoints(tmp_path)) == ["step_00000003", "step_00000004"]
     assert stray.is_dir()
 
@@ -210,3 +242,354 @@ def test_load_restores_the_trainer_state(tmp_path: Path) -> None:
     restored = load_checkpoint(acc, resolve_resume("latest", tmp_path))
     assert restored == state
     assert acc.loaded == [str(path)]
+
+
+# --- manifest and verify -----------------------------------------------------------------------
+
+
+class ShardingAccelerator(FakeAccelerator):
+    """Writes a DeepSpeed-like subfolder of shards, as ZeRO does."""
+
+    def save_state(self, output_dir: str) -> None:
+        super().save_state(output_dir)
+        shards = Path(output_dir) / "pytorch_model"
+        shards.mkdir()
+        (shards / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"\0" * 1000)
+
+
+def test_save_writes_a_manifest_of_every_file_and_its_size(tmp_path: Path) -> None:
+    final = save_checkpoint(ShardingAccelerator(), tmp_path, TrainerState(completed_steps=3), keep=None)
+    manifest = json.loads((final / MANIFEST).read_text())
+    sizes = {p.relative_to(final).as_posix(): p.stat().st_size for p in final.rglob("*") if p.is_file()}
+    del sizes[MANIFEST]
+    assert manifest["files"] == sizes
+    assert manifest["files"]["pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt"] == 1000
+    assert STATE_FILE in manifest["files"]  # written after the trainer state
+    assert ckpt.verify(final) is None
+
+
+def test_verify_names_a_truncated_file_and_both_sizes(tmp_path: Path) -> None:
+    final = save_checkpoint(ShardingAccelerator(), tmp_path, TrainerState(completed_steps=3), keep=None)
+    truncate(final / "pytorch_model" / "zero_pp_rank_0_mp_rank_00_optim_states.pt", 10)
+    assert ckpt.verify(final) == "pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt: 10 bytes, manifest says 1000"
+
+
+def test_verify_names_a_missing_file_and_counts_the_rest(tmp_path: Path) -> None:
+    d = make(tmp_path, "step_00000001")
+    (d / "model.safetensors").unlink()
+    assert ckpt.verify(d) == "model.safetensors: missing"
+    truncate(d / STATE_FILE)
+    assert ckpt.verify(d) == "model.safetensors: missing (and 1 more)"
+
+
+def test_verify_without_manifest_says_incomplete(tmp_path: Path) -> None:
+    d = make(tmp_path, "step_00000001")
+    (d / MANIFEST).unlink()
+    assert ckpt.verify(d) == ("no manifest.json: incomplete (written by a run that was killed mid-save, "
+                              "or by an older qa_train?)")
+    assert complete_checkpoints(tmp_path) == []
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    ("{not json", "trainer_state.json: unreadable or invalid (JSONDecodeError: "),
+    ('{"completed_steps": -1, "epoch": 0, "batches_in_epoch": 0}',
+     "trainer_state.json: unreadable or invalid (ValueError: completed_steps is -1, not a count)"),
+    ('{"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0, "lr": 3}',
+     "trainer_state.json: unreadable or invalid (ValueError: unknown keys lr (written by a newer qa_train?))"),
+    ('{"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0, "world_size": "2"}',
+     "trainer_state.json: unreadable or invalid (ValueError: world_size is '2', not a positive integer)"),
+])
+def test_verify_rejects_an_invalid_trainer_state(tmp_path: Path, content: str, problem: str) -> None:
+    d = make(tmp_path, "step_00000001")
+    (d / STATE_FILE).write_text(content)
+    write_manifest(d)  # sizes agree: only the content is wrong
+    assert ckpt.verify(d).startswith(problem)
+
+
+def test_verify_rejects_an_invalid_manifest(tmp_path: Path) -> None:
+    d = make(tmp_path, "step_00000001")
+    (d / MANIFEST).write_text("[1, 2]")
+    assert ckpt.verify(d).startswith("manifest.json: unreadable or invalid (")
+
+
+# --- latest falls back, an explicit path refuses ------------------------------------------------
+
+
+def test_latest_skips_a_truncated_checkpoint_with_a_warning(tmp_path: Path, caplog) -> None:
+    good = make(tmp_path, "step_00000002")
+    bad = make(tmp_path, "step_00000004")
+    truncate(bad / "model.safetensors")
+    with caplog.at_level("WARNING", logger="qa_train"):
+        assert resolve_resume("latest", tmp_path) == good
+    assert [r.getMessage() for r in caplog.records] == [
+        f"checkpoint {bad} skipped: model.safetensors: 3 bytes, manifest says 13; resuming from {good} instead"]
+
+
+def test_latest_with_nothing_usable_starts_fresh_with_a_warning(tmp_path: Path, caplog) -> None:
+    bad = make(tmp_path, "step_00000004")
+    (bad / MANIFEST).unlink()
+    with caplog.at_level("WARNING", logger="qa_train"):
+        assert resolve_resume("latest", tmp_path) is None
+    message = caplog.records[-1].getMessage()
+    assert message.startswith(f"checkpoint {bad} skipped: no manifest.json: incomplete")
+    assert message.endswith("no usable checkpoint left: starting from scratch (the damaged ones are kept)")
+
+
+def test_latest_warns_only_where_asked(tmp_path: Path, caplog) -> None:
+    truncate(make(tmp_path, "step_00000004") / "model.safetensors")
+    with caplog.at_level("WARNING", logger="qa_train"):
+        assert resolve_resume("latest", tmp_path, warn=False) is None
+    assert caplog.records == []
+
+
+def test_an_explicit_damaged_checkpoint_is_refused_naming_the_newest_good(tmp_path: Path) -> None:
+    make(tmp_path, "step_00000001")
+    good = make(tmp_path, "step_00000002")
+    bad = make(tmp_path, "step_00000003")
+    truncate(bad / STATE_FILE)
+    with pytest.raises(ckpt.CheckpointError) as err:
+        resolve_resume(str(bad), tmp_path)
+    size = len(json.dumps(asdict(TrainerState(run_id=RUN))))
+    assert str(err.value) == (f"--resume_from_checkpoint {bad}: {STATE_FILE}: 3 bytes, manifest says {size}; "
+                              f"the newest good checkpoint there is {good}")
+
+
+def test_an_explicit_checkpoint_without_manifest_is_refused(tmp_path: Path) -> None:
+    old = make_old_format(tmp_path, "step_00000003")
+    with pytest.raises(ValueError) as err:
+        resolve_resume(str(old), tmp_path)
+    assert str(err.value) == (f"--resume_from_checkpoint {old}: no manifest.json: incomplete (written by a run that "
+                              f"was killed mid-save, or by an older qa_train?); there is no good checkpoint in "
+                              f"{old.parent}")
+
+
+# --- load errors name the checkpoint ------------------------------------------------------------
+
+
+class SafetensorError(Exception):
+    """Stands in for safetensors' error type (a plain Exception subclass)."""
+
+
+@pytest.mark.parametrize("error", [
+    SafetensorError("Error while deserializing header: incomplete metadata, file not fully covered"),
+    RuntimeError("PytorchStreamReader failed reading zip archive: failed finding central directory\nmore detail"),
+    EOFError("Ran out of input"),
+])
+def test_a_load_failure_names_the_checkpoint_the_error_and_the_previous_one(tmp_path: Path, error) -> None:
+    previous = make(tmp_path, "step_00000002")
+    path = make(tmp_path, "step_00000004")
+    make(tmp_path, "step_00000006")  # newer: not a previous one to go back to
+    with pytest.raises(ckpt.CheckpointError) as err:
+        load_checkpoint(FakeAccelerator(fail_load=error), path)
+    first_line = str(error).splitlines()[0]
+    assert str(err.value) == (f"checkpoint {path} could not be loaded: {type(error).__name__}: {first_line}; if it is "
+                              f"damaged, resume from the previous complete checkpoint: --resume_from_checkpoint "
+                              f"{previous}")
+    assert err.value.__cause__ is error
+
+
+def test_a_load_failure_without_an_earlier_checkpoint_says_so(tmp_path: Path) -> None:
+    path = make(tmp_path, "step_00000004")
+    with pytest.raises(ckpt.CheckpointError, match=f"there is no earlier complete checkpoint in {path.parent}$"):
+        load_checkpoint(FakeAccelerator(fail_load=RuntimeError("invalid load key, '\\x00'.")), path)
+
+
+def test_running_out_of_memory_while_loading_is_not_blamed_on_the_checkpoint(tmp_path: Path) -> None:
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    path = make(tmp_path, "step_00000004")
+    with pytest.raises(OutOfMemoryError):
+        load_checkpoint(FakeAccelerator(fail_load=OutOfMemoryError("CUDA out of memory")), path)
+
+
+def write_rng_file(path: Path) -> None:
+    """The dict accelerate's save_accelerator_state writes for one rank."""
+    import random
+
+    import numpy as np
+    import torch
+
+    states = {"step": 0, "random_state": random.getstate(), "numpy_random_seed": np.random.get_state(),
+              "torch_manual_seed": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
+    torch.save(states, path)
+
+
+def test_an_unreadable_rng_file_is_a_warning_naming_it(tmp_path: Path, caplog) -> None:
+    pytest.importorskip("torch")
+    path = make(tmp_path, "step_00000004")
+    rng = path / "random_states_0.pkl"
+    write_rng_file(rng)
+    with caplog.at_level("WARNING", logger="qa_train"):
+        load_checkpoint(FakeAccelerator(), path)
+    assert caplog.records == []  # a good file is quiet
+    truncate(rng, 100)
+    with caplog.at_level("WARNING", logger="qa_train"):
+        load_checkpoint(FakeAccelerator(), path)
+    message = caplog.records[-1].getMessage()
+    assert message.startswith(f"{rng}: unreadable (")
+    assert message.endswith("this rank goes on with the RNG seeded at start-up, so dropout differs from an "
+                            "uninterrupted run (the resume is not bit-exact)")
+
+
+def test_a_missing_rng_file_is_a_warning_naming_it(tmp_path: Path, caplog) -> None:
+    path = make(tmp_path, "step_00000004")
+    with caplog.at_level("WARNING", logger="qa_train"):
+        load_checkpoint(FakeAccelerator(), path)
+    assert caplog.records[-1].getMessage().startswith(f"{path / 'random_states_0.pkl'}: missing; ")
+
+
+def test_load_says_checkpoints_must_be_trusted() -> None:
+    assert "must be trusted" in load_checkpoint.__doc__
+
+
+# --- run_id, the resume contract fields, older formats -------------------------------------------
+
+
+def test_fresh_states_get_distinct_run_ids() -> None:
+    a, b = TrainerState(), TrainerState()
+    assert a.run_id != b.run_id and len(a.run_id) == 32 and int(a.run_id, 16) >= 0
+
+
+def test_an_older_trainer_state_loads(tmp_path: Path) -> None:
+    old = make_old_format(tmp_path, "step_00000003")
+    state = load_checkpoint(FakeAccelerator(), old)
+    assert (state.completed_steps, state.epoch, state.batches_in_epoch) == (3, 1, 2)
+    assert state.contract() == dict.fromkeys(ckpt.CONTRACT)  # all unknown
+    assert len(state.run_id) == 32
+
+
+def test_save_records_the_run_id_and_contract(tmp_path: Path) -> None:
+    state = TrainerState(completed_steps=2, world_size=2, global_batch_size=64, per_device_train_batch_size=8,
+                         gradient_accumulation_steps=4, total_steps=100)
+    path = save_checkpoint(FakeAccelerator(), tmp_path, state, keep=None)
+    assert ckpt.read_state(path) == state
+    assert json.loads((path / STATE_FILE).read_text())["run_id"] == state.run_id
+
+
+# --- rotation only touches this run's checkpoints ------------------------------------------------
+
+
+def test_rotation_leaves_other_runs_and_older_formats_alone(tmp_path: Path) -> None:
+    foreign = [make(tmp_path, f"step_{s:08d}", run_id="f" * 32) for s in (1, 2)]
+    old = make_old_format(tmp_path, "step_00000003")
+    for step in (4, 5, 6):
+        save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=step, run_id=RUN), keep=1)
+    assert names(complete_checkpoints(tmp_path)) == ["step_00000001", "step_00000002", "step_00000006"]
+    assert all(p.is_dir() for p in [*foreign, old])
+
+
+def test_rotation_never_deletes_the_checkpoint_just_written(tmp_path: Path) -> None:
+    later = make(tmp_path, "step_00000009")  # this run's abandoned future: resumed from an earlier one
+    make(tmp_path, "step_00000003")
+    save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=5, run_id=RUN), keep=2)
+    assert names(complete_checkpoints(tmp_path)) == ["step_00000005", "step_00000009"]
+    assert later.is_dir()
+
+
+def test_rotation_keeps_damaged_checkpoints_and_does_not_count_them(tmp_path: Path) -> None:
+    damaged = make(tmp_path, "step_00000002")
+    truncate(damaged / "model.safetensors")
+    make(tmp_path, "step_00000001")
+    save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=3, run_id=RUN), keep=2)
+    assert names(complete_checkpoints(tmp_path)) == ["step_00000001", "step_00000002", "step_00000003"]
+
+
+def test_saving_over_another_runs_step_moves_it_aside(tmp_path: Path, caplog) -> None:
+    foreign = make(tmp_path, "step_00000005", run_id="f" * 32)
+    with caplog.at_level("WARNING", logger="qa_train"):
+        final = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=5, run_id=RUN), keep=1)
+    aside = foreign.with_name("step_00000005.run-ffffffff")
+    assert (aside / "model.safetensors").read_text() == "step_00000005"
+    assert ckpt.read_state(final).run_id == RUN
+    assert caplog.records[-1].getMessage() == (f"{final} belonged to another run ({'f' * 32}): moved to {aside}, "
+                                               "not deleted")
+
+
+def test_a_delete_leaves_no_half_deleted_step_folder(tmp_path: Path, monkeypatch) -> None:
+    make(tmp_path, "step_00000001")
+    seen: list[list[str]] = []
+    monkeypatch.setattr(shutil, "rmtree", lambda p, ignore_errors=False: seen.append(
+        sorted(p.name for p in checkpoint_root(tmp_path).glob("step_*"))))
+    save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=2, run_id=RUN), keep=1)
+    assert seen[-1] == ["step_00000002"]  # step_1 was renamed away before its files went: a kill leaves no half
+
+
+# --- the resume contract -------------------------------------------------------------------------
+
+
+def contract(**changes) -> TrainerState:
+    base = {"completed_steps": 40, "epoch": 1, "batches_in_epoch": 0, "world_size": 2, "global_batch_size": 64,
+            "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4, "total_steps": 100}
+    return TrainerState(**{**base, **changes})
+
+
+def test_the_same_contract_resumes_quietly() -> None:
+    assert ckpt.resume_conflicts(contract(), contract()) == ([], [])
+
+
+def test_another_world_size_is_refused() -> None:
+    refusals, notes = ckpt.resume_conflicts(contract(), contract(world_size=4, global_batch_size=128))
+    assert refusals[0] == ("it was written by 2 processes, this run has 4: its optimizer, RNG and data-position state "
+                           "and its LR schedule are sized for 2; resume with 2 processes, or start a new run with "
+                           "--overwrite_output_dir")
+    assert refusals[1].startswith("its global batch is 64, this run's is 128: ")
+    assert notes == []
+
+
+def test_another_global_batch_is_refused() -> None:
+    refusals, _ = ckpt.resume_conflicts(contract(), contract(gradient_accumulation_steps=8, global_batch_size=128))
+    assert refusals == ["its global batch is 64, this run's is 128: the steps done and the LR schedule count batches "
+                        "of 64; resume with per-device batch x accumulation x processes = 64, or start a new run with "
+                        "--overwrite_output_dir"]
+
+
+def test_another_total_is_a_note() -> None:
+    assert ckpt.resume_conflicts(contract(), contract(total_steps=150)) == ([], [
+        "total steps 100 -> 150: the LR schedule is recomputed for 150 steps, so the learning rate jumps at step 40"])
+    _, notes = ckpt.resume_conflicts(contract(), contract(total_steps=30))
+    assert notes[0].endswith("; the checkpoint is already at step 40, so no training step runs")
+
+
+def test_another_split_of_the_same_global_batch_at_an_epoch_boundary_is_a_note() -> None:
+    now = contract(per_device_train_batch_size=16, gradient_accumulation_steps=2)
+    assert ckpt.resume_conflicts(contract(), now) == ([], [
+        "batches 8 per device x 4 accumulation -> 16 x 2 with the same global batch 64: the checkpoint is at an epoch "
+        "boundary, so no example is skipped or repeated; updates match in expectation, not bit for bit"])
+
+
+def test_another_split_mid_epoch_is_refused() -> None:
+    saved = contract(batches_in_epoch=12)
+    now = contract(per_device_train_batch_size=16, gradient_accumulation_steps=2)
+    assert ckpt.resume_conflicts(saved, now) == ([
+        "its batches were 8 per device x 4 accumulation, this run's are 16 x 2: it stopped 12 micro-batches into "
+        "epoch 1, and skipping that many of another size would see examples twice or never; resume with "
+        "--per_device_train_batch_size 8 --gradient_accumulation_steps 4"], [])
+
+
+def test_unknown_fields_are_skipped() -> None:
+    old = TrainerState(completed_steps=40)
+    assert ckpt.resume_conflicts(old, contract(world_size=8)) == ([], [])
+    assert ckpt.resume_conflicts(contract(), TrainerState()) == ([], [])
+
+
+def test_load_refuses_a_broken_contract_before_loading_anything(tmp_path: Path) -> None:
+    path = save_checkpoint(FakeAccelerator(), tmp_path, contract(), keep=None)
+    acc = FakeAccelerator()
+    with pytest.raises(ckpt.CheckpointError) as err:
+        load_checkpoint(acc, path, contract(world_size=4, global_batch_size=128, run_id="new"))
+    assert str(err.value).startswith(f"--resume_from_checkpoint {path}: cannot continue it: it was written by 2 "
+                                     "processes, this run has 4: ")
+    assert acc.loaded == []
+
+
+def test_load_adopts_this_runs_contract_and_keeps_the_run_id(tmp_path: Path, caplog) -> None:
+    saved = contract()
+    path = save_checkpoint(FakeAccelerator(), tmp_path, saved, keep=None)
+    now = contract(completed_steps=0, epoch=0, total_steps=150)
+    with caplog.at_level("WARNING", logger="qa_train"):
+        state = load_checkpoint(FakeAccelerator(), path, now)
+    assert (state.completed_steps, state.epoch, state.run_id, state.total_steps) == (40, 1, saved.run_id, 150)
+    assert f"resuming from {path}: total steps 100 -> 150: " in caplog.text

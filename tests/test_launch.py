@@ -208,8 +208,10 @@ def test_parse_forwards_unknown_flags_before_the_double_dash() -> None:
 def test_parse_defaults() -> None:
     opts, train = parse(["--config_file", "c.yaml"])
     assert train == []
+    # No ip/port by default: the config's own main_process_ip/port come next, then 127.0.0.1:29500.
     assert (opts.cpu, opts.machine_rank, opts.main_process_ip, opts.main_process_port, opts.dry_run) == (
-        False, 0, "127.0.0.1", 29500, False)
+        False, 0, None, None, False)
+    assert opts.stop_grace_s == launch.DEFAULT_GRACE_S
 
 
 def test_parse_requires_config_file(capsys: pytest.CaptureFixture[str]) -> None:
@@ -237,7 +239,7 @@ def build(cfg: dict, *argv: str) -> tuple[list[str], dict[str, str]]:
 def test_gpu_is_accelerate_launch(cfg: dict) -> None:
     cmd, env = build(cfg)
     assert cmd == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "8",
-                   "-m", "qa_train", *TRAIN]
+                   "--main_process_port", "29500", "-m", "qa_train", *TRAIN]
     assert env == dict(os.environ)
 
 
@@ -262,7 +264,7 @@ def test_gpu_num_machines_from_config() -> None:
 def test_cpu_deepspeed_is_accelerate_launch() -> None:
     cmd, env = build(DEEPSPEED, "--cpu", "--num_processes", "2")
     assert cmd == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "2",
-                   "-m", "qa_train", *TRAIN]
+                   "--main_process_port", "29500", "-m", "qa_train", *TRAIN]
     # qa_train picks gloo itself under DeepSpeed; the environment is passed through untouched.
     assert env == dict(os.environ)
 
@@ -271,6 +273,85 @@ def test_cpu_deepspeed_multi_machine() -> None:
     cmd, _ = build(DEEPSPEED, "--cpu", "--num_processes", "4", "--num_machines", "2")
     assert cmd[:6] == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "4"]
     assert cmd[cmd.index("--num_machines") + 1] == "2"
+
+
+# Every launch that forms a process group carries the port; across machines the address too.
+PORT_CASES = {
+    "gpu-ddp": (MULTI_GPU, ()),
+    "gpu-deepspeed": (DEEPSPEED, ()),
+    "gpu-fsdp": (FSDP, ()),
+    "cpu-deepspeed": (DEEPSPEED, ("--cpu", "--num_processes", "2")),
+    "cpu-torchrun": (MULTI_GPU, ("--cpu", "--num_processes", "2")),
+    "multinode-gpu-ddp": (MULTI_GPU, ("--num_processes", "16", "--num_machines", "2", "--machine_rank", "1")),
+    "multinode-gpu-deepspeed": (DEEPSPEED, ("--num_processes", "16", "--num_machines", "2", "--machine_rank", "1")),
+    "multinode-gpu-fsdp": (FSDP, ("--num_processes", "16", "--num_machines", "2", "--machine_rank", "1")),
+    "multinode-cpu-deepspeed": (DEEPSPEED, ("--cpu", "--num_processes", "4", "--num_machines", "2")),
+    "multinode-cpu-torchrun": (MULTI_GPU, ("--cpu", "--num_processes", "4", "--num_machines", "2")),
+}
+
+
+def flag(cmd: list[str], *names: str) -> str | None:
+    """The launcher's value for the first of `names` (accelerate's and torchrun's spellings), None when absent.
+    Only the launcher's own part counts: a flag after `-m qa_train` would go to qa_train."""
+    own = cmd[:cmd.index("qa_train")]
+    for name in names:
+        if name in own:
+            return own[own.index(name) + 1]
+    return None
+
+
+@pytest.mark.parametrize("case", PORT_CASES)
+def test_every_launch_carries_the_port(case: str) -> None:
+    cfg, argv = PORT_CASES[case]
+    cmd, _ = build(cfg, *argv, "--main_process_ip", "10.0.0.7", "--main_process_port", "31234")
+    assert flag(cmd, "--main_process_port", "--master_port") == "31234"
+    multinode = case.startswith("multinode")
+    assert flag(cmd, "--main_process_ip", "--master_addr") == ("10.0.0.7" if multinode or "torchrun" in case else None)
+    if multinode:
+        assert flag(cmd, "--num_machines", "--nnodes") == "2"
+
+
+@pytest.mark.parametrize("case", PORT_CASES)
+def test_the_default_port_is_explicit(case: str) -> None:
+    """Without the flag the port is still on the command line (29500), and the address on multi-node."""
+    cfg, argv = PORT_CASES[case]
+    cmd, _ = build(cfg, *argv)
+    assert flag(cmd, "--main_process_port", "--master_port") == "29500"
+    if case.startswith("multinode"):
+        assert flag(cmd, "--main_process_ip", "--master_addr") == "127.0.0.1"
+
+
+@pytest.mark.parametrize("case", ["gpu-deepspeed", "cpu-torchrun", "multinode-gpu-ddp"])
+def test_the_config_port_and_ip_are_used_and_the_flags_win(case: str) -> None:
+    cfg, argv = PORT_CASES[case]
+    cfg = {**cfg, "main_process_port": 40001, "main_process_ip": "10.9.9.9"}
+    cmd, _ = build(cfg, *argv)
+    assert flag(cmd, "--main_process_port", "--master_port") == "40001"
+    if case != "gpu-deepspeed":
+        assert flag(cmd, "--main_process_ip", "--master_addr") == "10.9.9.9"
+    cmd, _ = build(cfg, *argv, "--main_process_port", "40002", "--main_process_ip", "10.1.1.1")
+    assert flag(cmd, "--main_process_port", "--master_port") == "40002"
+    if case != "gpu-deepspeed":
+        assert flag(cmd, "--main_process_ip", "--master_addr") == "10.1.1.1"
+
+
+def test_port_zero_is_passed_through() -> None:
+    """accelerate picks a free port for 0; the launcher must not read 0 as "not given"."""
+    cmd, _ = build(DEEPSPEED, "--main_process_port", "0")
+    assert flag(cmd, "--main_process_port") == "0"
+
+
+@pytest.mark.parametrize("config", ["ddp", "zero2"])
+def test_slurm_cpu_node_command(config: str) -> None:
+    """The command slurm/train.sbatch's CPU path runs on node 1 of 2: the job's port and first host on it."""
+    opts, train = parse(["--cpu", "--config_file", f"accelerate_configs/{config}.yaml", "--num_machines", "2",
+                         "--num_processes", "2", "--machine_rank", "1", "--main_process_ip", "node-a",
+                         "--main_process_port", "29817", "--", *TRAIN])
+    cfg = read_config(opts.config_file, launch_dir=ROOT)
+    cmd, _ = build_command(cfg, opts, train)
+    assert flag(cmd, "--main_process_port", "--master_port") == "29817"
+    assert flag(cmd, "--main_process_ip", "--master_addr") == "node-a"
+    assert flag(cmd, "--machine_rank", "--node_rank") == "1"
 
 
 def test_cpu_fsdp_is_refused_naming_the_config_and_zero3() -> None:
@@ -340,7 +421,7 @@ def no_exec(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object) -> None:
         raise AssertionError(f"main executed {args}")
 
-    monkeypatch.setattr(launch.os, "execvpe", refuse)
+    monkeypatch.setattr(launch, "run_launch", refuse)
     monkeypatch.setattr(launch, "cuda_available", lambda: pytest.fail("--cpu must skip the CUDA check"))
 
 
@@ -366,7 +447,7 @@ def test_dry_run_deepspeed_falls_back_to_python_m_accelerate(on_path: bool, monk
     head = "accelerate launch" if on_path else f"{sys.executable} -m accelerate.commands.launch"
     assert code == 0
     assert capsys.readouterr().out == (f"{head} --config_file accelerate_configs/zero2.yaml --num_processes 2 "
-                                       "-m qa_train --output_dir out\n")
+                                       "--main_process_port 29500 -m qa_train --output_dir out\n")
 
 
 @pytest.mark.usefixtures("no_exec")
@@ -407,7 +488,7 @@ def test_main_refuses_invalid_yaml_without_traceback(tmp_path: Path, capsys: pyt
 def test_without_gpu_main_falls_back_to_cpu(monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(launch, "cuda_available", lambda: False)
-    monkeypatch.setattr(launch.os, "execvpe", lambda *a: pytest.fail("dry run executed"))
+    monkeypatch.setattr(launch, "run_launch", lambda *a: pytest.fail("dry run executed"))
     code = launch.main(["--config_file", str(ROOT / "accelerate_configs" / "single.yaml"), "--dry_run"])
     out = capsys.readouterr()
     assert code == 0

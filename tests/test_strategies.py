@@ -17,6 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from qa_train.launch import runs_module
+
 from conftest import PY, ROOT, base_env, read_metrics, run_ok, tiny_flags
 
 pytestmark = pytest.mark.distributed
@@ -118,7 +120,7 @@ def _kill_tree(proc: subprocess.Popen) -> list[psutil.Process]:
     torchrun starts its ranks in sessions of their own, so killing the launcher's process group is not enough.
     Returns the ranks (the processes running qa_train's entry point)."""
     tree = psutil.Process(proc.pid).children(recursive=True)
-    ranks = [p for p in tree if " -m qa_train " in f" {' '.join(p.cmdline())} "]
+    ranks = [p for p in tree if runs_module(p, "qa_train")]  # not torchrun, whose arguments name it too
     for p in [psutil.Process(proc.pid), *tree]:
         try:
             p.kill()

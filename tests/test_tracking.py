@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
+import subprocess
 import sys
+import time
 import types
 import warnings
 from pathlib import Path
@@ -40,14 +44,27 @@ class FakeRun:
             raise RuntimeError("summary rejected")
 
 
+class FakeSettings(types.SimpleNamespace):
+    pass
+
+
 class FakeWandb(types.ModuleType):
-    def __init__(self, run: FakeRun | None = None, init_error: Exception | None = None) -> None:
+    Settings = FakeSettings
+
+    def __init__(self, run: FakeRun | None = None, init_error: Exception | None = None,
+                 online_error: Exception | None = None) -> None:
         super().__init__("wandb")
-        self.run, self.init_error = run or FakeRun(), init_error
+        self.run, self.init_error, self.online_error = run or FakeRun(), init_error, online_error
         self.inits: list[dict[str, Any]] = []
+        self.setups: list[FakeSettings] = []
+
+    def setup(self, settings: FakeSettings) -> None:
+        self.setups.append(settings)
 
     def init(self, **kwargs: Any) -> FakeRun:
         self.inits.append(kwargs)
+        if self.online_error is not None and kwargs["mode"] == "online":
+            raise self.online_error
         if self.init_error is not None:
             raise self.init_error
         return self.run
@@ -55,7 +72,8 @@ class FakeWandb(types.ModuleType):
 
 @pytest.fixture
 def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "WANDB_RUN_GROUP", "WANDB_RUN_ID"):
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "WANDB_RUN_GROUP", "WANDB_RUN_ID",
+                "WANDB_INIT_TIMEOUT"):
         monkeypatch.delenv(var, raising=False)
     netrc = tmp_path_factory.mktemp("home") / "empty.netrc"  # outside tmp_path, which tests list
     netrc.write_text("")
@@ -163,8 +181,72 @@ def test_offline_without_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 def test_online_with_an_api_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
     fake = install(monkeypatch, FakeWandb())
+    tracker = Tracker(True, tmp_path, use_wandb=True)
+    tracker.start("qa", None, {}, resuming=False)
+    (kw,) = fake.inits
+    assert kw["mode"] == "online" and tracker.run is fake.run
+    # wandb's own 90 s would hold every rank at the next collective; ours is a few seconds.
+    assert kw["settings"].init_timeout == tracking.WANDB_INIT_TIMEOUT_S <= 10
+    # ... and no "who am I" query to the server before it, which would add 2 x 5 s when it is down.
+    assert [vars(s) for s in fake.setups] == [{"x_disable_viewer": True}]
+
+
+class CommError(Exception):
+    """Stands in for wandb.errors.CommError, what wandb.init raises when its init_timeout runs out."""
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_unreachable_server_falls_back_to_offline_with_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_RUN_ID", "abc123")
+    fake = install(monkeypatch, FakeWandb(online_error=CommError("Run initialization has timed out after 5.0 sec.\n"
+                                                                 "Please try again.")))
+    tracker = Tracker(True, tmp_path, use_wandb=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fallback is not a failure: one log line, no warning
+        tracker.start("qa", "r1", {"lr": 1e-3}, resuming=True)
+    online, offline = fake.inits
+    assert online["mode"] == "online" and offline["mode"] == "offline"
+    # The same run: project, name, id and resume carry over to the offline one `wandb sync` uploads later.
+    assert {k: v for k, v in online.items() if k not in ("mode", "settings")} == {
+        k: v for k, v in offline.items() if k != "mode"}
+    assert tracker.run is fake.run
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert line.startswith("W&B online run did not start (CommError: Run initialization has timed out after 5.0 sec.;")
+    assert f"logging offline to {tmp_path / 'wandb'}" in line and "wandb sync" in line and "\n" not in line
+    run_steps(tracker, 2)
+    assert [step for _, step in fake.run.logged] == [1, 2]  # the offline run records the steps
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_wandb_init_timeout_from_the_environment_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "42")
+    fake = install(monkeypatch, FakeWandb())
     Tracker(True, tmp_path, use_wandb=True).start("qa", None, {}, resuming=False)
-    assert fake.inits[0]["mode"] == "online"
+    assert fake.inits[0]["settings"].init_timeout == 42.0
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_offline_fallback_failing_too_disables_wandb(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    fake = install(monkeypatch, FakeWandb(init_error=OSError("disk full"), online_error=CommError("timed out")))
+    tracker = Tracker(True, tmp_path, use_wandb=True)
+    with pytest.warns(UserWarning, match="W&B disabled: wandb.init failed: disk full"):
+        tracker.start("qa", None, {}, resuming=False)
+    assert [kw["mode"] for kw in fake.inits] == ["online", "offline"] and tracker.run is None
+    run_steps(tracker, 1)
+    assert step_lines(tmp_path) == [{"step": 1, "train/loss": 1.0}]
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_no_second_init_when_offline_was_chosen(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An offline (or disabled) mode never waits on a server, so it gets neither a timeout nor a retry."""
+    fake = install(monkeypatch, FakeWandb(init_error=CommError("boom")))
+    with pytest.warns(UserWarning, match="W&B disabled"):
+        Tracker(True, tmp_path, use_wandb=True).start("qa", None, {}, resuming=False)
+    assert [kw["mode"] for kw in fake.inits] == ["offline"] and "settings" not in fake.inits[0]
 
 
 @pytest.mark.usefixtures("no_credentials")
@@ -174,7 +256,7 @@ def test_online_with_a_netrc_entry(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     monkeypatch.setenv("NETRC", str(netrc))
     fake = install(monkeypatch, FakeWandb())
     Tracker(True, tmp_path / "run", use_wandb=True).start("qa", None, {}, resuming=False)
-    assert fake.inits[0]["mode"] == "online"
+    assert fake.inits[0]["mode"] == "online" and len(fake.inits) == 1
 
 
 @pytest.mark.usefixtures("no_credentials")
@@ -288,3 +370,54 @@ def test_summary_table_says_na_for_missing_values() -> None:
     assert row(table, "step time") == "n/a, MFU n/a"
     assert row(table, "peak memory").startswith("max n/a / mean n/a per rank")
     assert "untrained" not in table
+
+
+# --- a real wandb against a server that is down ------------------------------------------------------
+
+PROBE = """
+import json, logging, sys, time
+from pathlib import Path
+logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+from qa_train.tracking import Tracker
+tracker = Tracker(True, Path(sys.argv[1]), use_wandb=True)
+t0 = time.monotonic()
+tracker.start("qa-test", "down", {"lr": 1e-3}, resuming=False)
+elapsed = time.monotonic() - t0
+run = tracker.run
+tracker.log_step(1, {"train/loss": 1.0})
+tracker.close()
+print(json.dumps({"elapsed_s": elapsed, "mode": run and run.settings.mode, "dir": run and str(run.dir)}))
+"""
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_real_wandb_with_a_key_and_no_server_goes_offline_in_seconds(tmp_path: Path) -> None:
+    """wandb's own service, a fake key, a closed port (about 7 s). Measured before the timeout (2 cores): start()
+    blocked 101 s and then turned W&B off altogether; now about 6.5 s, and the run is kept offline."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}  # WANDB_MODE unset, not silent
+    env.update({"WANDB_API_KEY": "k" * 40, "WANDB_BASE_URL": f"http://127.0.0.1:{_closed_port()}",
+                "WANDB_CONFIG_DIR": str(tmp_path / "config"), "WANDB_CACHE_DIR": str(tmp_path / "cache"),
+                "WANDB_DATA_DIR": str(tmp_path / "data"), "NETRC": str(tmp_path / "netrc"),
+                "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(out)], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # wandb prints its run summary to stdout too
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith('{"elapsed_s"')))
+    assert result["elapsed_s"] < 15 and wall < 30, (result, wall)
+    fallback = [line for line in proc.stderr.splitlines() if line.startswith("WARNING qa_train")]
+    assert len(fallback) == 1 and "W&B online run did not start (CommError" in fallback[0], proc.stderr[-3000:]
+    assert "logging offline to" in fallback[0] and "wandb sync" in fallback[0]
+    assert "UserWarning" not in proc.stderr  # not "W&B disabled": the run keeps its W&B record, offline
+    assert result["mode"] == "offline"
+    offline = list((out / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1 and str(offline[0]) in result["dir"]
+    assert list(offline[0].glob("*.wandb")), "the offline run writes the file `wandb sync` uploads"

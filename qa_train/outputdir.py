@@ -1,0 +1,61 @@
+"""The output-dir contract, checked before any data or model work: never write over a run by accident.
+
+As in transformers: a directory that holds a run is refused unless `--overwrite_output_dir` (which
+removes that run's files first) or `--resume_from_checkpoint` (which continues it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from qa_train.config import ConfigError, OutputArgs
+
+# What a qa_train run leaves in its output_dir; anything else there (a user's notes, logs/) is left alone.
+RUN_FILES = ("metrics.json", "final", "checkpoints", "train_log.jsonl", "eval_predictions.json", "wandb", "profile")
+
+
+def run_files(output_dir: Path) -> list[str]:
+    return [name for name in RUN_FILES if (output_dir / name).exists()]
+
+
+def check_writable(output_dir: Path) -> None:
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=output_dir, prefix=".qa_train-probe-"):
+            pass
+    except OSError as err:
+        raise ConfigError(f"--output_dir {output_dir}: not writable ({err.strerror or err})") from None
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
+
+
+def claim(output: OutputArgs, is_main: bool) -> None:
+    """Refuse an occupied or unwritable output_dir; with --overwrite_output_dir the main process clears the old run."""
+    out = Path(output.output_dir)
+    found = run_files(out)
+    resume = output.resume_from_checkpoint
+    if found and output.overwrite_output_dir and resume is None:
+        if is_main:
+            for name in found:
+                target = out / name
+                shutil.rmtree(target) if target.is_dir() else target.unlink()
+    elif found and resume is None:
+        raise ConfigError(f"--output_dir {out}: holds a run ({', '.join(found)}); pass --overwrite_output_dir to "
+                          "replace it, or --resume_from_checkpoint latest to continue it")
+    elif found and resume == "latest" and "checkpoints" not in found:
+        raise ConfigError(f"--output_dir {out}: holds a run without checkpoints ({', '.join(found)}), so "
+                          "--resume_from_checkpoint latest would start over on top of it; pass --overwrite_output_dir")
+    elif found and resume not in (None, "latest") and not _inside(Path(resume), out):
+        raise ConfigError(f"--output_dir {out}: holds another run ({', '.join(found)}) than the one in "
+                          f"--resume_from_checkpoint {resume}; choose an empty --output_dir or --overwrite_output_dir")
+    check_writable(out)
+
+
+def world_rank() -> int:
+    """The launcher's rank, known before any process group exists (torchrun, accelerate and DeepSpeed set RANK)."""
+    return int(os.environ.get("RANK", "0"))

@@ -1,0 +1,203 @@
+"""Faults end to end through `python -m qa_train`: what a user sees, the exit code, and what is left on disk.
+
+Exit codes: 0 finished, 2 refused input, 3 diverged, 4 export failed, 75 preempted (see qa_train/__main__.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import DEMO_DEV, PY, ROOT, run_cmd, run_ok, tiny_flags
+
+pytestmark = pytest.mark.distributed  # real runs of the entry point, like test_e2e
+
+
+def qa_train(out: Path, *extra: str) -> list[str]:
+    return [PY, "-m", "qa_train", *tiny_flags(out, "--no_eval", *extra)]
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return [line for line in proc.stderr.splitlines() if line.startswith("qa_train: error:")]
+
+
+def steps_in(out: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_divergence_stops_the_run_and_saves_nothing_non_finite(tmp_path: Path, env: dict[str, str]) -> None:
+    out = tmp_path / "out"
+    proc = run_cmd(qa_train(out, "--max_train_steps", "10", "--logging_steps", "5", "--learning_rate", "1e6",
+                            "--checkpointing_steps", "1"), env)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    [line] = error_lines(proc)
+    assert "training diverged at step" in line and "--learning_rate" in line
+    assert not (out / "final").exists() and not (out / "metrics.json").exists()
+    for ckpt in (out / "checkpoints").glob("step_*"):
+        for name, tensor in load_file(ckpt / "model.safetensors").items():
+            assert torch.isfinite(tensor).all(), f"{ckpt.name}/{name} is not finite"
+
+
+def test_occupied_output_dir_is_refused_and_overwrite_replaces_the_run(tmp_path: Path,
+                                                                       env: dict[str, str]) -> None:
+    out = tmp_path / "out"
+    run_ok(qa_train(out, "--max_train_steps", "2", "--checkpointing_steps", "1"), env)
+    before = (out / "metrics.json").read_bytes()
+    proc = run_cmd(qa_train(out, "--max_train_steps", "1"), env)
+    assert proc.returncode == 2
+    [line] = error_lines(proc)
+    assert str(out) in line and "--overwrite_output_dir" in line and "--resume_from_checkpoint latest" in line
+    assert (out / "metrics.json").read_bytes() == before
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000001", "step_00000002"]
+
+    run_ok(qa_train(out, "--max_train_steps", "1", "--checkpointing_steps", "1", "--save_total_limit", "1",
+                    "--overwrite_output_dir"), env)
+    # The old run's step 2 is gone with it: it can neither become `latest` nor push the new run's out.
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000001"]
+    assert json.loads((out / "metrics.json").read_text())["train_steps"] == 1
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "sysfs"])
+def test_unwritable_output_dir_is_refused_before_any_work(where: str, tmp_path: Path, env: dict[str, str]) -> None:
+    if where == "under_a_file":
+        (tmp_path / "a_file").write_text("x")
+        out = tmp_path / "a_file" / "out"
+    else:
+        out = Path("/sys/qa_train_test_out")  # not writable even for root
+    proc = run_cmd(qa_train(out, "--max_train_steps", "1"), env)
+    assert proc.returncode == 2
+    [line] = error_lines(proc)
+    assert f"--output_dir {out}: not writable" in line
+    assert not (tmp_path / "cache").exists(), "featurisation ran before the refusal"
+
+
+def test_max_seq_length_beyond_the_position_embeddings_is_refused_before_featurisation(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    proc = run_cmd(qa_train(tmp_path / "out", "--max_seq_length", "1000", "--max_train_steps", "1"), env)
+    assert proc.returncode == 2
+    [line] = error_lines(proc)
+    assert "--max_seq_length 1000" in line and "512 position embeddings" in line
+    assert not (tmp_path / "cache").exists(), "featurisation ran before the refusal"
+
+
+def _checkpointed_run(out: Path, env: dict[str, str], steps: int) -> None:
+    run_ok(qa_train(out, "--max_train_steps", str(steps), "--checkpointing_steps", "1", "--logging_steps", "1"),
+           env)
+
+
+def test_resume_under_another_world_size_or_batch_is_refused(tmp_path: Path, env: dict[str, str]) -> None:
+    out = tmp_path / "out"
+    _checkpointed_run(out, env, 2)
+    resume = ["--max_train_steps", "4", "--resume_from_checkpoint", "latest"]
+    proc = run_cmd(qa_train(out, *resume, "--per_device_train_batch_size", "4"), env)
+    assert proc.returncode == 2
+    [line] = error_lines(proc)
+    assert "global batch" in line and "8" in line and "4" in line
+
+    # A checkpoint written by 2 processes (what a 2-rank DDP run records), resumed by 1.
+    state_file = out / "checkpoints" / "step_00000002" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state.update(world_size=2, global_batch_size=16, per_device_train_batch_size=8)
+    state_file.write_text(json.dumps(state))
+    _refresh_manifest(state_file)
+    proc = run_cmd(qa_train(out, *resume, "--per_device_train_batch_size", "16"), env)
+    assert proc.returncode == 2
+    [line] = error_lines(proc)
+    assert "2 processes" in line and "1" in line
+
+
+def _refresh_manifest(changed: Path) -> None:
+    """The test edits a file the manifest lists: record its new size so only the contract can object."""
+    manifest_file = changed.parent / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    files = manifest.get("files", manifest)
+    files[changed.name] = changed.stat().st_size
+    manifest_file.write_text(json.dumps(manifest))
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, env: dict[str, str]) -> None:
+    out = tmp_path / "out"
+    _checkpointed_run(out, env, 3)
+    weights = out / "checkpoints" / "step_00000003" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    proc = run_ok(qa_train(out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), env)
+    logged = proc.stdout + proc.stderr
+    assert "step_00000003" in logged and "model.safetensors" in logged
+    assert f"resumed from {out / 'checkpoints' / 'step_00000002'}" in logged
+
+    explicit = run_cmd(qa_train(tmp_path / "other", "--max_train_steps", "4", "--resume_from_checkpoint",
+                                str(weights.parent)), env)
+    assert explicit.returncode == 2
+    [line] = error_lines(explicit)
+    assert str(weights.parent) in line and "model.safetensors" in line
+
+
+def test_a_failed_export_keeps_metrics_json(tmp_path: Path, env: dict[str, str]) -> None:
+    out = tmp_path / "out"
+    # A file-size limit stands in for a full disk: the feature cache (< 1 MB) and metrics.json fit,
+    # the tiny model's 3.7 MB of weights do not (Python ignores SIGXFSZ, so the write fails with EFBIG).
+    limit = 2_000_000
+    proc = subprocess.run([PY, "-m", "qa_train", *tiny_flags(out, "--max_train_steps", "3")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    [line] = error_lines(proc)
+    assert "export to" in line and "metrics.json is written" in line
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["exact_match"] is not None and m["train_steps"] == 3
+    assert not (out / "final").exists(), "no half-written export under the final name"
+
+
+def test_an_exported_model_is_readable_by_others(tmp_path: Path, env: dict[str, str]) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run(qa_train(out, "--max_train_steps", "1"), cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600, preexec_fn=lambda: os.umask(0o022))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (out / "final").iterdir()}
+    assert modes and set(modes.values()) == {0o644}, modes
+
+
+def test_bad_record_is_one_line_naming_file_and_record(tmp_path: Path, env: dict[str, str]) -> None:
+    data = json.loads(DEMO_DEV.read_text())
+    del data["data"][0]["paragraphs"][0]["qas"][1]["id"]
+    bad = tmp_path / "dev.json"
+    bad.write_text(json.dumps(data))
+    proc = run_cmd([PY, "-m", "qa_train", *tiny_flags(tmp_path / "out", "--max_train_steps", "1",
+                                                      "--validation_file", str(bad))], env)
+    assert proc.returncode == 2
+    [line] = error_lines(proc)
+    assert str(bad) in line and "data[0].paragraphs[0].qas[1]" in line
+
+
+def test_preemption_exits_75_and_the_resumed_run_logs_each_step_once(tmp_path: Path,
+                                                                      env: dict[str, str]) -> None:
+    out = tmp_path / "out"
+    cmd = qa_train(out, "--max_train_steps", "6", "--checkpointing_steps", "2", "--logging_steps", "1")
+    run = subprocess.Popen(cmd, cwd=ROOT, env={**env, "QA_TRAIN_TEST_HOLD_AT_STEP": "3"},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "HOLDING-rank0").exists():
+        assert run.poll() is None and time.monotonic() < deadline, "the run never reached step 3"
+        time.sleep(0.05)
+    (out / "PREEMPT").touch()
+    _, stderr = run.communicate(timeout=120)
+    assert run.returncode == 75, stderr[-3000:]
+    assert "stop requested: checkpoint saved at step 3" in stderr
+    assert steps_in(out) == [1, 2, 3]
+
+    # Resume from step 2 (as after a crash past its checkpoint): step 3 is trained and logged again, once.
+    resumed = run_ok([*cmd, "--resume_from_checkpoint", str(out / "checkpoints" / "step_00000002"),
+                      "--eval_before_training"], env)
+    assert steps_in(out) == [1, 2, 3, 4, 5, 6]
+    assert "at step 2 (resumed): exact_match" in resumed.stderr + resumed.stdout
+    assert json.loads((out / "metrics.json").read_text())["initial_eval_step"] == 2
+    assert "(at step 2, resumed: EM" in resumed.stdout and "untrained" not in resumed.stdout

@@ -1,0 +1,283 @@
+"""qa_train.launch and stop signals: every rank is asked to checkpoint and stop, and nothing outlives the launcher.
+
+The fast tests run the real launcher code over a fake torchrun and fake ranks (a stand-in `qa_train` package on
+the children's PYTHONPATH, so the launcher recognises them as ranks by their `-m qa_train`); the distributed test
+stops a real two-process DDP run held at a known step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import PY, ROOT, base_env, tiny_flags
+from qa_train import launch
+
+# A torchrun stand-in: starts the ranks in sessions of their own and, like torchrun, passes SIGTERM/SIGINT on to
+# each rank's group. Its SIGUSR1 is left at the default (death), as torchrun's is.
+FAKE_TORCHRUN = """
+import os, signal, subprocess, sys, time
+n, mode = int(sys.argv[1]), sys.argv[2]
+ranks = [subprocess.Popen([sys.executable, "-u", "-m", "qa_train"], env={**os.environ, "RANK": str(r)},
+                          start_new_session=True) for r in range(n)]
+
+def forward(signum, frame):
+    open(os.path.join(os.environ["FAKE_OUT"], "torchrun-" + signal.Signals(signum).name), "w").close()
+    for p in ranks:
+        try:
+            os.killpg(p.pid, signum)
+        except ProcessLookupError:
+            pass
+
+signal.signal(signal.SIGTERM, forward)
+signal.signal(signal.SIGINT, forward)
+if mode == "crash":
+    while not all(os.path.exists(os.path.join(os.environ["FAKE_OUT"], f"READY-rank{r}")) for r in range(n)):
+        time.sleep(0.02)
+    sys.exit(3)  # dies under its ranks
+codes = [p.wait() for p in ranks]
+sys.exit(1 if any(codes) else 0)  # torchrun reports any failed rank as 1
+"""
+
+# A rank stand-in: records each stop signal; in "stop" mode it then exits as a preempted qa_train does (rank 0
+# reporting its code through the launcher's status file), in "ignore" mode it carries on.
+FAKE_RANK = """
+import os, signal, sys, time
+out, rank, mode = os.environ["FAKE_OUT"], os.environ["RANK"], os.environ["FAKE_MODE"]
+
+def handle(signum, frame):
+    open(os.path.join(out, f"rank{rank}-" + signal.Signals(signum).name), "w").close()
+    if mode == "stop":
+        if rank == "0":
+            with open(os.environ["QA_TRAIN_STATUS_FILE"], "w") as f:
+                f.write("75\\n")
+        sys.exit(75)
+
+signal.signal(signal.SIGTERM, handle)
+signal.signal(signal.SIGUSR1, handle)
+open(os.path.join(out, f"READY-rank{rank}"), "w").close()
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    time.sleep(0.02)
+"""
+
+# The launcher as users run it (its own process), over the fake command; the fake tree gets its own PYTHONPATH.
+LAUNCHER = """
+import os, sys
+from qa_train import launch
+launch.LEFTOVER_WAIT_S = 1.0
+env = {**os.environ, "PYTHONPATH": sys.argv[1]}
+sys.exit(launch.run_launch(sys.argv[3:], env, float(sys.argv[2])))
+"""
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _kill(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _wait_for(paths: list[Path], proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert proc.poll() is None, f"the launch ended early ({proc.returncode})"
+        assert time.monotonic() < deadline, f"not written in {timeout} s: {[str(p) for p in paths]}"
+        time.sleep(0.05)
+
+
+class FakeLaunch:
+    """The launcher over a fake torchrun with `n` fake ranks; `out` collects what each process saw."""
+
+    def __init__(self, tmp_path: Path, rank_mode: str = "stop", torchrun_mode: str = "wait",
+                 grace_s: float = 30.0) -> None:
+        self.out = tmp_path / "seen"
+        self.out.mkdir()
+        fake = tmp_path / "fake"
+        (fake / "qa_train").mkdir(parents=True)
+        (fake / "qa_train" / "__main__.py").write_text(FAKE_RANK)
+        (fake / "torchrun.py").write_text(FAKE_TORCHRUN)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "FAKE_OUT": str(self.out), "FAKE_MODE": rank_mode}
+        env.pop("QA_TRAIN_STATUS_FILE", None)
+        self.log = tmp_path / "launcher.err"
+        self.tree: list[psutil.Process] = []
+        # cwd outside both packages: `python -m` looks in the current directory first.
+        with self.log.open("w") as err:
+            self.proc = subprocess.Popen([PY, "-c", LAUNCHER, str(fake), str(grace_s), PY, str(fake / "torchrun.py"),
+                                          "2", torchrun_mode], cwd=tmp_path, env=env, stderr=err,
+                                         start_new_session=True)
+
+    def ready(self) -> FakeLaunch:
+        _wait_for([self.out / "READY-rank0", self.out / "READY-rank1"], self.proc, 30)
+        self.tree = psutil.Process(self.proc.pid).children(recursive=True)
+        return self
+
+    def saw(self) -> set[str]:
+        return {p.name for p in self.out.iterdir() if not p.name.startswith("READY")}
+
+    def finish(self, timeout: float = 20) -> int:
+        code = self.proc.wait(timeout=timeout)
+        psutil.wait_procs(self.tree, timeout=2)
+        left = [p for p in self.tree if _alive(p)]
+        assert not left, f"left behind: {[(p.pid, p.cmdline()) for p in left]}"
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.tree += psutil.Process(self.proc.pid).children(recursive=True)
+            self.proc.kill()
+            self.proc.wait()
+        _kill(self.tree)
+
+
+@pytest.fixture
+def fake_launch(tmp_path: Path):
+    made: list[FakeLaunch] = []
+
+    def start(**kw: object) -> FakeLaunch:
+        made.append(FakeLaunch(tmp_path, **kw))  # type: ignore[arg-type]
+        return made[-1].ready()
+
+    yield start
+    for f in made:  # a failed assertion must not leave the fake tree running
+        f.kill()
+
+
+def test_the_tree_is_launcher_torchrun_and_two_ranks(fake_launch) -> None:
+    run = fake_launch()
+    ranks = [p for p in run.tree if launch.runs_module(p, "qa_train")]
+    assert len(run.tree) == 3 and len(ranks) == 2
+    # The launch runs in a session of its own: the launcher's group reaches only the launcher.
+    assert all(os.getsid(p.pid) != os.getsid(run.proc.pid) for p in run.tree)
+    run.kill()
+
+
+def test_sigterm_to_the_group_reaches_every_rank_and_the_main_code_is_returned(fake_launch) -> None:
+    run = fake_launch()
+    os.killpg(run.proc.pid, signal.SIGTERM)
+    assert run.finish() == 75  # rank 0's own code, where torchrun says only 1
+    assert run.saw() == {"rank0-SIGTERM", "rank1-SIGTERM"}  # torchrun itself was left to see its ranks exit
+    assert "SIGTERM: asked 2 rank(s) to checkpoint and stop (killed after 30 s" in run.log.read_text()
+
+
+def test_sigusr1_reaches_the_ranks_and_does_not_kill_torchrun(fake_launch) -> None:
+    run = fake_launch()
+    os.killpg(run.proc.pid, signal.SIGUSR1)
+    assert run.finish() == 75
+    assert run.saw() == {"rank0-SIGUSR1", "rank1-SIGUSR1"}
+
+
+def test_ctrl_c_asks_the_ranks_for_a_checkpoint(fake_launch) -> None:
+    run = fake_launch()
+    os.killpg(run.proc.pid, signal.SIGINT)
+    assert run.finish() == 75
+    # SIGTERM, qa_train's stop request: SIGINT would be a KeyboardInterrupt there, without a checkpoint.
+    assert run.saw() == {"rank0-SIGTERM", "rank1-SIGTERM"}
+    assert "Ctrl-C: asked 2 rank(s) to checkpoint and stop" in run.log.read_text()
+
+
+def test_ranks_that_do_not_stop_are_killed_after_the_grace_period(fake_launch) -> None:
+    run = fake_launch(rank_mode="ignore", grace_s=1.0)
+    t0 = time.monotonic()
+    os.killpg(run.proc.pid, signal.SIGTERM)
+    assert run.finish() == 128 + signal.SIGKILL  # the launch was killed
+    assert time.monotonic() - t0 < 10
+    assert {"rank0-SIGTERM", "rank1-SIGTERM"} <= run.saw()
+    assert "did not stop within 1 s (--stop_grace_s): killing them" in run.log.read_text()
+
+
+def test_a_second_ctrl_c_kills_at_once(fake_launch) -> None:
+    run = fake_launch(rank_mode="ignore", grace_s=60.0)
+    os.killpg(run.proc.pid, signal.SIGINT)
+    _wait_for([run.out / "rank0-SIGTERM", run.out / "rank1-SIGTERM"], run.proc, 10)
+    t0 = time.monotonic()
+    os.killpg(run.proc.pid, signal.SIGINT)
+    assert run.finish() == 128 + signal.SIGKILL
+    assert time.monotonic() - t0 < 10
+    assert "Ctrl-C again: killing the ranks now" in run.log.read_text()
+
+
+def test_ranks_orphaned_by_a_dying_torchrun_are_adopted_and_killed(fake_launch) -> None:
+    run = fake_launch(rank_mode="ignore", torchrun_mode="crash")
+    assert run.finish() == 3  # torchrun's own code
+    assert "killing 2 process(es) the launch left behind" in run.log.read_text()
+
+
+def test_a_killed_launcher_takes_its_launch_with_it(fake_launch) -> None:
+    """SIGKILL leaves the launcher no say: its child's parent-death signal (SIGTERM) makes torchrun stop the ranks."""
+    run = fake_launch()
+    os.kill(run.proc.pid, signal.SIGKILL)
+    run.proc.wait(timeout=10)
+    gone, alive = psutil.wait_procs(run.tree, timeout=20)
+    assert not [p for p in alive if _alive(p)]
+    assert run.saw() == {"torchrun-SIGTERM", "rank0-SIGTERM", "rank1-SIGTERM"}
+
+
+@pytest.mark.parametrize(("code", "status", "expected"),
+                         [(1, "75\n", 75), (0, "75\n", 0), (1, "0\n", 1), (1, None, 1), (137, None, 137),
+                          (1, "garbage", 1)])
+def test_main_process_code(tmp_path: Path, code: int, status: str | None, expected: int) -> None:
+    path = tmp_path / "status"
+    if status is not None:
+        path.write_text(status)
+    assert launch._main_process_code(code, path) == expected
+
+
+# --- the real launch ----------------------------------------------------------------------------
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("sig", "port"), [(signal.SIGTERM, 29771), (signal.SIGINT, 29772), (signal.SIGUSR1, 29773),
+                                           (signal.SIGKILL, 29774)], ids=["SIGTERM", "SIGINT", "SIGUSR1", "SIGKILL"])
+def test_a_signal_to_the_launchers_group_checkpoints_every_rank_and_leaves_no_process(sig: signal.Signals, port: int,
+                                                                                       tmp_path: Path) -> None:
+    """`kill -<sig> -<pgid>` of a 2-process DDP launch held after step 3 (SIGINT: Ctrl-C in a terminal): every
+    rank checkpoints and exits, and no process of the launch outlives it. SIGKILL leaves the launcher no say:
+    its child's parent-death signal stops the ranks instead."""
+    out = tmp_path / "run"
+    env = {**base_env(tmp_path), "QA_TRAIN_TEST_HOLD_AT_STEP": "3", "OMP_NUM_THREADS": "1"}
+    cmd = [PY, "-m", "qa_train.launch", "--cpu", "--config_file", "accelerate_configs/ddp.yaml",
+           "--num_processes", "2", "--main_process_port", str(port), "--",
+           *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval")]
+    log = tmp_path / "launch.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    tree: list[psutil.Process] = []
+    try:
+        _wait_for([out / "HOLDING-rank0", out / "HOLDING-rank1"], proc, 90)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, sig)
+        code = proc.wait(timeout=60)
+        _, alive = psutil.wait_procs(tree, timeout=max(1.0, 60 - (time.monotonic() - t0)))
+        elapsed = time.monotonic() - t0
+        left = [p for p in alive if _alive(p)]
+        assert not left, f"outlived the launcher: {[(p.pid, p.cmdline()) for p in left]}\n{log.read_text()[-3000:]}"
+    finally:  # a failed assertion must not leave the run going
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _kill(tree)
+    text = log.read_text()
+    assert elapsed < 60
+    assert (out / "checkpoints" / "step_00000003" / "trainer_state.json").is_file(), text[-3000:]
+    assert not (out / "metrics.json").exists()
+    if sig != signal.SIGKILL:
+        from qa_train.__main__ import PREEMPTED
+
+        assert code == PREEMPTED, text[-3000:]  # rank 0's own "preempted", where torchrun says only 1
