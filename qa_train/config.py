@@ -210,9 +210,16 @@ class OutputArgs:
     wandb_project: str = field(default="qa-train", metadata={"help": "W&B project."})
     run_name: str | None = field(default=None, metadata={"help": "Run name in W&B and reports."})
     logging_steps: int = field(default=10, metadata={"help": "Read the loss back and log every N steps."})
+    disable_tqdm: bool = field(default=False, metadata={"help": "No progress bar or progress lines."})
+    progress_interval_s: float = field(
+        default=30.0,
+        metadata={"help": "Where stderr is not a terminal (SLURM, CI): seconds between progress lines "
+                          "instead of a bar (0: every step)."},
+    )
 
     def __post_init__(self) -> None:
         _positive(self, "logging_steps")
+        _not_negative(self, "progress_interval_s")
         _not_negative(self, "save_total_limit")
         _require(self.save_total_limit != 0, "save_total_limit", "must be at least 1 (omit it to keep all)")
         if self.checkpointing_steps is not None and self.checkpointing_steps != "epoch":

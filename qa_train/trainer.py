@@ -26,6 +26,7 @@ from qa_train.optimization import batches_per_rank, build_optimizer, plan_steps
 from qa_train.postprocess import SpanRules
 from qa_train.preemption import StopRequest
 from qa_train.profiling import start_profiler
+from qa_train.progress import Progress
 from qa_train.schema import RunMetrics
 from qa_train.tracking import Tracker, forget_steps_after
 
@@ -157,10 +158,13 @@ class Trainer:
         self.device_memory.reset()
         profiler = (start_profiler(self.output_dir, system.throughput_warmup_steps, self.accelerator.process_index,
                                    self.is_main, self.on_cuda) if system.profile else None)
+        self.progress = self._progress("train", plan.total_steps, self.state.completed_steps, "step",
+                                       self.global_batch_size)
         t0 = time.perf_counter()
         self.model.train()
         while self.state.completed_steps < plan.total_steps and not self.preempted:
             self._train_epoch(profiler)
+        self.progress.close()
         self.meter.finish(self._sync)
         if profiler is not None:
             profiler.stop()
@@ -169,6 +173,11 @@ class Trainer:
         if not self.preempted:
             self._check_weights()  # the last update is after the last loss that was read
         return not self.preempted
+
+    def _progress(self, label: str, total: int, done: int, unit: str, samples_per_unit: int) -> Progress:
+        out = self.args.output
+        return Progress(label, total, done, unit, samples_per_unit,
+                        (self.is_main and not out.disable_tqdm, out.progress_interval_s, None))
 
     def _sync(self) -> None:
         if self.on_cuda:
@@ -219,12 +228,14 @@ class Trainer:
         if profiler is not None:
             profiler.step()
         self.stop.hold_if_asked(state.completed_steps, self.accelerator.process_index)
-        if state.completed_steps % out.logging_steps == 0 or state.completed_steps == self.plan.total_steps:
-            if self._log_interval():
-                self._save_checkpoint()
-                self.stop.clear(self.is_main)
-                self.preempted = True
-                return True
+        logging_step = state.completed_steps % out.logging_steps == 0 or state.completed_steps == self.plan.total_steps
+        stopping = logging_step and self._log_interval()
+        self.progress.update()  # after the log, so the line carries this step's loss
+        if stopping:
+            self._save_checkpoint()
+            self.stop.clear(self.is_main)
+            self.preempted = True
+            return True
         every = out.checkpoint_every
         if isinstance(every, int) and state.completed_steps % every == 0:
             self._save_checkpoint()
@@ -244,6 +255,7 @@ class Trainer:
             what = f"loss is {self.last_loss}" if not math.isfinite(self.last_loss) else (
                 f"{int(total[3])} gradient norm(s) were not finite")
             raise TrainingDiverged(self._diverged(what))
+        self.progress.note(loss=self.last_loss, lr=self.scheduler.get_last_lr()[0])
         self.tracker.log_step(self.state.completed_steps, {"train/loss": self.last_loss,
                                                            "train/lr": self.scheduler.get_last_lr()[0],
                                                            "train/epoch": self.state.epoch})
@@ -277,8 +289,11 @@ class Trainer:
         if self.eval_dl is None:
             return None
         t0 = time.perf_counter()
-        logits = predict_logits(self.accelerator, self.model, self.eval_dl, self.args.data.max_seq_length,
-                                self.host_memory)
+        progress = self._progress("eval", len(self.eval_dl), 0, "batch",
+                                  self.args.data.per_device_eval_batch_size * self.accelerator.num_processes)
+        logits = predict_logits(self.accelerator, self.model, progress.over(self.eval_dl),
+                                self.args.data.max_seq_length, self.host_memory)
+        progress.close()
         self.host_memory.trim()  # evaluation's transient logits and batches
         if self.eval_set is None:
             return None

@@ -1,0 +1,75 @@
+"""Progress: a bar on a terminal, plain lines in a log file, nothing when disabled or on other ranks."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import PY, ROOT, tiny_flags
+from qa_train.progress import Progress
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_gets_a_bar_with_throughput_and_the_last_loss() -> None:
+    screen = Terminal()
+    progress = Progress("train", 4, 0, "step", 16, (True, 30.0, screen))
+    for _ in range(4):
+        progress.update()
+        progress.note(loss=2.5, lr=1e-3)
+    progress.close()
+    text = screen.getvalue()
+    assert "\r" in text and "train" in text and "4/4" in text
+    assert "samples/s=" in text and "loss=2.5" in text and "lr=0.001" in text
+
+
+def test_a_log_file_gets_a_line_per_interval_and_at_the_end(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="qa_train")
+    log_file = io.StringIO()  # not a terminal
+    progress = Progress("train", 10, 2, "step", 8, (True, 3600.0, log_file))
+    for _ in range(8):
+        progress.update()
+    assert log_file.getvalue() == ""  # no bar
+    [line] = [r.getMessage() for r in caplog.records]  # the interval never passed: only the last step's line
+    assert re.fullmatch(r"train 10/10 steps \(100%\), [\d.]+ samples/s, elapsed 0:00:\d\d, ETA 0:00:00", line), line
+
+
+def test_every_step_with_interval_zero_and_resumed_counts(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="qa_train")
+    progress = Progress("train", 6, 3, "step", 8, (True, 0.0, io.StringIO()))
+    progress.note(loss=1.25)
+    for _ in range(3):
+        progress.update()
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(" (")[0] for line in lines] == ["train 4/6 steps", "train 5/6 steps", "train 6/6 steps"]
+    assert all("loss 1.25" in line for line in lines)
+
+
+def test_disabled_progress_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="qa_train")
+    screen = Terminal()
+    progress = Progress("eval", 3, 0, "batch", 64, (False, 0.0, screen))
+    assert list(progress.over(range(3))) == [0, 1, 2]
+    progress.close()
+    assert screen.getvalue() == "" and not caplog.records
+
+
+@pytest.mark.distributed
+def test_a_run_logged_to_a_file_shows_train_and_eval_progress(tmp_path: Path, env: dict[str, str]) -> None:
+    proc = subprocess.run([PY, "-m", "qa_train", *tiny_flags(tmp_path / "out", "--max_train_steps", "6",
+                                                             "--logging_steps", "3", "--progress_interval_s", "0")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    train = re.findall(r"train (\d)/6 steps \(\d+%\), [\d.]+ samples/s(.*?), elapsed", proc.stderr)
+    assert [int(step) for step, _ in train] == [1, 2, 3, 4, 5, 6]
+    assert ", loss" in train[3][1] and ", lr" in train[3][1]  # known from the first logged step on
+    assert re.search(r"eval (\d+)/\1 batches \(100%\)", proc.stderr)
+    assert "\r" not in proc.stderr
