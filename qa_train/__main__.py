@@ -17,6 +17,11 @@ STATUS_FILE_ENV = "QA_TRAIN_STATUS_FILE"
 FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, PREEMPTED = 0, 1, 2, 3, 4, 75
 
 
+def _rank() -> int:
+    """The launcher's rank, known before any process group exists (torchrun, accelerate and DeepSpeed set RANK)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def _say(message: str, rank: int) -> None:
     if rank == 0:  # every rank meets the same error; one line is enough
         print(f"qa_train: error: {message}", file=sys.stderr, flush=True)
@@ -24,9 +29,9 @@ def _say(message: str, rank: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from qa_train.config import ConfigError, parse_args
-    from qa_train.outputdir import claim, world_rank
+    from qa_train.outputdir import claim
 
-    rank = world_rank()
+    rank = _rank()
     try:
         args = parse_args(argv)
         claim(args.output, is_main=rank == 0)
@@ -57,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report_status(code: int) -> int:
     path = os.environ.get(STATUS_FILE_ENV)
-    if path and int(os.environ.get("RANK", "0")) == 0:
+    if path and _rank() == 0:
         try:
             with open(path, "w") as f:
                 f.write(f"{code}\n")

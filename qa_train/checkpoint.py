@@ -99,8 +99,8 @@ def _step_folders(root: Path) -> list[Path]:
     """step_N folders, oldest first (temporary and trash folders never match STEP_DIR)."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and p.is_dir()]
-    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+    found = [p for p in root.iterdir() if _step_of(p) is not None and p.is_dir()]
+    return sorted(found, key=_step_of)
 
 
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:

@@ -52,7 +52,8 @@ def load_model(args: ModelArgs, tokenizer, config):
                                                           dtype=torch.float32)
     else:
         model = AutoModelForQuestionAnswering.from_pretrained(
-            args.model_name_or_path, attn_implementation=args.attn_implementation, dtype=torch.float32
+            args.model_name_or_path, config=config, attn_implementation=args.attn_implementation,
+            dtype=torch.float32,
         )
     if model.config.vocab_size < len(tokenizer):
         raise ConfigError(f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "

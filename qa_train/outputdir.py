@@ -6,7 +6,6 @@ removes that run's files first) or `--resume_from_checkpoint` (which continues i
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -54,8 +53,3 @@ def claim(output: OutputArgs, is_main: bool) -> None:
         raise ConfigError(f"--output_dir {out}: holds another run ({', '.join(found)}) than the one in "
                           f"--resume_from_checkpoint {resume}; choose an empty --output_dir or --overwrite_output_dir")
     check_writable(out)
-
-
-def world_rank() -> int:
-    """The launcher's rank, known before any process group exists (torchrun, accelerate and DeepSpeed set RANK)."""
-    return int(os.environ.get("RANK", "0"))

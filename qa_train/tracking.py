@@ -24,10 +24,14 @@ log = logging.getLogger("qa_train")
 WANDB_INIT_TIMEOUT_S = 5.0
 
 
-def atomic_write_json(path: Path, payload: Any) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False, default=_jsonable) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, payload: Any) -> None:
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=False, default=_jsonable) + "\n")
 
 
 def _jsonable(value: Any) -> Any:
@@ -126,10 +130,12 @@ class Tracker:
                 self.run.summary.update(summary)
             except Exception as err:  # noqa: BLE001
                 warnings.warn(f"W&B summary failed: {err}", stacklevel=2)
-            self._wandb("finish")
+        self.close()
 
     def close(self) -> None:
+        """Finish the W&B run once, whether or not finish() wrote metrics first."""
         self._wandb("finish")
+        self.run = None
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -186,6 +192,4 @@ def forget_steps_after(step_log: Path, step: int) -> None:
     lines = step_log.read_text().splitlines()
     kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
     if len(kept) != len(lines):
-        tmp = step_log.with_name(f".{step_log.name}.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept))
-        os.replace(tmp, step_log)
+        atomic_write_text(step_log, "".join(f"{line}\n" for line in kept))

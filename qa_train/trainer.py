@@ -255,9 +255,9 @@ class Trainer:
             what = f"loss is {self.last_loss}" if not math.isfinite(self.last_loss) else (
                 f"{int(total[3])} gradient norm(s) were not finite")
             raise TrainingDiverged(self._diverged(what))
-        self.progress.note(loss=self.last_loss, lr=self.scheduler.get_last_lr()[0])
-        self.tracker.log_step(self.state.completed_steps, {"train/loss": self.last_loss,
-                                                           "train/lr": self.scheduler.get_last_lr()[0],
+        lr = self.scheduler.get_last_lr()[0]
+        self.progress.note(loss=self.last_loss, lr=lr)
+        self.tracker.log_step(self.state.completed_steps, {"train/loss": self.last_loss, "train/lr": lr,
                                                            "train/epoch": self.state.epoch})
         return total[2] > 0
 

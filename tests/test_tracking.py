@@ -164,6 +164,8 @@ def test_summary_is_flat_and_leaves_out_args_and_lists(monkeypatch: pytest.Monke
     assert not [k for k in summary if k.startswith("args/") or k == "args"]
     assert "train_loss_per_rank" not in summary and "peak_memory_gb/per_rank" not in summary
     assert fake.run.finished == 1
+    tracker.close()  # as the trainer does after the export: the run is not finished a second time
+    assert fake.run.finished == 1
 
 
 # --- W&B mode ----------------------------------------------------------------------------------
