@@ -4,6 +4,7 @@ stderr is a file (SLURM logs, CI), where a carriage-return bar would leave one u
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -11,6 +12,13 @@ from datetime import timedelta
 from typing import IO, Any
 
 log = logging.getLogger("qa_train")
+
+
+def _columns(stream: IO[str]) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 def _clock(seconds: float) -> str:
@@ -33,7 +41,11 @@ class Progress:
         if self.enabled and stream.isatty():
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, initial=done, desc=label, unit=unit, file=stream, dynamic_ncols=True)
+            # A pseudo-terminal that was never given a size (docker -t, some job shells) reports 0 columns,
+            # and tqdm then draws an empty bar: a fixed width there.
+            sized = _columns(stream) > 0
+            self.bar = tqdm(total=total, initial=done, desc=label, unit=unit, file=stream, dynamic_ncols=sized,
+                            ncols=None if sized else 100)
 
     def note(self, **fields: float) -> None:
         self.fields.update({k: f"{v:.4g}" for k, v in fields.items()})
