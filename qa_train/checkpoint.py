@@ -390,14 +390,13 @@ def _rotate(output_dir: str | Path, keep: int | None, run_id: str, just_written:
 # --- export ------------------------------------------------------------------------------------
 
 
-def export_final(accelerator, model, tokenizer, output_dir: str | Path) -> Path:
-    """Full consolidated weights + tokenizer in output_dir/final, loadable by from_pretrained.
+def export_final(accelerator, model, tokenizer, final: Path) -> Path:
+    """Full consolidated weights + tokenizer in `final` (output_dir/final or /best), loadable by from_pretrained.
 
     get_state_dict gathers ZeRO-3 partitions (16-bit, rank 0 only) and FSDP shards; saving the
     unwrapped model without it would write placeholders under ZeRO-3.
     """
-    final = Path(output_dir) / "final"
-    tmp = Path(output_dir) / ".tmp-final"
+    tmp = final.with_name(f".tmp-{final.name}")
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         _clear(tmp)

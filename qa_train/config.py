@@ -30,6 +30,12 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "eval_before_training": True,
 }
 
+# accelerate's tracker names (accelerate.tracking.LOGGER_TYPE_TO_CLASS; a test keeps the two equal). "all" means
+# the two qa-train installs, so a stray mlflow or comet_ml in the environment never starts by surprise.
+TRACKERS = ("wandb", "tensorboard", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
+TRACKERS_ALL = ("wandb", "tensorboard")
+EVAL_STRATEGIES = ("no", "steps", "epoch")
+
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch")
 
@@ -177,15 +183,32 @@ class EvalArgs:
 
     do_eval: bool = field(default=True, metadata={"help": "Evaluate EM/F1 after training (--no_eval to skip)."})
     eval_before_training: bool = field(default=False, metadata={"help": "Also evaluate the untrained model first."})
+    eval_strategy: Literal["no", "steps", "epoch"] = field(
+        default="no", metadata={"help": "Also evaluate during training: every --eval_steps steps, or every epoch. "
+                                        "EM/F1 go to the trackers as eval/* against the step."})
+    eval_steps: int | None = field(
+        default=None, metadata={"help": "Steps between evaluations with --eval_strategy steps (default: "
+                                        "--logging_steps)."})
+    save_best: bool = field(
+        default=False,
+        metadata={"help": "Keep the model with the best F1 seen (evaluations during training and the final one) in "
+                          "output_dir/best; the export to output_dir/final is then that model."})
     n_best_size: int = field(default=20, metadata={"help": "Start/end candidates per window."})
     max_answer_length: int = field(default=30, metadata={"help": "Longest answer in tokens."})
 
     def __post_init__(self) -> None:
         _positive(self, "n_best_size", "max_answer_length")
+        _require(self.eval_strategy in EVAL_STRATEGIES, "eval_strategy",
+                 f"{self.eval_strategy!r} is not one of {', '.join(EVAL_STRATEGIES)}")
+        _require(self.eval_steps is None or self.eval_steps > 0, "eval_steps", f"must be positive, got {self.eval_steps}")
+        _require(self.eval_steps is None or self.eval_strategy == "steps", "eval_steps",
+                 f"is only used with --eval_strategy steps (got --eval_strategy {self.eval_strategy})")
+        _require(not self.save_best or self.eval_strategy != "no", "save_best",
+                 "needs evaluations during training to choose from: add --eval_strategy steps or epoch")
 
     @property
     def needs_eval_data(self) -> bool:
-        return self.do_eval or self.eval_before_training
+        return self.do_eval or self.eval_before_training or self.eval_strategy != "no"
 
 
 @dataclass
@@ -206,8 +229,13 @@ class OutputArgs:
     )
     save_total_limit: int | None = field(default=None, metadata={"help": "Keep at most this many checkpoints."})
     save_final_model: bool = field(default=True, metadata={"help": "Export model + tokenizer to output_dir/final."})
-    report_to: Literal["wandb", "none"] = field(default="wandb", metadata={"help": "Tracker: wandb or none."})
+    report_to: str = field(
+        default="wandb",
+        metadata={"help": "Trackers, comma-separated: wandb, tensorboard, all (those two), none, or any other "
+                          f"accelerate tracker ({', '.join(TRACKERS[2:])}). W&B runs offline without credentials."})
     wandb_project: str = field(default="qa-train", metadata={"help": "W&B project."})
+    wandb_log_model: bool = field(
+        default=False, metadata={"help": "Log the exported model (output_dir/final) as a W&B artifact."})
     run_name: str | None = field(default=None, metadata={"help": "Run name in W&B and reports."})
     logging_steps: int = field(default=10, metadata={"help": "Read the loss back and log every N steps."})
     disable_tqdm: bool = field(default=False, metadata={"help": "No progress bar or progress lines."})
@@ -220,6 +248,13 @@ class OutputArgs:
     def __post_init__(self) -> None:
         _positive(self, "logging_steps")
         _not_negative(self, "progress_interval_s")
+        names = [n.strip() for n in self.report_to.split(",") if n.strip()]
+        unknown = [n for n in names if n not in (*TRACKERS, "all", "none")]
+        _require(bool(names) and not unknown, "report_to",
+                 f"{self.report_to!r}: {', '.join(unknown) or 'empty'} is not a tracker "
+                 f"(choose from {', '.join(TRACKERS)}, all, none)")
+        _require(len(names) == 1 or not {"all", "none"} & set(names), "report_to",
+                 f"{self.report_to!r}: all and none stand alone")
         _not_negative(self, "save_total_limit")
         _require(self.save_total_limit != 0, "save_total_limit", "must be at least 1 (omit it to keep all)")
         if self.checkpointing_steps is not None and self.checkpointing_steps != "epoch":
@@ -229,6 +264,13 @@ class OutputArgs:
             _require(Path(self.resume_from_checkpoint).is_dir(), "resume_from_checkpoint",
                      f"{self.resume_from_checkpoint!r} is not a checkpoint directory")
         _require(not Path(self.output_dir).is_file(), "output_dir", f"{self.output_dir!r} is a file")
+
+    @property
+    def trackers(self) -> list[str]:
+        names = [n.strip() for n in self.report_to.split(",") if n.strip()]
+        if names == ["all"]:
+            return list(TRACKERS_ALL)
+        return [] if names == ["none"] else list(dict.fromkeys(names))
 
     @property
     def checkpoint_every(self) -> int | Literal["epoch"] | None:

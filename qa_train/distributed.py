@@ -28,8 +28,8 @@ def resolve_mixed_precision(flag: str, env: dict[str, str], bf16_capable: bool) 
     return "bf16" if bf16_capable else "no"
 
 
-def make_accelerator(args: TrainArgs) -> tuple[Any, str]:
-    """The Accelerator for this launch, and the mixed precision it resolved to."""
+def make_accelerator(args: TrainArgs, log_with: list[Any]) -> tuple[Any, str]:
+    """The Accelerator for this launch (with its unstarted trackers), and the mixed precision it resolved to."""
     import torch
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
@@ -45,6 +45,7 @@ def make_accelerator(args: TrainArgs) -> tuple[Any, str]:
         gradient_accumulation_steps=args.optim.gradient_accumulation_steps,
         mixed_precision=mixed_precision,
         kwargs_handlers=handlers,
+        log_with=log_with or None,
         # Seeded per-epoch shuffling: a resumed run sees the batches the interrupted one would have.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
@@ -201,3 +202,25 @@ def optimizer_and_scheduler(accelerator, groups: list[dict], args: TrainArgs,
 def num_parameters(model) -> int:
     """Parameters of an unwrapped model; ZeRO-3 leaves empty placeholders whose ds_numel is the real size."""
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+
+def global_grad_norm(accelerator, model, clip_result: Any) -> Any:
+    """This update's gradient norm before clipping. DeepSpeed clips inside its own step (accelerate's
+    clip_grad_norm_ returns None there) and keeps the norm it computed on the engine."""
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        norm = model.get_global_grad_norm()
+        return None if norm is None or (isinstance(norm, float) and norm < 0) else norm
+    return clip_result
+
+
+def resolved_config(accelerator) -> dict[str, Any]:
+    """The strategy's live settings for the run's tracker config: DeepSpeed's config with every "auto"
+    resolved, or the FSDP plugin's settings."""
+    if accelerator.state.deepspeed_plugin is not None:
+        return {"deepspeed_config": accelerator.state.deepspeed_plugin.deepspeed_config}
+    fsdp = getattr(accelerator.state, "fsdp_plugin", None)
+    if fsdp is not None:
+        return {"fsdp_config": {k: str(v) for k, v in vars(fsdp).items() if not k.startswith("_")}}
+    return {}

@@ -14,7 +14,7 @@ from qa_train.data import Examples
 from qa_train.features import Features, window_offsets
 from qa_train.hostmem import HostMemory
 from qa_train.postprocess import Questions, SpanRules, postprocess_predictions
-from qa_train.squad_eval import score
+from qa_train.squad_eval import exact_match, f1, score
 
 # Padding logit: far below any real logit, finite so bf16/fp16 stay well-defined.
 PAD_LOGIT = -1e4
@@ -42,6 +42,22 @@ class EvalResult:
     exact_match: float
     f1: float
     runtime_s: float = 0.0
+    predictions: dict[str, str] | None = None
+
+
+SAMPLE_COLUMNS = ["id", "question", "gold answers", "prediction", "exact_match", "f1"]
+
+
+def sample_rows(examples: Examples, predictions: dict[str, str], limit: int) -> list[list[object]]:
+    """Up to `limit` questions spread evenly over the split (not all from its first article), each with its
+    own EM and F1: the table a reader scans to see what the model gets wrong."""
+    picked = np.unique(np.linspace(0, len(examples) - 1, num=min(limit, len(examples))).astype(int))
+    rows: list[list[object]] = []
+    for i in picked.tolist():
+        golds, pred = examples.answer_texts[i], predictions.get(examples.ids[i], "")
+        rows.append([examples.ids[i], examples.questions[i], " | ".join(golds), pred,
+                     max(exact_match(pred, g) for g in golds), round(max(f1(pred, g) for g in golds), 4)])
+    return rows
 
 
 @torch.no_grad()
@@ -85,7 +101,7 @@ def answer_and_score(eval_set: EvalSet, logits: tuple[np.ndarray, np.ndarray, np
         raise RuntimeError(f"evaluation saw {len(np.unique(order))} of {len(eval_set.features)} windows")
     predictions = postprocess_predictions(start_logits, end_logits, eval_set.offsets, eval_set.questions, rules)
     result = score(eval_set.examples.references(), predictions)
-    return predictions, EvalResult(float(result["exact_match"]), float(result["f1"]))
+    return predictions, EvalResult(float(result["exact_match"]), float(result["f1"]), predictions=predictions)
 
 
 def write_predictions(path: Path, predictions: dict[str, str]) -> None:

@@ -47,18 +47,24 @@ class HostMemory:
         self._trim = _malloc_trim() if trim else None
         self._rss = read_rss or _own_rss()
         self.slack = min_slack  # how far RSS may rise above the floor before a trim
-        self.floor = self._rss()  # RSS right after the last trim (or reset)
-        self.peak = self.floor
+        self.floor = self.last = self._rss()  # RSS right after the last trim (or reset)
+        self.peak = self.interval_peak = self.floor
         self.trims = 0
         self._learning = LEARN_STEPS  # batches left whose rise only teaches the allowance
 
     def reset(self) -> None:
-        self.floor = self.peak = self._rss()
+        self.floor = self.peak = self.interval_peak = self.last = self._rss()
         self._learning = LEARN_STEPS
 
+    def take_interval_peak(self) -> int:
+        """The RSS peak (bytes) since the last call; the next interval starts from the last reading."""
+        peak, self.interval_peak = self.interval_peak, self.last
+        return peak
+
     def step(self) -> None:
-        rss = self._rss()
+        rss = self.last = self._rss()
         self.peak = max(self.peak, rss)
+        self.interval_peak = max(self.interval_peak, rss)
         if self._learning:
             self._learning -= 1
             self.slack = max(self.slack, int(SPARE * (rss - self.floor)))

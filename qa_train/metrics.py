@@ -48,6 +48,7 @@ class ThroughputMeter:
     t_start: float | None = None
     t_end: float | None = None
     t_first: float = field(default_factory=time.perf_counter)
+    excluded_s: float = 0.0  # evaluation during training
 
     def micro_batch(self, samples: int, tokens: int, padded_tokens: int) -> None:
         if self.steps >= self.warmup_steps:
@@ -69,27 +70,51 @@ class ThroughputMeter:
         if self.t_start is None:  # fewer steps than warm-up: time everything rather than nothing
             self.t_start = self.t_first
 
+    def exclude(self, seconds: float) -> None:
+        if self.t_start is not None:  # before the clock starts, nothing is timed anyway
+            self.excluded_s += seconds
+
     @property
     def elapsed(self) -> float:
-        return max((self.t_end or time.perf_counter()) - (self.t_start or self.t_first), 1e-9)
+        return max((self.t_end or time.perf_counter()) - (self.t_start or self.t_first) - self.excluded_s, 1e-9)
 
 
-@dataclass
 class DeviceMemory:
-    """CUDA allocator peaks since `reset()`; NaN on CPU, where host RSS is the memory figure."""
+    """CUDA allocator peaks: per logging interval, and over the whole phase since `reset()`. NaN on CPU, where
+    host RSS is the memory figure. torch keeps one peak counter; it is folded into both and reset."""
 
-    device: torch.device
+    def __init__(self, device: torch.device) -> None:
+        self.on_cuda = device.type == "cuda"
+        self.device = device
+        self.interval = self.overall = (0.0, 0.0)
 
     def reset(self) -> None:
-        if self.device.type == "cuda":
+        self.interval = self.overall = (0.0, 0.0)
+        self.reset_current()
+
+    def reset_current(self) -> None:
+        """Forget the peak since the last fold (work that must not count, such as evaluation)."""
+        if self.on_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
 
+    def fold(self) -> None:
+        if not self.on_cuda:
+            return
+        now = (torch.cuda.max_memory_allocated(self.device) / GIB, torch.cuda.max_memory_reserved(self.device) / GIB)
+        self.interval = (max(self.interval[0], now[0]), max(self.interval[1], now[1]))
+        self.overall = (max(self.overall[0], now[0]), max(self.overall[1], now[1]))
+        self.reset_current()
+
+    def take_interval_peaks(self) -> tuple[float, float]:
+        """(max allocated, max reserved) in GiB since the last call; the next interval starts from zero."""
+        self.fold()
+        peaks, self.interval = self.interval, (0.0, 0.0)
+        return peaks if self.on_cuda else (float("nan"), float("nan"))
+
     def peaks_gib(self) -> tuple[float, float]:
-        """(max allocated, max reserved) in GiB."""
-        if self.device.type != "cuda":
-            return float("nan"), float("nan")
-        return (torch.cuda.max_memory_allocated(self.device) / GIB,
-                torch.cuda.max_memory_reserved(self.device) / GIB)
+        """(max allocated, max reserved) in GiB since `reset()`."""
+        self.fold()
+        return self.overall if self.on_cuda else (float("nan"), float("nan"))
 
 
 def lifetime_rss_gib() -> float:

@@ -13,7 +13,8 @@ from pathlib import Path
 from qa_train.config import ConfigError, OutputArgs
 
 # What a qa_train run leaves in its output_dir; anything else there (a user's notes, logs/) is left alone.
-RUN_FILES = ("metrics.json", "final", "checkpoints", "train_log.jsonl", "eval_predictions.json", "wandb", "profile")
+RUN_FILES = ("metrics.json", "final", "best", "checkpoints", "train_log.jsonl", "eval_predictions.json", "wandb",
+             "tensorboard", "profile")
 
 
 def run_files(output_dir: Path) -> list[str]:

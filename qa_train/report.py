@@ -223,9 +223,9 @@ def write_report(rows: list[Row], base: Row | None, out_dir: Path) -> dict[str, 
 
 def log_to_wandb(rows: list[Row], paths: dict[str, Path], project: str) -> None:
     """Table and plots to W&B; offline without credentials, and a failure only warns."""
-    from qa_train.tracking import _has_wandb_credentials
+    from qa_train.trackers import has_wandb_credentials
 
-    mode = os.environ.get("WANDB_MODE") or ("online" if _has_wandb_credentials() else "offline")
+    mode = os.environ.get("WANDB_MODE") or ("online" if has_wandb_credentials() else "offline")
     try:
         import wandb
 

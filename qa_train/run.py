@@ -23,6 +23,7 @@ def run(args: TrainArgs) -> RunMetrics | None:
     t_start = time.perf_counter()
     trainer = Trainer(args)
     initial = trainer.evaluate() if args.eval.eval_before_training else None
+    trainer.log_eval(initial)
     if initial is not None:
         start = trainer.state.completed_steps
         label = f"at step {start} (resumed)" if start else "before training"
@@ -35,11 +36,13 @@ def run(args: TrainArgs) -> RunMetrics | None:
         raise Preempted
 
     scores = trainer.evaluate(Path(args.output.output_dir) / "eval_predictions.json") if args.eval.do_eval else None
+    trainer.log_eval(scores)
+    trainer.log_samples(scores)
     metrics = trainer.metrics(scores, initial)
     if metrics is not None:
         metrics.total_runtime_s = round(time.perf_counter() - t_start, 3)
     trainer.record(metrics)  # before the export: a full disk there must not lose EM/F1
-    trainer.export()
+    trainer.log_model(trainer.export(scores))
     trainer.finish()
     if metrics is not None:
         print(summary_table(metrics), flush=True)

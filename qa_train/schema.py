@@ -82,6 +82,14 @@ class Scores:
     """F1 before this run trained (--eval_before_training); see initial_eval_step."""
     initial_eval_step: int | None = None
     """Optimizer step of the model the initial_* scores are for: 0 untrained, N resumed from step N."""
+    best_eval_step: int | None = None
+    """Step of the best F1 among the evaluations during training (--eval_strategy) and the final one."""
+    best_exact_match: float | None = None
+    """Exact match at best_eval_step."""
+    best_f1: float | None = None
+    """F1 at best_eval_step."""
+    exported_step: int | None = None
+    """Step of the model in output_dir/final: the last step, or best_eval_step with --save_best."""
 
 
 @dataclass

@@ -1,27 +1,19 @@
-"""W&B, metrics.json, the per-step log and the end-of-run summary. Main process only.
-
-W&B is driven directly rather than through `Accelerator(log_with="wandb")` because a run must
-fall back to offline mode without credentials or without a reachable server, and a tracker failure
-must never stop training.
-"""
+"""What a run records, on the main process: the per-step log, metrics.json, and through accelerate's
+trackers (trackers.py) the interval metrics, the config, the summary and W&B's table and model artifact."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
 from qa_train.schema import RunMetrics
+from qa_train.trackers import flat_config
 
 log = logging.getLogger("qa_train")
-# wandb.init waits 90 s for an unreachable server by default (and its service 10 s more) while every other
-# rank waits at the next collective; after this long the run goes offline instead. WANDB_INIT_TIMEOUT wins.
-WANDB_INIT_TIMEOUT_S = 5.0
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -40,102 +32,71 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _has_wandb_credentials() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    try:
-        return "api.wandb.ai" in netrc.read_text() or bool(os.environ.get("WANDB_BASE_URL"))
-    except OSError:
-        return False
-
-
 class Tracker:
-    """Writes on the main process; every other rank gets a tracker that does nothing."""
+    """The run's records. Every rank may call every method; only the main process writes."""
 
-    def __init__(self, enabled: bool, output_dir: Path, use_wandb: bool) -> None:
-        self.enabled = enabled
+    def __init__(self, accelerator: Any, output_dir: Path) -> None:
+        self.accelerator = accelerator
+        self.enabled = accelerator.is_main_process
         self.output_dir = output_dir
-        self.run = None
-        self.use_wandb = enabled and use_wandb
         self.step_log = output_dir / "train_log.jsonl"
 
-    def start(self, project: str, name: str | None, config: dict[str, Any], resuming: bool) -> None:
+    def start(self, project: str, config: dict[str, Any], resumed_at: int) -> None:
+        """Start the trackers; a resumed run (resumed_at > 0) keeps its step log up to its checkpoint's step."""
         if not self.enabled:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        if not resuming and self.step_log.exists():
+        if resumed_at:
+            forget_steps_after(self.step_log, resumed_at)
+        elif self.step_log.exists():
             self.step_log.unlink()
-        if not self.use_wandb:
-            return
-        # Without credentials wandb.init raises in a non-interactive job; offline runs sync later.
-        mode = os.environ.get("WANDB_MODE") or ("online" if _has_wandb_credentials() else "offline")
-        kwargs = dict(project=project, name=name, config=config, dir=str(self.output_dir),
-                      group=os.environ.get("WANDB_RUN_GROUP"), resume="allow" if resuming else None,
-                      id=os.environ.get("WANDB_RUN_ID"))
-        try:
-            import wandb
+        self.accelerator.init_trackers(project, flat_config(config))
 
-            if mode == "online":
-                self.run = self._init_online(wandb, kwargs)
-                mode = "online" if self.run is not None else "offline"
-            if self.run is None:
-                self.run = wandb.init(mode=mode, **kwargs)
-            log.info("W&B run %s (mode=%s)", getattr(self.run, "name", "?"), mode)
-        except Exception as err:  # noqa: BLE001 - any tracker failure must leave training running
-            warnings.warn(f"W&B disabled: wandb.init failed: {err}", stacklevel=2)
-            self.run = None
-
-    def _init_online(self, wandb: Any, kwargs: dict[str, Any]) -> Any:
-        """The online run, or None (after one warning line) when it cannot start in time: the run then goes
-        offline, its files in output_dir/wandb for `wandb sync`."""
-        timeout = float(os.environ.get("WANDB_INIT_TIMEOUT") or WANDB_INIT_TIMEOUT_S)
-        # Before init's own timeout even starts, its "logged in as" line asks the server who the key belongs to
-        # (5 s a try, and it tries twice). Only that line needs the answer, so the question is not asked.
-        with contextlib.suppress(Exception):
-            wandb.setup(settings=wandb.Settings(x_disable_viewer=True))
-        try:
-            return wandb.init(mode="online", settings=wandb.Settings(init_timeout=timeout), **kwargs)
-        except Exception as err:  # noqa: BLE001 - CommError on timeout, AuthenticationError, ...
-            reason = (str(err).strip().splitlines() or [""])[0][:200]
-            log.warning("W&B online run did not start (%s: %s; init timeout %g s): logging offline to %s, "
-                        "upload later with `wandb sync %s`", type(err).__name__, reason, timeout,
-                        self.output_dir / "wandb", self.output_dir / "wandb" / "offline-run-*")
-            return None
-
-    def _wandb(self, fn: str, *args: Any, **kwargs: Any) -> None:
-        if self.run is None:
-            return
-        try:
-            getattr(self.run, fn)(*args, **kwargs)
-        except Exception as err:  # noqa: BLE001
-            warnings.warn(f"W&B {fn} failed, continuing without it: {err}", stacklevel=2)
-            self.run = None
+    def _wandb(self, what: str, fn: Any) -> None:
+        """fn(run) on the live W&B run, if there is one; a failure warns and leaves the run as it is."""
+        found = [t for t in self.accelerator.trackers if t.name == "wandb"] if self.enabled else []
+        if found and found[0].tracker is not None:
+            found[0].call(what, lambda: fn(found[0].tracker), fatal=False)
 
     def log_step(self, step: int, values: dict[str, float]) -> None:
         if not self.enabled:
             return
         with self.step_log.open("a") as f:
             f.write(json.dumps({"step": step, **values}) + "\n")
-        self._wandb("log", values, step=step)
+        self.accelerator.log(values, step=step)
+
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """A W&B Table (other trackers have no table type: the rows are in the predictions file)."""
+        def table(run: Any) -> None:
+            import wandb
+
+            run.log({key: wandb.Table(columns=columns, data=rows)}, step=step)
+        self._wandb("table", table)
+
+    def log_model(self, folder: Path, name: str) -> None:
+        """The exported model as a W&B artifact (type model), uploaded with the run or by `wandb sync`."""
+        def artifact(run: Any) -> None:
+            import wandb
+
+            art = wandb.Artifact(name, type="model", metadata={"path": str(folder)})
+            art.add_dir(str(folder))
+            run.log_artifact(art, aliases=["final"])
+        self._wandb("model artifact", artifact)
 
     def finish(self, metrics: RunMetrics) -> None:
+        """metrics.json, and the same figures as the W&B run's summary."""
         if not self.enabled:
             return
         payload = metrics.to_json()
         atomic_write_json(self.output_dir / "metrics.json", payload)
         summary = {k: v for k, v in _flatten(payload).items() if not k.startswith("args/")}
-        if self.run is not None:
-            try:
-                self.run.summary.update(summary)
-            except Exception as err:  # noqa: BLE001
-                warnings.warn(f"W&B summary failed: {err}", stacklevel=2)
-        self.close()
+        self._wandb("summary", lambda run: run.summary.update(summary))
 
     def close(self) -> None:
-        """Finish the W&B run once, whether or not finish() wrote metrics first."""
-        self._wandb("finish")
-        self.run = None
+        """End every tracker's run once (accelerate's end_training then finds them ended)."""
+        if self.enabled:
+            for tracker in self.accelerator.trackers:
+                tracker.finish()
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

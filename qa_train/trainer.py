@@ -6,29 +6,36 @@ distributed.py's where a library forces a difference.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
+import os
+import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from qa_train import __version__, checkpoint, distributed
+from qa_train import __version__, best, checkpoint, distributed
 from qa_train.config import TrainArgs
-from qa_train.evaluation import EvalResult, EvalSet, answer_and_score, predict_logits, write_predictions
+from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer_and_score, predict_logits, sample_rows,
+                                 write_predictions)
 from qa_train.hostmem import HostMemory
 from qa_train.inputs import Splits, build_loaders, featurize_splits, load_splits
 from qa_train.metrics import (DeviceMemory, RankFigures, ThroughputMeter, device_name, gather_figures,
                               lifetime_rss_gib, peak_tflops, summarize)
 from qa_train.modeling import check_positions, flops_per_token, load_config, load_model, load_tokenizer
+from qa_train.monitor import IntervalMonitor, ModelCost, interval_log
 from qa_train.optimization import batches_per_rank, build_optimizer, plan_steps
 from qa_train.postprocess import SpanRules
 from qa_train.preemption import StopRequest
 from qa_train.profiling import start_profiler
 from qa_train.progress import Progress
 from qa_train.schema import RunMetrics
-from qa_train.tracking import Tracker, forget_steps_after
+from qa_train.trackers import build_trackers
+from qa_train.tracking import Tracker
 
 log = logging.getLogger("qa_train")
 
@@ -62,7 +69,12 @@ class Trainer:
         self.model_config = load_config(args.model)
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length)
         splits = load_splits(args)
-        self.accelerator, self.mixed_precision = distributed.make_accelerator(args)
+        out = args.output
+        trackers = build_trackers(out.trackers, self.output_dir, out.wandb_project, {
+            "name": out.run_name, "group": os.environ.get("WANDB_RUN_GROUP"),
+            "job_type": os.environ.get("WANDB_JOB_TYPE"), "id": os.environ.get("WANDB_RUN_ID"),
+            "resume": "allow" if out.resume_from_checkpoint else None})
+        self.accelerator, self.mixed_precision = distributed.make_accelerator(args, trackers)
         self.is_main = self.accelerator.is_main_process
         setup_logging(self.is_main)
         distributed.check_world(self.accelerator)
@@ -78,19 +90,16 @@ class Trainer:
         self._build_model()
         self.state = self._resume()
         self.first_step = self.state.completed_steps
-        self.tracker = Tracker(self.is_main, self.output_dir, args.output.report_to == "wandb")
-        if self.is_main and self.first_step:
-            forget_steps_after(self.tracker.step_log, self.first_step)
-        self.tracker.start(args.output.wandb_project, args.output.run_name,
-                           {**args.to_dict(), **self.strategy.as_dict(), "world_size": self.accelerator.num_processes},
-                           resuming=self.state.completed_steps > 0)
+        self.device = device_name(self.accelerator.device)
+        self.tracker = Tracker(self.accelerator, self.output_dir)
+        self.tracker.start(out.wandb_project, self._run_config(), resumed_at=self.first_step)
         self.meter = ThroughputMeter(args.system.throughput_warmup_steps)
-        self.running_loss = torch.zeros((), device=self.accelerator.device)
-        # Non-finite gradient norms since the last log, counted on the device (no host sync per step).
-        self.bad_grad_norms = torch.zeros((), device=self.accelerator.device)
+        cost = ModelCost(flops_per_token(self.model_config, args.data.max_seq_length),
+                         peak_tflops(self.device, self.mixed_precision))
+        self.monitor = IntervalMonitor(self.accelerator, self.device_memory, self.host_memory, cost)
         # fp16's loss scaler expects overflowing gradients now and then and skips those steps itself.
         self.guard_grad_norm = self.mixed_precision != "fp16"
-        self.micro_batches = 0
+        self.best = best.read_best(self.output_dir) if args.eval.save_best and self.first_step else None
         self.last_loss = float("nan")
         self.preempted = False
         self.train_runtime_s = 0.0
@@ -140,6 +149,13 @@ class Trainer:
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.completed_steps, state.epoch,
                  state.batches_in_epoch)
         return state
+
+    def _run_config(self) -> dict[str, object]:
+        """The tracker's run config: every flag, and what the launch resolved them to."""
+        return {**self.args.to_dict(), **self.strategy.as_dict(), "world_size": self.accelerator.num_processes,
+                "device": self.device, "mixed_precision": self.mixed_precision,
+                "global_batch_size": self.global_batch_size, "total_steps": self.plan.total_steps,
+                "qa_train_version": __version__, **distributed.resolved_config(self.accelerator)}
 
     @property
     def global_batch_size(self) -> int:
@@ -197,6 +213,8 @@ class Trainer:
         if state.completed_steps < self.plan.total_steps or state.batches_in_epoch >= len(self.train_dl):
             state.epoch += 1
             state.batches_in_epoch = 0
+            if self.args.eval.eval_strategy == "epoch":
+                self._evaluate_during_training()
             if self.args.output.checkpoint_every == "epoch":
                 self._save_checkpoint()
 
@@ -207,16 +225,15 @@ class Trainer:
         with accelerator.accumulate(self.model):
             loss = self.model(**batch).loss
             accelerator.backward(loss)
-            if accelerator.sync_gradients and max_norm > 0:
-                norm = accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
-                if self.guard_grad_norm and isinstance(norm, torch.Tensor):  # DeepSpeed clips inside its step
-                    self.bad_grad_norms += (~torch.isfinite(norm)).to(self.bad_grad_norms.dtype)
+            if accelerator.sync_gradients:
+                # Only a clipping run measures the norm (as transformers' Trainer): measuring costs a pass.
+                clipped = accelerator.clip_grad_norm_(self.model.parameters(), max_norm) if max_norm > 0 else None
+                self.monitor.update(distributed.global_grad_norm(accelerator, self.model, clipped))
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.state.batches_in_epoch += 1
-        self.running_loss += loss.detach()
-        self.micro_batches += 1
+        self.monitor.micro_batch(loss, len(batch["input_ids"]), (int(real), int(padded)))
         self.meter.micro_batch(len(batch["input_ids"]), int(real), int(padded))
         self.host_memory.step()
 
@@ -236,30 +253,84 @@ class Trainer:
             self.stop.clear(self.is_main)
             self.preempted = True
             return True
+        if self._eval_due(state.completed_steps):
+            self._evaluate_during_training()
         every = out.checkpoint_every
         if isinstance(every, int) and state.completed_steps % every == 0:
             self._save_checkpoint()
         return state.completed_steps >= self.plan.total_steps
 
     def _log_interval(self) -> bool:
-        """The only host sync of the loop: mean loss over all ranks, and whether any rank must stop."""
-        device = self.running_loss.device
-        stats = torch.stack([self.running_loss.float(), torch.tensor(float(self.micro_batches), device=device),
-                             torch.tensor(float(self.stop.requested()), device=device), self.bad_grad_norms.float()])
-        total = self.accelerator.reduce(stats, reduction="sum").tolist()
-        self.last_loss = total[0] / max(total[1], 1.0)
-        self.running_loss.zero_()
-        self.bad_grad_norms.zero_()
-        self.micro_batches = 0
-        if not math.isfinite(self.last_loss) or total[3] > 0:  # every rank sees the same sums: all stop together
+        """The only host sync of the loop: the interval's figures over all ranks, and whether any rank must stop."""
+        figures = self.monitor.collect(self.stop.requested())
+        self.last_loss = figures.loss
+        bad_norms = figures.bad_grad_norms if self.guard_grad_norm else 0
+        if not math.isfinite(self.last_loss) or bad_norms:  # every rank sees the same figures: all stop together
             what = f"loss is {self.last_loss}" if not math.isfinite(self.last_loss) else (
-                f"{int(total[3])} gradient norm(s) were not finite")
+                f"{bad_norms} gradient norm(s) were not finite")
             raise TrainingDiverged(self._diverged(what))
         lr = self.scheduler.get_last_lr()[0]
         self.progress.note(loss=self.last_loss, lr=lr)
-        self.tracker.log_step(self.state.completed_steps, {"train/loss": self.last_loss, "train/lr": lr,
-                                                           "train/epoch": self.state.epoch})
-        return total[2] > 0
+        state = self.state
+        epoch = state.epoch + state.batches_in_epoch / max(len(self.train_dl), 1)
+        self.tracker.log_step(state.completed_steps, interval_log(figures, self.monitor.cost, lr, epoch))
+        return figures.stop_requested
+
+    def _eval_due(self, step: int) -> bool:
+        """A step evaluation, except at the last step when the final evaluation follows anyway."""
+        ev = self.args.eval
+        if ev.eval_strategy != "steps" or (step >= self.plan.total_steps and ev.do_eval):
+            return False
+        return step % (ev.eval_steps or self.args.output.logging_steps) == 0
+
+    @contextlib.contextmanager
+    def _not_training(self) -> Iterator[None]:
+        """Evaluation inside the loop counts in neither the throughput clock nor the training memory peaks."""
+        t0 = time.perf_counter()
+        with self.monitor.excluded():
+            yield
+        self.meter.exclude(time.perf_counter() - t0)
+
+    def _evaluate_during_training(self) -> None:
+        if self.state.completed_steps >= self.plan.total_steps and self.args.eval.do_eval:
+            return  # the final evaluation follows
+        with self._not_training():
+            result = self.evaluate()
+            self.log_eval(result)
+            self._keep_if_best(result)
+        self.model.train()
+
+    def log_eval(self, result: EvalResult | None) -> None:
+        """eval/* against the current step (main process; None elsewhere)."""
+        if result is not None:
+            self.tracker.log_step(self.state.completed_steps, {
+                "eval/exact_match": result.exact_match, "eval/f1": result.f1, "eval/runtime_s": result.runtime_s})
+
+    def log_samples(self, result: EvalResult | None, limit: int = 100) -> None:
+        """A W&B table of evaluation questions: question, gold, prediction, EM, F1 (main process)."""
+        if result is not None and result.predictions is not None and self.eval_set is not None:
+            rows = sample_rows(self.eval_set.examples, result.predictions, limit)
+            self.tracker.log_table("eval/samples", SAMPLE_COLUMNS, rows, self.state.completed_steps)
+
+    def log_model(self, folder: Path | None) -> None:
+        if folder is not None and self.args.output.wandb_log_model:
+            self.tracker.log_model(folder, f"model-{self.args.output.run_name or 'qa_train'}")
+
+    def _from_main(self, value: float) -> float:
+        """The main process's value on every rank (scores exist on the main process only)."""
+        mine = torch.tensor(value if self.is_main else 0.0, dtype=torch.float64, device=self.accelerator.device)
+        return float(self.accelerator.reduce(mine, reduction="sum"))
+
+    def _keep_if_best(self, result: EvalResult | None) -> None:
+        """Remember the best evaluation; with --save_best export it to output_dir/best (every rank calls this)."""
+        f1 = self._from_main(result.f1 if result is not None else -1.0)
+        if f1 < 0 or (self.best is not None and f1 <= self.best.f1):
+            return
+        self.best = best.BestScore(self.state.completed_steps, result.exact_match if result else float("nan"), f1)
+        if self.args.eval.save_best:
+            folder = checkpoint.export_final(self.accelerator, self.model, self.tokenizer, self.output_dir / "best")
+            if self.is_main:
+                best.write_best(folder, self.best)
 
     def _save_checkpoint(self) -> None:
         self._check_weights()
@@ -304,17 +375,33 @@ class Trainer:
         result.runtime_s = round(time.perf_counter() - t0, 3)
         return result
 
-    def export(self) -> Path | None:
-        """The consolidated model and tokenizer in output_dir/final (every rank must call it)."""
+    def export(self, final_scores: EvalResult | None) -> Path | None:
+        """The consolidated model and tokenizer in output_dir/final (every rank must call it): with --save_best
+        the best model evaluated, which is the last one unless an earlier evaluation scored a higher F1."""
         if not self.args.output.save_final_model:
             return None
+        if self.args.eval.save_best and self.best is not None and not self._last_is_best(final_scores):
+            self.accelerator.wait_for_everyone()
+            if self.is_main:
+                best.promote(self.output_dir)
+                log.info("exported the best model (step %d, F1 %.2f) to %s", self.best.step, self.best.f1,
+                         self.output_dir / "final")
+            return self.output_dir / "final"
         try:
-            return checkpoint.export_final(self.accelerator, self.model, self.tokenizer, self.output_dir)
+            final = checkpoint.export_final(self.accelerator, self.model, self.tokenizer, self.output_dir / "final")
+            if self.is_main:
+                shutil.rmtree(self.output_dir / "best", ignore_errors=True)
+            return final
         except Exception as err:  # a full disk surfaces as OSError, or as safetensors' own error type
             reason = " ".join(str(err).split())[:300]
             raise ExportError(f"export to {self.output_dir / 'final'} failed: {type(err).__name__}: {reason}; "
                               "metrics.json is written, and the last checkpoint (if any) still holds the "
                               "weights") from err
+
+    def _last_is_best(self, final_scores: EvalResult | None) -> bool:
+        """Without a final evaluation the kept best model wins; a tie goes to the last (later) model."""
+        f1 = self._from_main(final_scores.f1 if final_scores is not None else -1.0)
+        return f1 >= 0 and self.best is not None and f1 >= self.best.f1
 
     def metrics(self, scores: EvalResult | None, initial: EvalResult | None) -> RunMetrics | None:
         """Gather every rank's figures (a collective) and build metrics.json's content on the main process."""
@@ -325,14 +412,13 @@ class Trainer:
         if not self.is_main:
             return None
         model = self.accelerator.unwrap_model(self.model)
-        seq = self.args.data.max_seq_length
-        device = device_name(self.accelerator.device)
-        figures = summarize(ranks, flops_per_token(model.config, seq), peak_tflops(device, self.mixed_precision),
-                            self.on_cuda)
+        seq, device = self.args.data.max_seq_length, self.device
+        figures = summarize(ranks, self.monitor.cost.flops_per_token, self.monitor.cost.peak_tflops, self.on_cuda)
         inputs, s = self.inputs, self.strategy
         return RunMetrics(
             **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},
             exact_match=scores.exact_match if scores else None, f1=scores.f1 if scores else None,
+            **self._best_fields(scores),
             initial_exact_match=initial.exact_match if initial else None, initial_f1=initial.f1 if initial else None,
             initial_eval_step=self.first_step if initial else None,
             train_runtime_s=round(self.train_runtime_s, 3), eval_runtime_s=scores.runtime_s if scores else None,
@@ -347,6 +433,16 @@ class Trainer:
             per_device_train_batch_size=self.args.data.per_device_train_batch_size, max_seq_length=seq,
             output_dir=str(self.output_dir), qa_train_version=__version__, args=self.args.to_dict(),
         )
+
+    def _best_fields(self, scores: EvalResult | None) -> dict[str, float | int | None]:
+        """The best evaluation (the final one included) and which step final/ will hold (main process)."""
+        last = best.BestScore(self.state.completed_steps, scores.exact_match, scores.f1) if scores else None
+        kept = self.best
+        top = kept if kept is not None and (last is None or kept.f1 > last.f1) else last
+        save = self.args.output.save_final_model
+        exported = (top.step if self.args.eval.save_best and top is not None else self.state.completed_steps)
+        return {"best_eval_step": top.step if top else None, "best_exact_match": top.exact_match if top else None,
+                "best_f1": top.f1 if top else None, "exported_step": exported if save else None}
 
     def record(self, metrics: RunMetrics | None) -> None:
         """metrics.json and the tracker's summary (main process), before the export that may still fail."""

@@ -21,10 +21,18 @@ def single_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = base_env(tmp)
     env.pop("WANDB_MODE", None)  # no credentials: the run must fall back to offline W&B by itself
     out = tmp / "run"
-    flags = tiny_flags(out, "--max_train_steps", "300", "--eval_before_training", "--logging_steps", "50")
-    flags[flags.index("--report_to") + 1] = "wandb"
+    flags = tiny_flags(out, "--max_train_steps", "300", "--eval_before_training", "--logging_steps", "50",
+                       "--eval_strategy", "steps", "--eval_steps", "100", "--wandb_log_model")
+    flags[flags.index("--report_to") + 1] = "all"
     run_ok([PY, "-m", "qa_train", *flags], env)
     return out
+
+
+TRAIN_KEYS = {"train/loss", "train/lr", "train/epoch", "train/grad_norm", "throughput/samples_per_second",
+              "throughput/tokens_per_second", "memory/host_rss_gib"}  # CUDA memory and MFU only on a GPU
+EVAL_KEYS = {"eval/exact_match", "eval/f1", "eval/runtime_s"}
+LOG_STEPS = [50, 100, 150, 200, 250, 300]
+EVAL_STEPS = [0, 100, 200, 300]  # before training, every --eval_steps, and the final evaluation
 
 
 def test_single_process_metrics_are_sane(single_run: Path) -> None:
@@ -58,11 +66,79 @@ def test_predictions_file_matches_the_scorer_cli(single_run: Path, env: dict[str
     assert scores["exact_match"] == pytest.approx(m["exact_match"]) and scores["f1"] == pytest.approx(m["f1"])
 
 
-def test_step_log_and_offline_wandb(single_run: Path) -> None:
-    steps = [json.loads(line) for line in (single_run / "train_log.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [50, 100, 150, 200, 250, 300]
-    assert steps[-1]["train/loss"] < steps[0]["train/loss"]
-    assert list((single_run / "wandb").glob("offline-run-*")), "W&B should have written an offline run"
+def test_step_log_holds_every_key_at_every_interval(single_run: Path) -> None:
+    lines = [json.loads(line) for line in (single_run / "train_log.jsonl").read_text().splitlines()]
+    train = [line for line in lines if "train/loss" in line]
+    assert [line["step"] for line in train] == LOG_STEPS
+    assert all(set(line) == TRAIN_KEYS | {"step"} for line in train)
+    assert train[-1]["train/loss"] < train[0]["train/loss"]
+    # the epoch is fractional: 300 steps of batch 8 over the demo's windows
+    epochs = [line["train/epoch"] for line in train]
+    assert epochs == sorted(epochs) and any(e != int(e) for e in epochs)
+    assert [line["step"] for line in lines if "eval/f1" in line] == EVAL_STEPS
+
+
+def test_offline_wandb_run_holds_history_summary_config_table_and_model(single_run: Path) -> None:
+    import wandb_records as w
+
+    recs = w.records(w.run_file(single_run))
+    history = w.history(recs)
+    by_step: dict[int, dict] = {}
+    for row in history:
+        by_step.setdefault(row["_step"], {}).update(row)
+    for step in LOG_STEPS:
+        assert TRAIN_KEYS <= set(by_step[step]), (step, sorted(by_step[step]))
+    assert [s for s in sorted(by_step) if EVAL_KEYS <= set(by_step[s])] == EVAL_STEPS
+    logged = [json.loads(line) for line in (single_run / "train_log.jsonl").read_text().splitlines()]
+    for line in logged:  # W&B holds exactly what the step log holds
+        assert all(by_step[line["step"]][k] == pytest.approx(v) for k, v in line.items() if k != "step")
+
+    m = read_metrics(single_run)
+    summary = w.summary(recs)
+    assert summary["exact_match"] == pytest.approx(m["exact_match"]) and summary["f1"] == pytest.approx(m["f1"])
+    assert summary["train_samples_per_second"] == m["train_samples_per_second"]
+    config = w.config(recs)
+    assert (config["strategy"], config["world_size"], config["device"], config["mixed_precision"]) == (
+        "single", 1, "cpu", "no")
+    assert config["learning_rate"] == 1e-3 and config["global_batch_size"] == 8
+
+    table = summary["eval/samples"]
+    assert table["_type"] == "table-file" and table["ncols"] == 6 and 0 < table["nrows"] <= 100
+    saved = json.loads((w.run_file(single_run).parent / "files" / table["path"]).read_text())
+    assert saved["columns"] == ["id", "question", "gold answers", "prediction", "exact_match", "f1"]
+    predictions = json.loads((single_run / "eval_predictions.json").read_text())
+    for qid, _question, gold, prediction, em, f1 in saved["data"]:
+        assert prediction == predictions[qid] and em in (0.0, 1.0) and 0 <= f1 <= 1
+        assert em == 0.0 or prediction.lower() in gold.lower()
+    kinds = {(a.type, a.name.split("-")[0]) for a in w.artifacts(recs)}
+    assert ("model", "model") in kinds, kinds  # --wandb_log_model
+    (model,) = [a for a in w.artifacts(recs) if a.type == "model"]
+    stored = {entry.path for entry in model.manifest.contents}
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= stored
+
+
+def test_tensorboard_events_hold_every_key_at_every_interval(single_run: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(single_run / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert TRAIN_KEYS | EVAL_KEYS <= tags, sorted(tags)
+    for key in TRAIN_KEYS:
+        assert [e.step for e in events.Scalars(key)] == LOG_STEPS, key
+    assert [e.step for e in events.Scalars("eval/f1")] == EVAL_STEPS
+    m = read_metrics(single_run)
+    assert events.Scalars("eval/f1")[-1].value == pytest.approx(m["f1"], rel=1e-6)
+
+
+def test_best_evaluation_is_recorded(single_run: Path) -> None:
+    m = read_metrics(single_run)
+    lines = [json.loads(line) for line in (single_run / "train_log.jsonl").read_text().splitlines()]
+    scored = [(line["eval/f1"], line["step"]) for line in lines if "eval/f1" in line and line["step"] > 0]
+    best_f1 = max(f1 for f1, _ in scored)
+    assert m["best_f1"] == pytest.approx(best_f1)
+    assert m["best_eval_step"] == max(step for f1, step in scored if f1 == best_f1)  # a tie goes to the later
+    assert m["exported_step"] == 300  # without --save_best the export is the last model
 
 
 def test_exported_model_answers_a_question(single_run: Path) -> None:

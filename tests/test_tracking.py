@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
-from qa_train import tracking
+from qa_train import trackers, tracking
+from qa_train.config import TRACKERS, ConfigError, OutputArgs
 from qa_train.schema import PerRank, RunMetrics
+from qa_train.trackers import Guarded, build_trackers
 from qa_train.tracking import Tracker, summary_table
 
 
@@ -29,8 +31,9 @@ class FakeRun:
         self.summaries: list[dict] = []
         self.fail_log_on, self.fail_summary = fail_log_on, fail_summary
         self.summary = types.SimpleNamespace(update=self._update)
+        self.config = types.SimpleNamespace(update=lambda values, allow_val_change: None)
 
-    def log(self, values: dict, step: int) -> None:
+    def log(self, values: dict, step: int | None = None) -> None:
         self.logged.append((values, step))
         if len(self.logged) == self.fail_log_on:
             raise ConnectionError("wandb backend went away")
@@ -97,21 +100,57 @@ def step_lines(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
 
 
+def wandb_tracker(out: Path, **kwargs: Any) -> Guarded:
+    (tracker,) = build_trackers(["wandb"], out, "qa", kwargs)
+    return tracker
+
+
+def started(out: Path, **kwargs: Any) -> Guarded:
+    tracker = wandb_tracker(out, **kwargs)
+    tracker.start()
+    return tracker
+
+
+class Stand(types.SimpleNamespace):
+    """What Tracker uses of an Accelerator on the main process: its trackers, started and logged to as
+    accelerate does (init_trackers starts each and stores the config; log calls each)."""
+
+    def __init__(self, trackers: list[Guarded], is_main: bool = True) -> None:
+        super().__init__(is_main_process=is_main, trackers=[], pending=trackers, configs=[])
+
+    def init_trackers(self, project: str, config: dict) -> None:
+        for t in self.pending:
+            self.trackers.append(t)
+            t.start()
+            t.store_init_configuration(config)
+        self.configs.append((project, config))
+
+    def log(self, values: dict, step: int) -> None:
+        for t in self.trackers:
+            t.log(values, step=step)
+
+
 def run_steps(tracker: Tracker, n: int) -> None:
     for step in range(1, n + 1):
         tracker.log_step(step, {"train/loss": 1.0 / step})
+
+
+def recorder(out: Path, trackers: list[Guarded], resumed_at: int = 0) -> Tracker:
+    tracker = Tracker(Stand(trackers), out)
+    tracker.start("qa", {"lr": 1e-3}, resumed_at=resumed_at)
+    return tracker
 
 
 # --- failures never stop training --------------------------------------------------------------
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_init_failure_warns_and_files_are_still_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_start_failure_warns_once_and_files_are_still_written(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
     fake = install(monkeypatch, FakeWandb(init_error=PermissionError("no api key")))
     out = tmp_path / "run"
-    tracker = Tracker(True, out, use_wandb=True)
-    with pytest.warns(UserWarning, match="wandb.init failed: no api key"):
-        tracker.start("qa", "r1", {"lr": 1e-3}, resuming=False)
+    with pytest.warns(UserWarning, match="wandb start failed, continuing without it: no api key"):
+        tracker = recorder(out, [wandb_tracker(out)])
     assert len(fake.inits) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing more to warn about: W&B is simply off
@@ -124,48 +163,64 @@ def test_init_failure_warns_and_files_are_still_written(monkeypatch: pytest.Monk
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_log_failure_disables_wandb_and_keeps_the_step_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_log_failure_disables_the_tracker_and_keeps_the_step_log(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
     fake = install(monkeypatch, FakeWandb(FakeRun(fail_log_on=2)))
     out = tmp_path / "run"
-    tracker = Tracker(True, out, use_wandb=True)
-    tracker.start("qa", None, {}, resuming=False)
+    tracker = recorder(out, [wandb_tracker(out)])
     with pytest.warns(UserWarning) as caught:
         run_steps(tracker, 5)
-    assert [str(w.message) for w in caught] == ["W&B log failed, continuing without it: wandb backend went away"]
+    assert [str(w.message) for w in caught] == ["wandb log failed, continuing without it: wandb backend went away"]
     assert [step for _, step in fake.run.logged] == [1, 2]  # nothing reached W&B after the failure
     assert [line["step"] for line in step_lines(out)] == [1, 2, 3, 4, 5]
     assert step_lines(out)[4] == {"step": 5, "train/loss": 0.2}
     tracker.finish(metrics())
+    tracker.close()
     assert fake.run.summaries == [] and fake.run.finished == 0
     assert (out / "metrics.json").is_file()
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_summary_failure_warns_and_metrics_are_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_summary_failure_warns_and_the_run_still_logs_and_ends(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
     fake = install(monkeypatch, FakeWandb(FakeRun(fail_summary=True)))
     out = tmp_path / "run"
-    tracker = Tracker(True, out, use_wandb=True)
-    tracker.start("qa", None, {}, resuming=False)
-    with pytest.warns(UserWarning, match="W&B summary failed: summary rejected"):
+    tracker = recorder(out, [wandb_tracker(out)])
+    with pytest.warns(UserWarning, match="wandb summary failed: summary rejected"):
         tracker.finish(metrics())
     assert json.loads((out / "metrics.json").read_text()) == metrics().to_json()
+    tracker.log_step(7, {"x": 1.0})  # not a fatal failure: the run is kept
+    tracker.close()
+    assert fake.run.logged[-1] == ({"x": 1.0}, 7)
     assert fake.run.finished == 1  # the run is still closed so it does not stay "running" in W&B
 
 
 @pytest.mark.usefixtures("no_credentials")
 def test_summary_is_flat_and_leaves_out_args_and_lists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = install(monkeypatch, FakeWandb())
-    tracker = Tracker(True, tmp_path, use_wandb=True)
-    tracker.start("qa", None, {}, resuming=False)
+    tracker = recorder(tmp_path, [wandb_tracker(tmp_path)])
     tracker.finish(metrics())
     (summary,) = fake.run.summaries
     assert summary["exact_match"] == 81.25 and summary["strategy"] == "zero2"
     assert summary["peak_memory_gb/max"] == 2.5 and summary["peak_memory_gb/mean"] == 2.0
     assert not [k for k in summary if k.startswith("args/") or k == "args"]
     assert "train_loss_per_rank" not in summary and "peak_memory_gb/per_rank" not in summary
+    assert fake.run.finished == 0  # the export and its artifact still follow
+    tracker.close()
+    tracker.close()  # as accelerate's end_training does after ours: the run is not finished a second time
     assert fake.run.finished == 1
-    tracker.close()  # as the trainer does after the export: the run is not finished a second time
-    assert fake.run.finished == 1
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_config_goes_to_the_run_and_a_config_failure_is_not_fatal(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    fake = install(monkeypatch, FakeWandb())
+    fake.run.config = types.SimpleNamespace(update=lambda values, allow_val_change: (_ for _ in ()).throw(
+        TypeError("bad value")))
+    with pytest.warns(UserWarning, match="wandb config failed: bad value"):
+        tracker = recorder(tmp_path, [wandb_tracker(tmp_path)])
+    run_steps(tracker, 1)
+    assert fake.run.logged == [({"train/loss": 1.0}, 1)]
 
 
 # --- W&B mode ----------------------------------------------------------------------------------
@@ -174,21 +229,20 @@ def test_summary_is_flat_and_leaves_out_args_and_lists(monkeypatch: pytest.Monke
 @pytest.mark.usefixtures("no_credentials")
 def test_offline_without_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = install(monkeypatch, FakeWandb())
-    Tracker(True, tmp_path, use_wandb=True).start("qa-proj", "r1", {"lr": 1e-3}, resuming=False)
-    assert fake.inits == [{"project": "qa-proj", "name": "r1", "config": {"lr": 1e-3}, "mode": "offline",
-                           "dir": str(tmp_path), "group": None, "resume": None, "id": None}]
+    started(tmp_path, name="r1", group=None, resume=None, id=None)
+    assert fake.inits == [{"project": "qa", "name": "r1", "mode": "offline", "dir": str(tmp_path), "group": None,
+                           "resume": None, "id": None}]
 
 
 @pytest.mark.usefixtures("no_credentials")
 def test_online_with_an_api_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
     fake = install(monkeypatch, FakeWandb())
-    tracker = Tracker(True, tmp_path, use_wandb=True)
-    tracker.start("qa", None, {}, resuming=False)
+    tracker = started(tmp_path)
     (kw,) = fake.inits
-    assert kw["mode"] == "online" and tracker.run is fake.run
+    assert kw["mode"] == "online" and tracker.tracker is fake.run
     # wandb's own 90 s would hold every rank at the next collective; ours is a few seconds.
-    assert kw["settings"].init_timeout == tracking.WANDB_INIT_TIMEOUT_S <= 10
+    assert kw["settings"].init_timeout == trackers.WANDB_INIT_TIMEOUT_S <= 10
     # ... and no "who am I" query to the server before it, which would add 2 x 5 s when it is down.
     assert [vars(s) for s in fake.setups] == [{"x_disable_viewer": True}]
 
@@ -201,19 +255,17 @@ class CommError(Exception):
 def test_unreachable_server_falls_back_to_offline_with_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
-    monkeypatch.setenv("WANDB_RUN_ID", "abc123")
     fake = install(monkeypatch, FakeWandb(online_error=CommError("Run initialization has timed out after 5.0 sec.\n"
                                                                  "Please try again.")))
-    tracker = Tracker(True, tmp_path, use_wandb=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the fallback is not a failure: one log line, no warning
-        tracker.start("qa", "r1", {"lr": 1e-3}, resuming=True)
+        tracker = recorder(tmp_path, [wandb_tracker(tmp_path, name="r1", id="abc123", resume="allow")])
     online, offline = fake.inits
     assert online["mode"] == "online" and offline["mode"] == "offline"
     # The same run: project, name, id and resume carry over to the offline one `wandb sync` uploads later.
     assert {k: v for k, v in online.items() if k not in ("mode", "settings")} == {
         k: v for k, v in offline.items() if k != "mode"}
-    assert tracker.run is fake.run
+    assert offline["id"] == "abc123" and offline["resume"] == "allow"
     (line,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert line.startswith("W&B online run did not start (CommError: Run initialization has timed out after 5.0 sec.;")
     assert f"logging offline to {tmp_path / 'wandb'}" in line and "wandb sync" in line and "\n" not in line
@@ -226,7 +278,7 @@ def test_wandb_init_timeout_from_the_environment_wins(monkeypatch: pytest.Monkey
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
     monkeypatch.setenv("WANDB_INIT_TIMEOUT", "42")
     fake = install(monkeypatch, FakeWandb())
-    Tracker(True, tmp_path, use_wandb=True).start("qa", None, {}, resuming=False)
+    started(tmp_path)
     assert fake.inits[0]["settings"].init_timeout == 42.0
 
 
@@ -234,10 +286,9 @@ def test_wandb_init_timeout_from_the_environment_wins(monkeypatch: pytest.Monkey
 def test_offline_fallback_failing_too_disables_wandb(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
     fake = install(monkeypatch, FakeWandb(init_error=OSError("disk full"), online_error=CommError("timed out")))
-    tracker = Tracker(True, tmp_path, use_wandb=True)
-    with pytest.warns(UserWarning, match="W&B disabled: wandb.init failed: disk full"):
-        tracker.start("qa", None, {}, resuming=False)
-    assert [kw["mode"] for kw in fake.inits] == ["online", "offline"] and tracker.run is None
+    with pytest.warns(UserWarning, match="wandb start failed, continuing without it: disk full"):
+        tracker = recorder(tmp_path, [wandb_tracker(tmp_path)])
+    assert [kw["mode"] for kw in fake.inits] == ["online", "offline"]
     run_steps(tracker, 1)
     assert step_lines(tmp_path) == [{"step": 1, "train/loss": 1.0}]
 
@@ -246,8 +297,8 @@ def test_offline_fallback_failing_too_disables_wandb(monkeypatch: pytest.MonkeyP
 def test_no_second_init_when_offline_was_chosen(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """An offline (or disabled) mode never waits on a server, so it gets neither a timeout nor a retry."""
     fake = install(monkeypatch, FakeWandb(init_error=CommError("boom")))
-    with pytest.warns(UserWarning, match="W&B disabled"):
-        Tracker(True, tmp_path, use_wandb=True).start("qa", None, {}, resuming=False)
+    with pytest.warns(UserWarning, match="wandb start failed"):
+        started(tmp_path)
     assert [kw["mode"] for kw in fake.inits] == ["offline"] and "settings" not in fake.inits[0]
 
 
@@ -257,70 +308,107 @@ def test_online_with_a_netrc_entry(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     netrc.write_text("machine api.wandb.ai\n  login user\n  password secret\n")
     monkeypatch.setenv("NETRC", str(netrc))
     fake = install(monkeypatch, FakeWandb())
-    Tracker(True, tmp_path / "run", use_wandb=True).start("qa", None, {}, resuming=False)
+    started(tmp_path / "run")
     assert fake.inits[0]["mode"] == "online" and len(fake.inits) == 1
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_wandb_mode_wins_and_resume_joins_the_same_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_wandb_mode_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    monkeypatch.setenv("WANDB_RUN_ID", "abc123")
-    monkeypatch.setenv("WANDB_RUN_GROUP", "sweep")
     fake = install(monkeypatch, FakeWandb())
-    Tracker(True, tmp_path, use_wandb=True).start("qa", None, {}, resuming=True)
+    started(tmp_path, group="sweep", job_type="zero2")
     (kw,) = fake.inits
-    assert (kw["mode"], kw["resume"], kw["id"], kw["group"]) == ("disabled", "allow", "abc123", "sweep")
+    assert (kw["mode"], kw["group"], kw["job_type"]) == ("disabled", "sweep", "zero2")
 
 
 @pytest.mark.usefixtures("no_credentials")
 def test_report_to_none_never_imports_wandb(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = install(monkeypatch, FakeWandb())
-    tracker = Tracker(True, tmp_path, use_wandb=False)
-    tracker.start("qa", None, {}, resuming=False)
+    tracker = recorder(tmp_path, build_trackers([], tmp_path, "qa", {}))
     run_steps(tracker, 2)
     tracker.finish(metrics())
+    tracker.close()
     assert fake.inits == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "train_log.jsonl"]
+
+
+def test_a_tracker_that_is_not_installed_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    monkeypatch.setattr("accelerate.tracking.get_available_trackers", lambda: ["wandb", "tensorboard"])
+    with pytest.raises(ConfigError, match=r"^--report_to: mlflow not installed here \(installed: tensorboard, "
+                                          r"wandb\); pip install it or leave it out$"):
+        build_trackers(["wandb", "mlflow"], tmp_path, "qa", {})
+
+
+def test_config_names_every_accelerate_tracker() -> None:
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+    assert set(TRACKERS) == set(LOGGER_TYPE_TO_CLASS)
+
+
+@pytest.mark.parametrize(("flag", "trackers_"), [("wandb", ["wandb"]), ("all", ["wandb", "tensorboard"]),
+                                                 ("none", []), ("tensorboard, wandb", ["tensorboard", "wandb"])])
+def test_report_to_names(flag: str, trackers_: list[str]) -> None:
+    assert OutputArgs(report_to=flag).trackers == trackers_
+
+
+@pytest.mark.parametrize(("flag", "problem"), [("wandb,bogus", "bogus is not a tracker"),
+                                               ("all,wandb", "all and none stand alone"), ("", "empty")])
+def test_report_to_refuses(flag: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=f"^--report_to: .*{problem}"):
+        OutputArgs(report_to=flag)
 
 
 # --- what gets written -------------------------------------------------------------------------
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_disabled_tracker_writes_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_non_main_rank_writes_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = install(monkeypatch, FakeWandb())
     out = tmp_path / "run"
-    tracker = Tracker(False, out, use_wandb=True)  # a non-main rank
-    tracker.start("qa", None, {}, resuming=False)
+    stand = Stand([wandb_tracker(out)], is_main=False)
+    tracker = Tracker(stand, out)
+    tracker.start("qa", {}, resumed_at=0)
     run_steps(tracker, 3)
+    tracker.log_table("eval/samples", ["a"], [[1]], 3)
     tracker.finish(metrics())
     tracker.close()
     assert not out.exists()
-    assert fake.inits == [] and fake.run.logged == []
+    assert fake.inits == [] and fake.run.logged == [] and stand.configs == []
 
 
-def test_disabled_tracker_leaves_an_existing_step_log(tmp_path: Path) -> None:
+def test_a_non_main_rank_leaves_an_existing_step_log(tmp_path: Path) -> None:
     (tmp_path / "train_log.jsonl").write_text('{"step": 1}\n')
-    Tracker(False, tmp_path, use_wandb=False).start("qa", None, {}, resuming=False)
+    Tracker(Stand([], is_main=False), tmp_path).start("qa", {}, resumed_at=0)
     assert (tmp_path / "train_log.jsonl").read_text() == '{"step": 1}\n'
 
 
-@pytest.mark.parametrize("resuming", [False, True])
-def test_step_log_is_reset_unless_resuming(tmp_path: Path, resuming: bool) -> None:
-    (tmp_path / "train_log.jsonl").write_text('{"step": 1, "train/loss": 9.0}\n')
-    tracker = Tracker(True, tmp_path, use_wandb=False)
-    tracker.start("qa", None, {}, resuming=resuming)
-    assert (tmp_path / "train_log.jsonl").exists() == resuming
-    tracker.log_step(2, {"train/loss": 0.5})
-    expected = ([{"step": 1, "train/loss": 9.0}] if resuming else []) + [{"step": 2, "train/loss": 0.5}]
-    assert step_lines(tmp_path) == expected
+@pytest.mark.parametrize("resumed_at", [0, 2])
+def test_step_log_is_reset_unless_resuming(tmp_path: Path, resumed_at: int) -> None:
+    (tmp_path / "train_log.jsonl").write_text('{"step": 1, "train/loss": 9.0}\n{"step": 3, "train/loss": 7.0}\n')
+    tracker = recorder(tmp_path, [], resumed_at=resumed_at)
+    tracker.log_step(3, {"train/loss": 0.5})
+    expected = ([{"step": 1, "train/loss": 9.0}] if resumed_at else []) + [{"step": 3, "train/loss": 0.5}]
+    assert step_lines(tmp_path) == expected  # the interrupted run's step 3 is gone, not logged twice
 
 
 def test_start_creates_the_output_dir(tmp_path: Path) -> None:
     out = tmp_path / "a" / "b"
-    Tracker(True, out, use_wandb=False).start("qa", None, {}, resuming=False)
+    recorder(out, [])
     assert out.is_dir()
+
+
+def test_tensorboard_events_hold_what_was_logged(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tracker = recorder(tmp_path, build_trackers(["tensorboard"], tmp_path, "qa", {}))
+    run_steps(tracker, 3)
+    tracker.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    scalars = events.Scalars("train/loss")
+    assert [(e.step, round(e.value, 4)) for e in scalars] == [(1, 1.0), (2, 0.5), (3, 0.3333)]
 
 
 def test_metrics_json_is_to_json_written_atomically(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -335,7 +423,7 @@ def test_metrics_json_is_to_json_written_atomically(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(tracking.os, "replace", spy)
     m = metrics(mfu=None, initial_exact_match=3.0)
-    tracker = Tracker(True, tmp_path, use_wandb=False)
+    tracker = Tracker(Stand([]), tmp_path)
     tracker.finish(m)
     assert replaced == [(tmp_path / ".metrics.json.tmp", tmp_path / "metrics.json")]
     written = json.loads((tmp_path / "metrics.json").read_text())
@@ -380,14 +468,14 @@ PROBE = """
 import json, logging, sys, time
 from pathlib import Path
 logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-from qa_train.tracking import Tracker
-tracker = Tracker(True, Path(sys.argv[1]), use_wandb=True)
+from qa_train.trackers import build_trackers
+(tracker,) = build_trackers(["wandb"], Path(sys.argv[1]), "qa-test", {"name": "down"})
 t0 = time.monotonic()
-tracker.start("qa-test", "down", {"lr": 1e-3}, resuming=False)
+tracker.start()
 elapsed = time.monotonic() - t0
-run = tracker.run
-tracker.log_step(1, {"train/loss": 1.0})
-tracker.close()
+run = tracker.tracker
+tracker.log({"train/loss": 1.0}, step=1)
+tracker.finish()
 print(json.dumps({"elapsed_s": elapsed, "mode": run and run.settings.mode, "dir": run and str(run.dir)}))
 """
 

@@ -1,0 +1,160 @@
+"""Experiment trackers through accelerate's tracker API (`Accelerator(log_with=...)`, `init_trackers`, `log`).
+
+accelerate lets any tracker failure propagate into the training loop, and its W&B tracker calls
+`wandb.init` as is: without credentials that raises, and with an unreachable server it blocks 90 s
+while every other rank waits at the next collective. So each tracker is wrapped: a failure warns once
+and turns that tracker off, and W&B starts offline without credentials or falls back to offline when
+the server does not answer in a few seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, WandBTracker, on_main_process
+
+from qa_train.config import ConfigError
+
+log = logging.getLogger("qa_train")
+# wandb.init waits 90 s for an unreachable server by default (and its service 10 s more) while every other
+# rank waits at the next collective; after this long the run goes offline instead. WANDB_INIT_TIMEOUT wins.
+WANDB_INIT_TIMEOUT_S = 5.0
+
+
+def has_wandb_credentials() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return "api.wandb.ai" in netrc.read_text() or bool(os.environ.get("WANDB_BASE_URL"))
+    except OSError:
+        return False
+
+
+class SafeWandB(WandBTracker):
+    """accelerate's W&B tracker, started offline without credentials and falling back to offline (one log line)
+    when the online run cannot start in time; its files then wait in output_dir/wandb for `wandb sync`."""
+
+    main_process_only = True
+
+    def __init__(self, project: str, output_dir: Path, **kwargs: Any) -> None:
+        super().__init__(project, **kwargs)
+        self.output_dir = output_dir
+        self.run = None
+
+    @on_main_process
+    def start(self) -> None:
+        import wandb
+
+        mode = os.environ.get("WANDB_MODE") or ("online" if has_wandb_credentials() else "offline")
+        kwargs = {"project": self.run_name, **self.init_kwargs}
+        if mode == "online":
+            self.run = self._start_online(wandb, kwargs)
+            mode = "online" if self.run is not None else "offline"
+        if self.run is None:
+            self.run = wandb.init(mode=mode, **kwargs)
+        log.info("W&B run %s (mode=%s)", getattr(self.run, "name", "?"), mode)
+
+    def _start_online(self, wandb: Any, kwargs: dict[str, Any]) -> Any:
+        timeout = float(os.environ.get("WANDB_INIT_TIMEOUT") or WANDB_INIT_TIMEOUT_S)
+        # Before init's own timeout even starts, its "logged in as" line asks the server who the key belongs to
+        # (5 s a try, and it tries twice). Only that line needs the answer, so the question is not asked.
+        with contextlib.suppress(Exception):
+            wandb.setup(settings=wandb.Settings(x_disable_viewer=True))
+        try:
+            return wandb.init(mode="online", settings=wandb.Settings(init_timeout=timeout), **kwargs)
+        except Exception as err:  # noqa: BLE001 - CommError on timeout, AuthenticationError, ...
+            reason = (str(err).strip().splitlines() or [""])[0][:200]
+            log.warning("W&B online run did not start (%s: %s; init timeout %g s): logging offline to %s, "
+                        "upload later with `wandb sync %s`", type(err).__name__, reason, timeout,
+                        self.output_dir / "wandb", self.output_dir / "wandb" / "offline-run-*")
+            return None
+
+    @on_main_process
+    def store_init_configuration(self, values: dict) -> None:
+        self.run.config.update(values, allow_val_change=True)  # this run's config, not wandb's global one
+
+    @on_main_process
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+
+class Guarded(GeneralTracker):
+    """Any tracker, made harmless: the first failure warns once and turns it off; training goes on."""
+
+    main_process_only = True
+    requires_logging_directory = False
+
+    def __init__(self, inner: GeneralTracker) -> None:
+        self.name = inner.name
+        super().__init__()
+        self.inner = inner
+        self.live = True
+
+    @property
+    def tracker(self) -> Any:
+        """The tracker's own object (the wandb run, the SummaryWriter), or None once it failed."""
+        return getattr(self.inner, "tracker", None) if self.live else None
+
+    def call(self, what: str, fn: Callable[[], Any], fatal: bool = True) -> None:
+        if not self.live:
+            return
+        try:
+            fn()
+        except Exception as err:  # noqa: BLE001 - no tracker failure may stop training
+            warnings.warn(f"{self.name} {what} failed{', continuing without it' if fatal else ''}: {err}",
+                          stacklevel=3)
+            self.live = not fatal
+
+    @on_main_process
+    def start(self) -> None:
+        self.call("start", self.inner.start)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict) -> None:
+        self.call("config", lambda: self.inner.store_init_configuration(values), fatal=False)
+
+    @on_main_process
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        self.call("log", lambda: self.inner.log(values, step=step, **kwargs))
+
+    @on_main_process
+    def finish(self) -> None:
+        self.call("finish", self.inner.finish)
+        self.live = False
+
+
+def build_trackers(names: list[str], output_dir: Path, project: str, wandb_kwargs: dict[str, Any]) -> list[Guarded]:
+    """Unstarted trackers for `Accelerator(log_with=...)`: cheap to build on every rank; `init_trackers` starts
+    them on the main process only. TensorBoard writes to output_dir/tensorboard, W&B to output_dir/wandb."""
+    from accelerate.tracking import get_available_trackers
+
+    available = {str(t) for t in get_available_trackers()}
+    missing = [name for name in names if name not in available]
+    if missing:
+        raise ConfigError(f"--report_to: {', '.join(missing)} not installed here (installed: "
+                          f"{', '.join(sorted(available)) or 'none'}); pip install it or leave it out")
+    trackers = []
+    for name in names:
+        if name == "wandb":
+            inner: GeneralTracker = SafeWandB(project, output_dir, dir=str(output_dir), **wandb_kwargs)
+        elif name == "tensorboard":
+            inner = LOGGER_TYPE_TO_CLASS[name]("", str(output_dir / "tensorboard"))
+        else:
+            cls = LOGGER_TYPE_TO_CLASS[name]
+            inner = cls(project, str(output_dir / name)) if cls.requires_logging_directory else cls(project)
+        trackers.append(Guarded(inner))
+    return trackers
+
+
+def flat_config(values: dict[str, Any]) -> dict[str, bool | int | float | str]:
+    """Every tracker takes scalars (TensorBoard's hparams refuse None, lists and dicts): the rest as text."""
+    return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}

@@ -1,0 +1,105 @@
+"""qa_train.monitor: per-interval figures reduced across ranks, peaks reset per interval, evaluation left out."""
+
+from __future__ import annotations
+
+import math
+import time
+import types
+
+import pytest
+import torch
+
+from qa_train.hostmem import GIB, HostMemory
+from qa_train.metrics import DeviceMemory
+from qa_train.monitor import COLUMNS, IntervalMonitor, ModelCost, interval_log, reduce_ranks
+
+
+def rank(**values: float) -> dict[str, float]:
+    return {**dict.fromkeys(COLUMNS, 0.0), "elapsed_s": 1.0, "cuda_allocated_gib": math.nan,
+            "cuda_reserved_gib": math.nan, **values}
+
+
+def test_ranks_combine_mean_loss_global_throughput_and_max_memory() -> None:
+    a = rank(loss_sum=6.0, micro_batches=2, samples=16, tokens=1000, padded_tokens=1200, elapsed_s=2.0,
+             grad_norm_sum=3.0, norms=2, host_rss_gib=1.5)
+    b = rank(loss_sum=2.0, micro_batches=2, samples=16, tokens=800, padded_tokens=1200, elapsed_s=4.0,
+             grad_norm_sum=3.0, norms=2, host_rss_gib=2.5, stop=1)
+    f = reduce_ranks([a, b], ModelCost(1.0, None))
+    assert f.loss == 2.0  # (6 + 2) / 4 micro-batches: not the mean of the ranks' means when they differ in count
+    assert f.grad_norm == 1.5  # the global norm (the same on every rank), averaged over the interval's updates
+    assert f.samples_per_second == 8.0 and f.tokens_per_second == 450.0  # all ranks' work over the slowest rank
+    assert f.padded_tokens_per_second_per_device == 300.0
+    assert f.host_rss_gib == 2.5 and math.isnan(f.peak_allocated_gib)
+    assert f.stop_requested and f.bad_grad_norms == 0
+
+
+def test_non_finite_norms_are_counted_and_left_out_of_the_mean() -> None:
+    f = reduce_ranks([rank(grad_norm_sum=4.0, norms=3, bad_grad_norms=1, micro_batches=1)], ModelCost(1.0, None))
+    assert f.grad_norm == 2.0 and f.bad_grad_norms == 1
+    f = reduce_ranks([rank(norms=1, bad_grad_norms=1, micro_batches=1)], ModelCost(1.0, None))
+    assert math.isnan(f.grad_norm)
+
+
+def test_cpu_intervals_log_host_memory_and_gpu_intervals_add_cuda_memory_and_mfu() -> None:
+    cpu = reduce_ranks([rank(loss_sum=1.0, micro_batches=1, norms=1, grad_norm_sum=0.5, host_rss_gib=1.0)],
+                       ModelCost(1e9, None))
+    assert list(interval_log(cpu, ModelCost(1e9, None), lr=1e-3, epoch=0.25)) == [
+        "train/loss", "train/lr", "train/epoch", "train/grad_norm", "throughput/samples_per_second",
+        "throughput/tokens_per_second", "memory/host_rss_gib"]
+    gpu = reduce_ranks([rank(micro_batches=1, padded_tokens=4e5, cuda_allocated_gib=3.0, cuda_reserved_gib=4.0),
+                        rank(micro_batches=1, padded_tokens=4e5, cuda_allocated_gib=5.0, cuda_reserved_gib=6.0)],
+                       ModelCost(1e9, 989.0))
+    values = interval_log(gpu, ModelCost(1e9, 989.0), lr=1e-3, epoch=1.0)
+    assert values["memory/peak_allocated_gib"] == 5.0 and values["memory/peak_reserved_gib"] == 6.0
+    assert values["throughput/mfu"] == round(4e5 * 1e9 / 1e12 / 989.0, 4)
+    assert "train/grad_norm" not in values  # no update measured a norm (clipping off)
+
+
+class OneRank(types.SimpleNamespace):
+    """accelerator.gather of a single process is the identity."""
+
+    def __init__(self) -> None:
+        super().__init__(device=torch.device("cpu"), gather=lambda t: t)
+
+
+def test_host_peak_is_per_interval_and_evaluation_is_left_out() -> None:
+    rss = [1 * GIB]
+    host = HostMemory(trim=False, read_rss=lambda: rss[0])
+    host.reset()
+    monitor = IntervalMonitor(OneRank(), DeviceMemory(torch.device("cpu")), host, ModelCost(1.0, None))
+    for value in (2, 3, 2):
+        rss[0] = value * GIB
+        host.step()
+        monitor.micro_batch(torch.tensor(1.0), 4, (10, 12))
+    first = monitor.collect(stop_requested=False)
+    assert first.host_rss_gib == 3.0 and first.loss == 1.0
+    rss[0] = 2 * GIB
+    host.step()
+    monitor.micro_batch(torch.tensor(3.0), 4, (10, 12))
+    with monitor.excluded():  # evaluation: a higher peak and time that are not training's
+        rss[0] = 9 * GIB
+        host.step()
+        time.sleep(0.2)
+    second = monitor.collect(stop_requested=False)
+    assert second.host_rss_gib == 2.0 and second.loss == 3.0  # the interval restarted after the first collect
+    assert host.peak == 3 * GIB  # the phase peak is training's too
+    assert second.samples_per_second > 4 / 0.2  # the 0.2 s of "evaluation" is not in the interval's time
+
+
+def test_device_memory_on_cpu_is_nan() -> None:
+    memory = DeviceMemory(torch.device("cpu"))
+    memory.reset()
+    assert all(math.isnan(v) for v in memory.take_interval_peaks() + memory.peaks_gib())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run by the GPU session's script)")
+def test_cuda_peaks_reset_per_interval_but_not_overall() -> None:
+    device = torch.device("cuda")
+    memory = DeviceMemory(device)
+    memory.reset()
+    big = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
+    first = memory.take_interval_peaks()
+    del big
+    torch.cuda.empty_cache()
+    second = memory.take_interval_peaks()
+    assert first[0] >= 0.25 > second[0] and memory.peaks_gib()[0] >= 0.25
