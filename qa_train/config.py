@@ -27,7 +27,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "train_file": str(DEMO_TRAIN_FILE), "validation_file": str(DEMO_VALIDATION_FILE),
     "max_seq_length": 256, "doc_stride": 64, "per_device_train_batch_size": 16, "learning_rate": 1e-3,
     "weight_decay": 0.01, "warmup_ratio": 0.1, "num_train_epochs": 6.0, "logging_steps": 20,
-    "eval_before_training": True,
+    "eval_before_training": True, "eval_strategy": "epoch",
 }
 
 # accelerate's tracker names (accelerate.tracking.LOGGER_TYPE_TO_CLASS; a test keeps the two equal). "all" means

@@ -1,0 +1,82 @@
+"""One run's history on one page, from its step log (train_log.jsonl: what every tracker was sent):
+
+    python -m qa_train.dashboard RUN_DIR [--output RUN_DIR/history.png]
+
+Loss, evaluation F1 / exact match and training samples/s against the optimizer step. The same history
+is in the run's W&B and TensorBoard records; this needs neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+PANELS = (("train/loss", "training loss"), ("eval/f1", "evaluation"), ("throughput/samples_per_second", "samples/s"))
+
+
+def read_history(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """{key: [(step, value), ...]} in logged order."""
+    path = run_dir / "train_log.jsonl"
+    series: dict[str, list[tuple[int, float]]] = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise ValueError(f"{path}: line {n} is not JSON ({err})") from None
+        for key, value in row.items():
+            if key != "step" and isinstance(value, (int, float)):
+                series.setdefault(key, []).append((int(row["step"]), float(value)))
+    return series
+
+
+def history_figure(series: dict[str, list[tuple[int, float]]], title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(13, 3.6))
+    for ax, (key, label) in zip(axes, PANELS):
+        keys = [key, "eval/exact_match"] if key == "eval/f1" else [key]
+        for k in keys:
+            points = series.get(k, [])
+            if points:
+                ax.plot(*zip(*points), marker="o" if k.startswith("eval/") else None, markersize=3,
+                        label=k.split("/")[-1])
+        ax.set_xlabel("step")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+        if len(keys) > 1:
+            ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m qa_train.dashboard", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--output", type=Path, default=None, help="PNG to write (default: RUN_DIR/history.png).")
+    opts = p.parse_args(argv)
+    try:
+        series = read_history(opts.run_dir)
+    except (OSError, ValueError) as err:
+        print(f"qa_train.dashboard: error: {err}", file=sys.stderr)
+        return 2
+    if "train/loss" not in series:
+        print(f"qa_train.dashboard: error: {opts.run_dir / 'train_log.jsonl'}: no training steps logged",
+              file=sys.stderr)
+        return 2
+    out = opts.output or opts.run_dir / "history.png"
+    history_figure(series, opts.run_dir.name).savefig(out, dpi=100)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""qa_train.dashboard: the history plot is drawn from the step log, and a bad log is refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qa_train import dashboard
+
+
+def write_log(run: Path, rows: list[dict]) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_every_panel_plots_its_logged_series(tmp_path: Path) -> None:
+    rows = [{"step": 0, "eval/f1": 5.0, "eval/exact_match": 1.0}]
+    rows += [{"step": s, "train/loss": 4.0 / s, "throughput/samples_per_second": 100.0 + s} for s in (10, 20, 30)]
+    rows += [{"step": 30, "eval/f1": 40.0, "eval/exact_match": 30.0, "eval/runtime_s": 1.5}]
+    write_log(tmp_path, rows)
+    series = dashboard.read_history(tmp_path)
+    assert series["eval/f1"] == [(0, 5.0), (30, 40.0)] and series["train/loss"][0] == (10, 0.4)
+    fig = dashboard.history_figure(series, "run")
+    lines = {ax.get_title(): [(line.get_label(), list(line.get_xdata()), list(line.get_ydata()))
+                              for line in ax.get_lines()] for ax in fig.axes}
+    assert lines["training loss"] == [("loss", [10, 20, 30], [0.4, 0.2, 4.0 / 30])]
+    assert lines["evaluation"] == [("f1", [0, 30], [5.0, 40.0]), ("exact_match", [0, 30], [1.0, 30.0])]
+    assert lines["samples/s"][0][2] == [110.0, 120.0, 130.0]
+    assert dashboard.main([str(tmp_path)]) == 0 and (tmp_path / "history.png").stat().st_size > 10_000
+
+
+def test_a_broken_log_line_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "train_log.jsonl").write_text('{"step": 1, "train/loss": 1.0}\n{"step": 2, "train/lo\n')
+    assert dashboard.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"qa_train.dashboard: error: {tmp_path / 'train_log.jsonl'}: line 2 is not JSON")
+    assert not (tmp_path / "history.png").exists()
+
+
+def test_a_run_without_training_steps_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_log(tmp_path, [{"step": 0, "eval/f1": 5.0}])
+    assert dashboard.main([str(tmp_path)]) == 2
+    assert "no training steps logged" in capsys.readouterr().err
