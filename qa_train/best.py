@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("qa_train")
 BEST_FILE = "best.json"
@@ -41,3 +43,49 @@ def promote(output_dir: Path) -> Path:
         shutil.rmtree(final)
     best.rename(final)
     return final
+
+
+class BestModel:
+    """The best evaluation so far; with `keep` (--save_best) also its model, in output_dir/best.
+
+    Scores exist on the main process only; every method that decides is a collective all ranks call, so
+    they all decide alike."""
+
+    def __init__(self, accelerator: Any, output_dir: Path, keep: bool, resumed: bool) -> None:
+        self.accelerator, self.output_dir, self.keep = accelerator, output_dir, keep
+        self.score = read_best(output_dir) if keep and resumed else None
+
+    def _from_main(self, value: float) -> float:
+        import torch
+
+        mine = torch.tensor(value if self.accelerator.is_main_process else 0.0, dtype=torch.float64,
+                            device=self.accelerator.device)
+        return float(self.accelerator.reduce(mine, reduction="sum"))
+
+    def offer(self, result: Any, step: int, export: Callable[[Path], Path]) -> None:
+        """An evaluation's result (None off the main process); a better F1 becomes the best, kept if asked."""
+        f1 = self._from_main(result.f1 if result is not None else -1.0)
+        if f1 < 0 or (self.score is not None and f1 <= self.score.f1):
+            return
+        self.score = BestScore(step, result.exact_match if result is not None else float("nan"), f1)
+        if self.keep:
+            folder = export(self.output_dir / "best")
+            if self.accelerator.is_main_process:
+                write_best(folder, self.score)
+
+    def replaces_last(self, final_scores: Any) -> bool:
+        """Whether the kept model, not the last, is the export: it scored higher than the final evaluation (a
+        tie goes to the later model), or there was no final evaluation."""
+        if not self.keep or self.score is None:
+            return False
+        f1 = self._from_main(final_scores.f1 if final_scores is not None else -1.0)
+        return f1 < 0 or f1 < self.score.f1
+
+    def fields(self, final_scores: Any, step: int, exported: bool) -> dict[str, float | int | None]:
+        """metrics.json's best_* (the final evaluation included) and which step final/ holds (main process)."""
+        last = BestScore(step, final_scores.exact_match, final_scores.f1) if final_scores is not None else None
+        kept = self.score
+        top = kept if kept is not None and (last is None or kept.f1 > last.f1) else last
+        held = top.step if self.keep and top is not None else step
+        return {"best_eval_step": top.step if top else None, "best_exact_match": top.exact_match if top else None,
+                "best_f1": top.f1 if top else None, "exported_step": held if exported else None}

@@ -99,7 +99,7 @@ class Trainer:
         self.monitor = IntervalMonitor(self.accelerator, self.device_memory, self.host_memory, cost)
         # fp16's loss scaler expects overflowing gradients now and then and skips those steps itself.
         self.guard_grad_norm = self.mixed_precision != "fp16"
-        self.best = best.read_best(self.output_dir) if args.eval.save_best and self.first_step else None
+        self.best = best.BestModel(self.accelerator, self.output_dir, args.eval.save_best, self.first_step > 0)
         self.last_loss = float("nan")
         self.preempted = False
         self.train_runtime_s = 0.0
@@ -297,7 +297,7 @@ class Trainer:
         with self._not_training():
             result = self.evaluate()
             self.log_eval(result)
-            self._keep_if_best(result)
+            self.best.offer(result, self.state.completed_steps, self._export_to)
         self.model.train()
 
     def log_eval(self, result: EvalResult | None) -> None:
@@ -316,21 +316,8 @@ class Trainer:
         if folder is not None and self.args.output.wandb_log_model:
             self.tracker.log_model(folder, f"model-{self.args.output.run_name or 'qa_train'}")
 
-    def _from_main(self, value: float) -> float:
-        """The main process's value on every rank (scores exist on the main process only)."""
-        mine = torch.tensor(value if self.is_main else 0.0, dtype=torch.float64, device=self.accelerator.device)
-        return float(self.accelerator.reduce(mine, reduction="sum"))
-
-    def _keep_if_best(self, result: EvalResult | None) -> None:
-        """Remember the best evaluation; with --save_best export it to output_dir/best (every rank calls this)."""
-        f1 = self._from_main(result.f1 if result is not None else -1.0)
-        if f1 < 0 or (self.best is not None and f1 <= self.best.f1):
-            return
-        self.best = best.BestScore(self.state.completed_steps, result.exact_match if result else float("nan"), f1)
-        if self.args.eval.save_best:
-            folder = checkpoint.export_final(self.accelerator, self.model, self.tokenizer, self.output_dir / "best")
-            if self.is_main:
-                best.write_best(folder, self.best)
+    def _export_to(self, folder: Path) -> Path:
+        return checkpoint.export_final(self.accelerator, self.model, self.tokenizer, folder)
 
     def _save_checkpoint(self) -> None:
         self._check_weights()
@@ -380,15 +367,15 @@ class Trainer:
         the best model evaluated, which is the last one unless an earlier evaluation scored a higher F1."""
         if not self.args.output.save_final_model:
             return None
-        if self.args.eval.save_best and self.best is not None and not self._last_is_best(final_scores):
+        if self.best.replaces_last(final_scores):
             self.accelerator.wait_for_everyone()
             if self.is_main:
                 best.promote(self.output_dir)
-                log.info("exported the best model (step %d, F1 %.2f) to %s", self.best.step, self.best.f1,
-                         self.output_dir / "final")
+                log.info("exported the best model (step %d, F1 %.2f) to %s", self.best.score.step,
+                         self.best.score.f1, self.output_dir / "final")
             return self.output_dir / "final"
         try:
-            final = checkpoint.export_final(self.accelerator, self.model, self.tokenizer, self.output_dir / "final")
+            final = self._export_to(self.output_dir / "final")
             if self.is_main:
                 shutil.rmtree(self.output_dir / "best", ignore_errors=True)
             return final
@@ -397,11 +384,6 @@ class Trainer:
             raise ExportError(f"export to {self.output_dir / 'final'} failed: {type(err).__name__}: {reason}; "
                               "metrics.json is written, and the last checkpoint (if any) still holds the "
                               "weights") from err
-
-    def _last_is_best(self, final_scores: EvalResult | None) -> bool:
-        """Without a final evaluation the kept best model wins; a tie goes to the last (later) model."""
-        f1 = self._from_main(final_scores.f1 if final_scores is not None else -1.0)
-        return f1 >= 0 and self.best is not None and f1 >= self.best.f1
 
     def metrics(self, scores: EvalResult | None, initial: EvalResult | None) -> RunMetrics | None:
         """Gather every rank's figures (a collective) and build metrics.json's content on the main process."""
@@ -418,7 +400,7 @@ class Trainer:
         return RunMetrics(
             **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},
             exact_match=scores.exact_match if scores else None, f1=scores.f1 if scores else None,
-            **self._best_fields(scores),
+            **self.best.fields(scores, self.state.completed_steps, self.args.output.save_final_model),
             initial_exact_match=initial.exact_match if initial else None, initial_f1=initial.f1 if initial else None,
             initial_eval_step=self.first_step if initial else None,
             train_runtime_s=round(self.train_runtime_s, 3), eval_runtime_s=scores.runtime_s if scores else None,
@@ -433,16 +415,6 @@ class Trainer:
             per_device_train_batch_size=self.args.data.per_device_train_batch_size, max_seq_length=seq,
             output_dir=str(self.output_dir), qa_train_version=__version__, args=self.args.to_dict(),
         )
-
-    def _best_fields(self, scores: EvalResult | None) -> dict[str, float | int | None]:
-        """The best evaluation (the final one included) and which step final/ will hold (main process)."""
-        last = best.BestScore(self.state.completed_steps, scores.exact_match, scores.f1) if scores else None
-        kept = self.best
-        top = kept if kept is not None and (last is None or kept.f1 > last.f1) else last
-        save = self.args.output.save_final_model
-        exported = (top.step if self.args.eval.save_best and top is not None else self.state.completed_steps)
-        return {"best_eval_step": top.step if top else None, "best_exact_match": top.exact_match if top else None,
-                "best_f1": top.f1 if top else None, "exported_step": exported if save else None}
 
     def record(self, metrics: RunMetrics | None) -> None:
         """metrics.json and the tracker's summary (main process), before the export that may still fail."""
