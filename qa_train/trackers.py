@@ -120,7 +120,9 @@ class Guarded(GeneralTracker):
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
-        self.call("config", lambda: self.inner.store_init_configuration(values), fatal=False)
+        # W&B keeps nested values (the DeepSpeed config) browsable; the others take scalars only.
+        shown = values if self.name == "wandb" else flat_config(values)
+        self.call("config", lambda: self.inner.store_init_configuration(shown), fatal=False)
 
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:

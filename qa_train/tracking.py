@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from qa_train.schema import RunMetrics
-from qa_train.trackers import flat_config
 
 log = logging.getLogger("qa_train")
 
@@ -50,7 +49,7 @@ class Tracker:
             forget_steps_after(self.step_log, resumed_at)
         elif self.step_log.exists():
             self.step_log.unlink()
-        self.accelerator.init_trackers(project, flat_config(config))
+        self.accelerator.init_trackers(project, config)
 
     def _wandb(self, what: str, fn: Any) -> None:
         """fn(run) on the live W&B run, if there is one; a failure warns and leaves the run as it is."""

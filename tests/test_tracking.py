@@ -399,6 +399,22 @@ def test_start_creates_the_output_dir(tmp_path: Path) -> None:
     assert out.is_dir()
 
 
+@pytest.mark.usefixtures("no_credentials")
+def test_wandb_gets_the_config_nested_and_tensorboard_as_scalars(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    fake = install(monkeypatch, FakeWandb())
+    updates: list[dict] = []
+    fake.run.config = types.SimpleNamespace(update=lambda values, allow_val_change: updates.append(values))
+    board = build_trackers(["tensorboard"], tmp_path, "qa", {})[0]
+    shown: list[dict] = []
+    monkeypatch.setattr(board.inner, "store_init_configuration", shown.append)
+    config = {"lr": 1e-3, "resume": None, "deepspeed_config": {"zero_optimization": {"stage": 3}}}
+    tracker = Tracker(Stand([wandb_tracker(tmp_path), board]), tmp_path)
+    tracker.start("qa", config, resumed_at=0)
+    assert updates == [config]
+    assert shown == [{"lr": 1e-3, "resume": "None", "deepspeed_config": "{'zero_optimization': {'stage': 3}}"}]
+
+
 def test_tensorboard_events_hold_what_was_logged(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
