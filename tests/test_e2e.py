@@ -22,7 +22,7 @@ def single_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env.pop("WANDB_MODE", None)  # no credentials: the run must fall back to offline W&B by itself
     out = tmp / "run"
     flags = tiny_flags(out, "--max_train_steps", "300", "--eval_before_training", "--logging_steps", "50",
-                       "--eval_strategy", "steps", "--eval_steps", "100", "--wandb_log_model")
+                       "--eval_strategy", "steps", "--eval_steps", "50", "--wandb_log_model")
     flags[flags.index("--report_to") + 1] = "all"
     run_ok([PY, "-m", "qa_train", *flags], env)
     return out
@@ -32,7 +32,7 @@ TRAIN_KEYS = {"train/loss", "train/lr", "train/epoch", "train/grad_norm", "throu
               "throughput/tokens_per_second", "memory/host_rss_gib"}  # CUDA memory and MFU only on a GPU
 EVAL_KEYS = {"eval/exact_match", "eval/f1", "eval/runtime_s"}
 LOG_STEPS = [50, 100, 150, 200, 250, 300]
-EVAL_STEPS = [0, 100, 200, 300]  # before training, every --eval_steps, and the final evaluation
+EVAL_STEPS = [0, 50, 100, 150, 200, 250, 300]  # before training, every --eval_steps, and the final evaluation
 
 
 def test_single_process_metrics_are_sane(single_run: Path) -> None:
