@@ -1,13 +1,20 @@
 """Benchmark strategies: the same flags and step count under each accelerate config, then one report.
 
-    python -m qa_train.bench [--configs single ddp zero2 ...] [--num_processes 2] [--cpu]
+    python -m qa_train.bench [--configs single ddp zero2 ...] [--num_processes 1 2 4] [--repeats 3]
+                             [--scaling weak|strong [--global_batch_size G]] [--cpu]
                              [--output_dir runs/bench] [--max_train_steps 30] [-- qa_train flags]
+    python -m qa_train.bench --slurm --nodes 1 2 [--procs_per_node P] [...]   # one SLURM job per point
     python -m qa_train.bench --ablation [...]     # each speed feature flipped alone, one process
 
-Runs go one at a time through `python -m qa_train.launch` (so every rank has the machine to itself),
-each into OUTPUT_DIR/<run name> with its log in launch.log there. A failed run is reported and the
-others still run; the exit status is 1 if any failed. Without model/data flags after `--`, the
-bundled tiny BERT and demo data are used.
+Every config runs at every process count (`single` at one), `--repeats` times, all points once before
+any repeats (so a slow spell of a shared machine spreads over every config). Weak scaling (the
+default) keeps the per-device batch; strong scaling keeps the global batch and divides the per-device
+batch by the process count. Runs go one at a time through `python -m qa_train.launch` (so every rank
+has the machine to itself), each into OUTPUT_DIR/<config>-p<N>-r<k> with its log in launch.log there.
+A failed run is reported and the others still run; the exit status is 1 if any failed. Without
+model/data flags after `--`, the bundled tiny BERT and demo data are used. The report (OUTPUT_DIR/report)
+gives each point's median and min-max over its repeats, and speed-up and efficiency against the same
+config's smallest run.
 """
 
 from __future__ import annotations
@@ -18,12 +25,13 @@ import signal
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from qa_train import launch, report
+from qa_train import launch, report, slurm_sweep
 from qa_train.config import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
+from qa_train.sweep import SCALINGS, Point, SweepError, strong_scaling, with_repeats
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
 # (flags that replace it, default flags): a default model or dataset is dropped as a whole as soon
@@ -42,18 +50,8 @@ LOG_TAIL_LINES = 25
 
 
 @dataclass
-class Plan:
-    """One benchmark run: its name, config, process count and the flags peculiar to it."""
-
-    name: str
-    config: str
-    processes: int
-    extra: list[str] = field(default_factory=list)
-
-
-@dataclass
 class Outcome:
-    plan: Plan
+    point: Point
     run_dir: Path
     log: Path
     returncode: int
@@ -74,7 +72,8 @@ def model_and_data_defaults(user_flags: list[str]) -> list[str]:
     return [flag for names, defaults in DEFAULT_GROUPS if not given & names for flag in defaults]
 
 
-def strategy_plans(configs: list[str], processes: int, on_cpu: bool) -> list[Plan]:
+def strategy_plans(configs: list[str], process_counts: list[int], on_cpu: bool) -> list[Point]:
+    """Each config at each process count; `single` runs one process whatever the counts."""
     plans = []
     for name in configs:
         if not (CONFIG_DIR / f"{name}.yaml").is_file():
@@ -86,11 +85,11 @@ def strategy_plans(configs: list[str], processes: int, on_cpu: bool) -> list[Pla
             print(f"skipping {name}: {refusal}; run it on GPUs", flush=True)
             continue
         single = str(cfg.get("distributed_type", "NO")) == "NO"
-        plans.append(Plan(name, name, 1 if single else processes))
+        plans += [Point(name, name, n) for n in ([1] if single else process_counts)]
     return plans
 
 
-def ablation_plans(on_cpu: bool) -> list[Plan]:
+def ablation_plans(on_cpu: bool) -> list[Point]:
     """One process: the defaults, then each speed feature flipped alone (off if on by default, else on)."""
     flips = [
         ("pad-to-max", ["--pad_to_max_length", "true"]),        # dynamic padding off
@@ -104,7 +103,7 @@ def ablation_plans(on_cpu: bool) -> list[Plan]:
     else:  # features that only exist on CUDA
         flips += [("fp32", ["--mixed_precision", "no"]), ("unfused-adamw", ["--optim", "adamw_torch"]),
                   ("no-workers", ["--dataloader_num_workers", "0"])]
-    return [Plan("default", "single", 1)] + [Plan(name, "single", 1, flags) for name, flags in flips]
+    return [Point("default", "single", 1)] + [Point(name, "single", 1, extra=flags) for name, flags in flips]
 
 
 def free_port(taken: set[int]) -> int:
@@ -117,23 +116,24 @@ def free_port(taken: set[int]) -> int:
             return port
 
 
-def run_one(plan: Plan, opts: argparse.Namespace, train_flags: list[str], port: int) -> Outcome:
-    run_dir = (Path(opts.output_dir) / plan.name).resolve()
+def run_one(point: Point, opts: argparse.Namespace, train_flags: list[str], port: int) -> Outcome:
+    run_dir = (Path(opts.output_dir) / point.name).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.json").unlink(missing_ok=True)  # a stale file must not pass for this run's result
+    point.write(run_dir)
     cmd = [sys.executable, "-m", "qa_train.launch", *(["--cpu"] if opts.cpu else []),
-           "--config_file", str(CONFIG_DIR / f"{plan.config}.yaml"), "--num_processes", str(plan.processes),
-           "--main_process_port", str(port), "--", *train_flags, *plan.extra,
-           "--max_train_steps", str(opts.max_train_steps), "--output_dir", str(run_dir), "--run_name", plan.name,
+           "--config_file", str(CONFIG_DIR / f"{point.config}.yaml"), "--num_processes", str(point.processes),
+           "--main_process_port", str(port), "--", *train_flags, *point.extra,
+           "--max_train_steps", str(opts.max_train_steps), "--output_dir", str(run_dir), "--run_name", point.name,
            "--overwrite_output_dir"]  # the bench owns its run folders: a rerun replaces them
-    log, env = run_dir / "launch.log", thread_env(plan.processes, opts.cpu)
+    log, env = run_dir / "launch.log", thread_env(point.processes, opts.cpu)
     threads = f", {env['OMP_NUM_THREADS']} thread(s) each" if opts.cpu else ""
-    print(f"[bench] {plan.name}: {plan.config} x {plan.processes} process(es){threads}, log {log}", flush=True)
+    print(f"[bench] {point.name}: {point.config} x {point.processes} process(es){threads}, log {log}", flush=True)
     with log.open("w") as f:
         f.write("+ " + " ".join(cmd) + "\n")
         f.flush()
         code = _run_logged(cmd, env, f, opts.timeout_s)
-    return Outcome(plan, run_dir, log, code)
+    return Outcome(point, run_dir, log, code)
 
 
 def thread_env(processes: int, on_cpu: bool) -> dict[str, str]:
@@ -167,7 +167,7 @@ def describe_failure(outcome: Outcome) -> str:
     lines = outcome.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
     why = f"exit {outcome.returncode}" if outcome.returncode else "exit 0 but no metrics.json"
     tail = "\n".join(f"    {line}" for line in lines)
-    return f"[bench] FAILED {outcome.plan.name} ({why}); log {outcome.log}, last lines:\n{tail}"
+    return f"[bench] FAILED {outcome.point.name} ({why}); log {outcome.log}, last lines:\n{tail}"
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -176,8 +176,16 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", default=None,
                    help="Config names from accelerate_configs/ (default: all that can run here).")
-    p.add_argument("--num_processes", type=int, default=None,
-                   help="Processes for multi-process configs (default: 2 on CPU, every visible GPU).")
+    p.add_argument("--num_processes", type=int, nargs="+", default=None,
+                   help="Process counts for multi-process configs, each a point of the sweep "
+                        "(default: 2 on CPU, every visible GPU).")
+    p.add_argument("--repeats", type=int, default=1, help="Runs per point; the report gives median and min-max.")
+    p.add_argument("--scaling", choices=SCALINGS, default="weak",
+                   help="weak: every process keeps the per-device batch (the global batch grows); strong: the "
+                        "global batch stays fixed and the per-device batch is divided by the process count.")
+    p.add_argument("--global_batch_size", type=int, default=None,
+                   help="Strong scaling's fixed global batch (default: the per-device batch x accumulation at "
+                        "the smallest process count).")
     p.add_argument("--cpu", action="store_true", help="Run on CPU processes (default when no GPU is visible).")
     p.add_argument("--output_dir", default="runs/bench", help="One sub-directory per run, plus report/.")
     p.add_argument("--max_train_steps", type=int, default=30, help="Optimizer steps per run.")
@@ -185,12 +193,29 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="Instead of strategies: one process with the defaults, then each speed feature flipped alone.")
     p.add_argument("--timeout_s", type=float, default=3600, help="Per-run wall-clock limit.")
     p.add_argument("--wandb", action="store_true", help="Also log the report to W&B.")
+    slurm_sweep.add_arguments(p)
     opts = p.parse_args(argv[:cut])
-    if opts.ablation and opts.configs:
-        p.error("--ablation runs the single config only; drop --configs")
-    if opts.max_train_steps <= 0:
-        p.error(f"--max_train_steps must be positive, got {opts.max_train_steps}")
+    problem = check_options(opts)
+    if problem:
+        p.error(problem)
     return opts, argv[cut + 1:]
+
+
+def check_options(opts: argparse.Namespace) -> str | None:
+    """The first flag combination that cannot work, as one line, or None."""
+    if opts.ablation and opts.configs:
+        return "--ablation runs the single config only; drop --configs"
+    if opts.ablation and (opts.slurm or opts.scaling == "strong" or opts.num_processes):
+        return "--ablation runs one local process per feature; drop --slurm, --scaling strong and --num_processes"
+    if opts.max_train_steps <= 0:
+        return f"--max_train_steps must be positive, got {opts.max_train_steps}"
+    if opts.repeats < 1:
+        return f"--repeats must be at least 1, got {opts.repeats}"
+    if any(n < 1 for n in opts.num_processes or []):
+        return f"--num_processes: every count must be at least 1, got {opts.num_processes}"
+    if opts.global_batch_size is not None and (opts.scaling != "strong" or opts.global_batch_size < 1):
+        return f"--global_batch_size {opts.global_batch_size}: only with --scaling strong, and at least 1"
+    return slurm_sweep.check_options(opts)
 
 
 def resolve_device(opts: argparse.Namespace) -> None:
@@ -200,17 +225,26 @@ def resolve_device(opts: argparse.Namespace) -> None:
         print("[bench] no GPU visible: running on CPU processes", flush=True)
         opts.cpu = True
     if opts.num_processes is None:
-        opts.num_processes = 2 if opts.cpu else torch.cuda.device_count()
+        opts.num_processes = [2 if opts.cpu else torch.cuda.device_count()]
 
 
-def main(argv: list[str] | None = None) -> int:
-    opts, user_flags = parse(sys.argv[1:] if argv is None else argv)
-    resolve_device(opts)
-    train_flags = [*model_and_data_defaults(user_flags), *DEFAULT_FLAGS, *user_flags]
-    plans = (ablation_plans(opts.cpu) if opts.ablation
-             else strategy_plans(opts.configs or available_configs(), opts.num_processes, opts.cpu))
-    ports: set[int] = set()
-    outcomes = [run_one(plan, opts, train_flags, free_port(ports)) for plan in plans]
+def sweep_plans(opts: argparse.Namespace, train_flags: list[str]) -> list[Point]:
+    """Every run of the sweep in the order they run: points (scaled as asked) x repeats."""
+    if opts.ablation:
+        points = ablation_plans(opts.cpu)
+    elif opts.slurm:
+        configs = opts.configs or [c for c in available_configs() if c != "single"]
+        points = slurm_sweep.node_points(strategy_plans(configs, [1], opts.cpu), opts.nodes or [1], opts.procs_per_node)
+    else:
+        points = strategy_plans(opts.configs or available_configs(), sorted(set(opts.num_processes)), opts.cpu)
+    if opts.scaling == "strong" and points:
+        points, total = strong_scaling(points, train_flags, opts.global_batch_size)
+        print(f"[bench] strong scaling: global batch {total} at every process count", flush=True)
+    return with_repeats(points, opts.repeats)
+
+
+def finish(outcomes: list[Outcome], opts: argparse.Namespace) -> int:
+    """Name the failures, report the finished runs, and the exit status."""
     failed = [o for o in outcomes if not o.ok]
     for outcome in failed:
         print(describe_failure(outcome), file=sys.stderr, flush=True)
@@ -221,8 +255,24 @@ def main(argv: list[str] | None = None) -> int:
         print(report.markdown_table(rows))
         print(f"\n[bench] report: {out / 'report.md'}")
     print(f"[bench] {len(done)} of {len(outcomes)} runs finished"
-          + (f"; failed: {', '.join(o.plan.name for o in failed)}" if failed else ""), flush=True)
+          + (f"; failed: {', '.join(o.point.name for o in failed)}" if failed else ""), flush=True)
     return 1 if failed or not outcomes else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts, user_flags = parse(sys.argv[1:] if argv is None else argv)
+    train_flags = [*model_and_data_defaults(user_flags), *DEFAULT_FLAGS, *user_flags]
+    try:
+        if opts.slurm:  # the compute nodes' devices count, not this login node's
+            return slurm_sweep.submit_all(sweep_plans(opts, train_flags), opts, train_flags, CONFIG_DIR)
+        resolve_device(opts)
+        plans = sweep_plans(opts, train_flags)
+    except SweepError as err:
+        print(f"qa_train.bench: error: {err}", file=sys.stderr)
+        return 2
+    ports: set[int] = set()
+    outcomes = [run_one(point, opts, train_flags, free_port(ports)) for point in plans]
+    return finish(outcomes, opts)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,12 @@ Callbacks observe only: nothing here changes training state. Each rank measures 
 from __future__ import annotations
 
 import dataclasses
-import resource
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from qa_train.hostmem import lifetime_peak_bytes
 from qa_train.schema import PerRank, TrainFigures
 
 GIB = 1024**3  # the *_gb keys of metrics.json are GiB, as nvidia-smi and torch report memory
@@ -118,7 +118,7 @@ class DeviceMemory:
 
 
 def lifetime_rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux reports KiB
+    return lifetime_peak_bytes() / GIB
 
 
 @dataclass
@@ -133,6 +133,7 @@ class RankFigures:
     cuda_allocated_gib: float
     cuda_reserved_gib: float
     train_rss_gib: float
+    baseline_rss_gib: float  # host RSS before the model existed (HostMemory.mark_baseline)
     lifetime_rss_gib: float
     last_loss: float
 
@@ -170,5 +171,6 @@ def summarize(ranks: list[RankFigures], flops_per_token_padded: float, peak: flo
         peak_memory_gb=PerRank.of(train_memory),
         peak_memory_reserved_gb=PerRank.of([r.cuda_reserved_gib for r in ranks]),
         train_host_rss_gb=PerRank.of([r.train_rss_gib for r in ranks]),
+        host_rss_baseline_gb=PerRank.of([r.baseline_rss_gib for r in ranks]),
         peak_host_rss_gb=PerRank.of([r.lifetime_rss_gib for r in ranks]),
     )

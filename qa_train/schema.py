@@ -62,7 +62,12 @@ class TrainFigures:
     peak_memory_reserved_gb: PerRank = field(default_factory=PerRank)
     """CUDA max reserved by the caching allocator per rank, GiB; empty on CPU."""
     train_host_rss_gb: PerRank = field(default_factory=PerRank)
-    """Host RSS peak of the training phase per rank, GiB (sampled once per step)."""
+    """Host RSS peak of the training phase per rank, GiB: the kernel's high-water mark (VmHWM) since the first
+    step where Linux lets it be restarted, else RSS sampled once per step."""
+    host_rss_baseline_gb: PerRank = field(default_factory=PerRank)
+    """Host RSS per rank right before the model's parameters were created (libraries, model code, data and
+    process group already in memory), GiB: the idle baseline. train_host_rss_gb minus this is what model
+    states and activations took on CPU, the figure `qa_train.plan` estimates."""
     peak_host_rss_gb: PerRank = field(default_factory=PerRank)
     """Lifetime host RSS peak per rank (loading and evaluation included), GiB."""
 

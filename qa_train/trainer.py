@@ -26,7 +26,8 @@ from qa_train.hostmem import HostMemory
 from qa_train.inputs import Splits, build_loaders, featurize_splits, load_splits
 from qa_train.metrics import (DeviceMemory, RankFigures, ThroughputMeter, device_name, gather_figures,
                               lifetime_rss_gib, peak_tflops, summarize)
-from qa_train.modeling import check_positions, flops_per_token, load_config, load_model, load_tokenizer
+from qa_train.modeling import (check_positions, flops_per_token, import_model_code, load_config, load_model,
+                               load_tokenizer)
 from qa_train.monitor import IntervalMonitor, ModelCost, interval_log
 from qa_train.optimization import batches_per_rank, build_optimizer, plan_steps
 from qa_train.postprocess import SpanRules
@@ -120,6 +121,8 @@ class Trainer:
 
     def _build_model(self) -> None:
         args, accelerator = self.args, self.accelerator
+        import_model_code(self.model_config)
+        self.host_memory.mark_baseline()  # training memory is what the run adds above this
         model = load_model(args.model, self.tokenizer, self.model_config)
         if args.system.torch_compile:
             model = torch.compile(model, dynamic=not args.data.pad_to_max_length)
@@ -389,7 +392,7 @@ class Trainer:
         """Gather every rank's figures (a collective) and build metrics.json's content on the main process."""
         m = self.meter
         mine = RankFigures(m.samples, m.tokens, m.padded_tokens, m.elapsed, m.timed_steps, *self.train_memory,
-                           lifetime_rss_gib(), self.last_loss)
+                           self.host_memory.baseline_gib, lifetime_rss_gib(), self.last_loss)
         ranks = gather_figures(self.accelerator, mine)
         if not self.is_main:
             return None

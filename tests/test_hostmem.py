@@ -102,3 +102,26 @@ def test_reset_starts_a_new_phase_and_off_never_trims() -> None:
     off.step()
     off.trim()
     assert off.trims == 0
+
+
+def _touch_and_free(mib: int) -> None:
+    block = bytearray(b"\x01") * (mib * MIB)  # above glibc's mmap threshold: unmapped again on free
+    del block
+
+
+def test_training_peak_counts_what_a_step_frees_before_the_sample_and_the_lifetime_peak_survives() -> None:
+    from qa_train.hostmem import kernel_peak_bytes, lifetime_peak_bytes
+
+    if kernel_peak_bytes() is None:
+        pytest.skip("no /proc/self/status VmHWM on this system")
+    _touch_and_free(300)  # an earlier phase's peak (loading, evaluation)
+    lifetime_before = lifetime_peak_bytes()
+    memory = HostMemory(trim=True)
+    memory.reset()
+    assert memory._kernel_restarted, "the kernel refused to restart its high-water mark (/proc/self/clear_refs)"
+    _touch_and_free(200)  # a step's activations, gone before the step's sample
+    memory.step()
+    assert memory.peak - memory.floor < 50 * MIB  # the per-step sample alone sees nothing of it
+    assert memory.peak_gib * GIB - memory.floor > 190 * MIB
+    assert memory.peak_gib * GIB < lifetime_before  # the training peak is the training phase's alone
+    assert lifetime_peak_bytes() >= lifetime_before  # ... while the lifetime peak is kept across the restart

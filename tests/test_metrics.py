@@ -18,7 +18,7 @@ NAN = float("nan")
 def rank(samples: float, elapsed: float, rss: float, cuda: float = NAN, loss: float = 1.0) -> RankFigures:
     return RankFigures(samples=samples, tokens=samples * 100, padded_tokens=samples * 128, elapsed_s=elapsed,
                        timed_steps=10, cuda_allocated_gib=cuda, cuda_reserved_gib=cuda * 1.25,
-                       train_rss_gib=rss, lifetime_rss_gib=rss + 0.5, last_loss=loss)
+                       train_rss_gib=rss, baseline_rss_gib=rss - 0.25, lifetime_rss_gib=rss + 0.5, last_loss=loss)
 
 
 def test_throughput_sums_ranks_over_the_slowest_and_memory_stays_per_rank() -> None:
@@ -31,6 +31,7 @@ def test_throughput_sums_ranks_over_the_slowest_and_memory_stays_per_rank() -> N
     assert fig.peak_memory_source == "host_rss_during_training"
     assert fig.peak_memory_gb == PerRank([1.0, 1.5], 1.5, 1.25) == fig.train_host_rss_gb
     assert fig.peak_host_rss_gb == PerRank([1.5, 2.0], 2.0, 1.75)
+    assert fig.host_rss_baseline_gb == PerRank([0.75, 1.25], 1.25, 1.0)
     assert fig.peak_memory_reserved_gb == PerRank()  # NaN on CPU: no CUDA figures at all
 
 
@@ -50,6 +51,7 @@ def test_rank_figures_travel_as_rows_by_field_name() -> None:
     assert len(row) == len(dataclasses.fields(RankFigures)) and row[0] == 7.0 and row[-1] == 0.25
     back = RankFigures.from_row(row)
     assert back.last_loss == 0.25 and back.train_rss_gib == 0.5 and math.isnan(back.cuda_allocated_gib)
+    assert back.baseline_rss_gib == 0.25
 
 
 @pytest.mark.parametrize(("name", "precision", "peak"), [

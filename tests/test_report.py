@@ -9,16 +9,21 @@ import pytest
 
 from conftest import PY, base_env, read_metrics, run_cmd, run_ok
 from qa_train import report
+from qa_train.report_plots import IDEAL
 from qa_train.schema import PerRank, RunMetrics
+from qa_train.sweep import Point
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def fake_metrics(out: Path, strategy: str, world: int, samples_s: float, rss: float,
                  em: float | None = None, f1: float | None = None, offload: str = "none",
-                 gpu: float | None = None) -> Path:
-    """A metrics.json written from the one schema run.py writes it from, with the figures the report reads."""
+                 gpu: float | None = None, point: Point | None = None, batch: int = 8) -> Path:
+    """A metrics.json written from the one schema run.py writes it from, with the figures the report reads;
+    with `point`, the sweep_point.json a bench sweep writes beside it."""
     out.mkdir(parents=True)
+    if point is not None:
+        point.write(out)
     mem = gpu if gpu is not None else rss
 
     def per_rank(v: float | None) -> PerRank:
@@ -31,10 +36,10 @@ def fake_metrics(out: Path, strategy: str, world: int, samples_s: float, rss: fl
         peak_memory_source="cuda_max_allocated" if gpu is not None else "host_rss_during_training",
         peak_memory_gb=per_rank(mem), peak_memory_reserved_gb=per_rank(gpu),
         train_host_rss_gb=per_rank(rss), peak_host_rss_gb=per_rank(rss + 0.25),
-        train_runtime_s=10.0, train_steps=6, world_size=world, strategy=strategy,
+        train_runtime_s=round(6 * 8 * world / samples_s, 3), train_steps=6, world_size=world, strategy=strategy,
         zero_stage=int(strategy[-1]) if strategy.startswith("zero") else None, offload=offload,
-        mixed_precision="no", device="cpu", global_batch_size=8 * world,
-        per_device_train_batch_size=8, max_seq_length=192, num_parameters=1000,
+        mixed_precision="no", device="cpu", global_batch_size=batch * world,
+        per_device_train_batch_size=batch, max_seq_length=192, num_parameters=1000,
         output_dir=str(out), args={"run_name": out.name},
     )
     (out / "metrics.json").write_text(json.dumps(metrics.to_json()))
@@ -58,51 +63,110 @@ def table_rows(markdown: str) -> list[dict[str, str]]:
 
 def test_table_has_every_column_speedup_and_dash_for_missing_scores(runs: Path, tmp_path: Path) -> None:
     run_dirs = [runs / "single", runs / "ddp", runs / "zero2"]
-    out_rows, paths = report.build_report(run_dirs, tmp_path / "report")
-    assert [r.speedup for r in out_rows] == [1.0, 1.5, 1.25]
+    groups, paths = report.build_report(run_dirs, tmp_path / "report")
+    assert [g.vs_baseline for g in groups] == [1.0, 1.5, 1.25]
     rows = {r["run"]: r for r in table_rows(paths["markdown"].read_text())}
     assert list(rows) == ["single", "ddp", "zero2"]
     assert list(rows["ddp"]) == list(report.COLUMNS)
-    assert rows["single"]["speed-up"] == "1.00x" and rows["ddp"]["speed-up"] == "1.50x"
-    assert rows["zero2"]["speed-up"] == "1.25x"
+    assert rows["single"]["vs baseline"] == "1.00x" and rows["ddp"]["vs baseline"] == "1.50x"
+    assert rows["zero2"]["vs baseline"] == "1.25x"
+    # One scale per config: a one-process run is its own 1.00x, a two-process one has nothing to scale from.
+    assert (rows["single"]["speed-up"], rows["single"]["efficiency"]) == ("1.00x", "100%")
+    assert rows["ddp"]["speed-up"] == report.DASH and rows["ddp"]["efficiency"] == report.DASH
     assert rows["ddp"]["EM / F1"] == "11.0 / 21.0" and rows["zero2"]["EM / F1"] == report.DASH
     assert rows["zero2"]["strategy"] == "zero2+offload(optimizer)"
     assert (rows["ddp"]["processes"], rows["ddp"]["global batch"], rows["ddp"]["samples/s"]) == ("2", "16", "60.0")
+    assert (rows["ddp"]["nodes"], rows["ddp"]["runs"], rows["ddp"]["train time s"]) == ("1", "1", "1.60")
     assert rows["ddp"]["tokens/s"] == "9,000" and rows["ddp"]["MFU"] == report.DASH
     assert rows["ddp"]["peak memory/rank max / mean"] == "0.60 / 0.54 GiB (host RSS)"
     assert rows["ddp"]["host RSS lifetime max"] == "0.85 GiB"
     saved = json.loads(paths["json"].read_text())
-    assert saved["baseline"] == "single" and len(saved["rows"]) == 3
+    assert saved["baseline"] == "single x1" and len(saved["rows"]) == 3 and len(saved["groups"]) == 3
     assert saved["rows"][1]["samples_per_s"] == 60.0 and saved["rows"][2]["exact_match"] is None
+    assert saved["groups"][1]["figures"]["samples_per_s"] == {"median": 60.0, "lo": 60.0, "hi": 60.0}
+    assert not (tmp_path / "report" / "speedup.png").exists()  # no config ran at two scales
 
 
-def test_parent_dir_expands_and_no_single_run_means_no_speedup(runs: Path, tmp_path: Path) -> None:
-    rows, base = report.build_rows(report.find_runs([runs]))
-    assert [r.run for r in rows] == ["ddp", "single", "zero2"] and base is not None and base.run == "single"
-    rows, base = report.build_rows([runs / "ddp", runs / "zero2"])
-    assert base is None and all(r.speedup is None for r in rows)
-    assert all(r["speed-up"] == report.DASH for r in table_rows(report.markdown_table(rows)))
+def test_parent_dir_expands_and_no_single_run_means_no_baseline(runs: Path, tmp_path: Path) -> None:
+    _, groups, base = report.build_groups(report.find_runs([runs]))
+    assert [g.label for g in groups] == ["ddp", "single", "zero2"] and base is not None and base.label == "single"
+    _, groups, base = report.build_groups([runs / "ddp", runs / "zero2"])
+    assert base is None and all(g.vs_baseline is None for g in groups)
+    assert all(r["vs baseline"] == report.DASH for r in table_rows(report.markdown_table(groups)))
+
+
+def sweep(root: Path, label: str, strategy: str, rates: dict[int, list[float]], batch: dict[int, int]) -> None:
+    """Fake runs of one config at several process counts and repeats, as a bench sweep leaves them."""
+    for procs, per_repeat in rates.items():
+        for k, rate in enumerate(per_repeat, 1):
+            point = Point(label, label, procs, repeat=k)
+            fake_metrics(root / point.name, strategy if procs > 1 else "single", procs, rate, 0.5 + 0.1 * k,
+                         em=10.0 + k, f1=20.0 + k, point=point, batch=batch[procs])
+
+
+def test_repeats_give_median_and_range_and_speedup_against_one_process(tmp_path: Path) -> None:
+    root = tmp_path / "sweep"
+    # Strong scaling: global batch 16 at 1, 2 and 4 processes.
+    sweep(root, "ddp", "ddp", {1: [40.0, 44.0, 42.0], 2: [70.0, 84.0, 80.0], 4: [120.0, 140.0, 126.0]},
+          {1: 16, 2: 8, 4: 4})
+    sweep(root, "zero2", "zero2", {1: [30.0, 30.0, 30.0], 2: [45.0, 48.0, 51.0]}, {1: 8, 2: 8})  # weak
+    groups, paths = report.build_report([root], tmp_path / "report")
+    by = {(g.label, g.processes): g for g in groups}
+    assert list(by) == [("ddp", 1), ("ddp", 2), ("ddp", 4), ("zero2", 1), ("zero2", 2)]
+    ddp2 = by["ddp", 2]
+    assert ddp2.runs == ["ddp-p2-r1", "ddp-p2-r2", "ddp-p2-r3"]
+    assert (ddp2.figures.samples_per_s.median, ddp2.figures.samples_per_s.lo, ddp2.figures.samples_per_s.hi) == (
+        80.0, 70.0, 84.0)
+    speedup = (ddp2.speedup.median, ddp2.speedup.lo, ddp2.speedup.hi)
+    assert speedup == pytest.approx((80 / 42, 70 / 42, 84 / 42))  # each over 42.0, the 1-process median
+    assert ddp2.efficiency.median == pytest.approx(80 / 42 / 2) and by["ddp", 4].efficiency.median == 0.75
+    assert by["ddp", 1].speedup.median == 1.0 and by["zero2", 2].speedup.median == pytest.approx(48 / 30)
+    rows = {(r["run"], r["processes"]): r for r in table_rows(paths["markdown"].read_text())}
+    assert rows["ddp", "2"]["samples/s"] == "80.0 (70.0-84.0)" and rows["ddp", "2"]["runs"] == "3"
+    assert rows["ddp", "2"]["speed-up"] == "1.90x (1.67-2.00x)" and rows["ddp", "2"]["efficiency"] == "95% (83-100%)"
+    assert rows["zero2", "1"]["samples/s"] == "30.0" and rows["ddp", "2"]["EM / F1"] == "12.0 (11.0-13.0) / 22.0 (21.0-23.0)"
+    assert rows["ddp", "2"]["train time s"] == "1.20 (1.14-1.37)"  # 96 samples / samples/s of each repeat
+    text = paths["markdown"].read_text()
+    assert "ddp strong (global batch 16)" in text and "zero2 weak (per-device batch 8)" in text
+    assert "![speedup](speedup.png)" in text and paths["speedup"].read_bytes()[:8] == PNG_MAGIC
+
+
+def test_plots_carry_error_bars_and_the_ideal_speedup_line(tmp_path: Path) -> None:
+    root = tmp_path / "sweep"
+    sweep(root, "ddp", "ddp", {1: [40.0, 44.0, 42.0], 2: [70.0, 84.0, 80.0], 4: [120.0, 140.0, 126.0]},
+          {1: 16, 2: 8, 4: 4})
+    _, groups, _ = report.build_groups(report.find_runs([root]))
+    lines = report.line_data(report.speedup_figure(groups))
+    assert lines["ddp"][0] == [1.0, 2.0, 4.0] and lines["ddp"][1] == pytest.approx([1.0, 80 / 42, 3.0])
+    assert lines[IDEAL] == ([1.0, 2.0, 4.0], [1.0, 2.0, 4.0])
+    fig = report.throughput_figure(groups)
+    assert report.bar_heights(fig) == {"samples/s": [42.0, 80.0, 126.0]}
+    # The error bar of each point spans its repeats' min to max.
+    caps = sorted(round(y, 1) for line in fig.axes[0].get_lines() for y in line.get_ydata())
+    assert caps == [40.0, 44.0, 70.0, 84.0, 120.0, 140.0]
+    assert report.bar_labels(groups) == ["ddp\n(single)\n1 proc", "ddp\n2 proc", "ddp\n4 proc"]
+    assert report.speedup_figure(groups[:1]) is None
 
 
 def test_gpu_run_shows_allocated_memory_and_mfu(tmp_path: Path) -> None:
     run = fake_metrics(tmp_path / "gpu-ddp", "ddp", 8, 900.0, 3.0, gpu=7.5)
-    rows, _ = report.build_rows([run])
-    cells = dict(zip(report.COLUMNS, report.cells(rows[0])))
+    _, groups, _ = report.build_groups([run])
+    cells = dict(zip(report.COLUMNS, report.cells(groups[0])))
     assert cells["MFU"] == "41.2%" and cells["peak memory/rank max / mean"] == "7.50 / 6.75 GiB (GPU allocated)"
-    heights = report.bar_heights(report.memory_figure(rows))
+    heights = report.bar_heights(report.memory_figure(groups))
     assert heights == {report.GPU_SERIES: [7.5], report.HOST_SERIES: [3.0]}
 
 
 def test_plots_are_pngs_with_the_runs_figures(runs: Path, tmp_path: Path) -> None:
     from matplotlib.image import imread
 
-    rows, paths = report.build_report([runs / "single", runs / "ddp", runs / "zero2"], tmp_path / "report")
+    groups, paths = report.build_report([runs / "single", runs / "ddp", runs / "zero2"], tmp_path / "report")
     for name in ("throughput", "memory"):
         assert paths[name].read_bytes()[:8] == PNG_MAGIC
         image = imread(paths[name])
         assert image.shape[0] > 200 and image.shape[1] > 300 and image.std() > 0.01, f"{name}.png looks blank"
-    assert report.bar_heights(report.throughput_figure(rows)) == {"samples/s": [40.0, 60.0, 50.0]}
-    fig = report.memory_figure(rows)
+    assert report.bar_heights(report.throughput_figure(groups)) == {"samples/s": [40.0, 60.0, 50.0]}
+    fig = report.memory_figure(groups)
     heights = report.bar_heights(fig)
     gpu_label = report.GPU_SERIES + " (none: CPU runs)"
     assert heights == {gpu_label: [0.0, 0.0, 0.0], report.HOST_SERIES: [0.5, 0.6, 0.55]}
@@ -115,9 +179,9 @@ def test_plots_are_pngs_with_the_runs_figures(runs: Path, tmp_path: Path) -> Non
 def test_shared_strategy_bars_are_labelled_by_run(tmp_path: Path) -> None:
     a = fake_metrics(tmp_path / "single-pad192", "single", 1, 30.0, 0.5)
     b = fake_metrics(tmp_path / "single-grouped", "single", 1, 45.0, 0.5)
-    rows, base = report.build_rows([a, b])
-    assert base is not None and base.run == "single-pad192" and rows[1].speedup == 1.5
-    assert report.bar_labels(rows) == ["single-pad192\n(single)", "single-grouped\n(single)"]
+    _, groups, base = report.build_groups([a, b])
+    assert base is not None and base.label == "single-pad192" and groups[1].vs_baseline == 1.5
+    assert report.bar_labels(groups) == ["single-pad192\n(single)", "single-grouped\n(single)"]
 
 
 def test_errors_name_the_run_dir(runs: Path, tmp_path: Path) -> None:
@@ -131,13 +195,13 @@ def test_errors_name_the_run_dir(runs: Path, tmp_path: Path) -> None:
     with pytest.raises(report.ReportError, match="crashed-run.*not valid JSON"):
         report.build_report([empty])
     with pytest.raises(report.ReportError, match="--baseline nope"):
-        report.build_rows([runs / "single"], baseline="nope")
+        report.build_groups([runs / "single"], baseline="nope")
 
 
 def test_cli_prints_the_table_and_refuses_a_bad_dir(runs: Path, tmp_path: Path) -> None:
     env = base_env(tmp_path)
     proc = run_ok([PY, "-m", "qa_train.report", str(runs), "--output", str(tmp_path / "out")], env)
-    assert "| run | strategy |" in proc.stdout and "1.50x" in proc.stdout
+    assert "| run | strategy | nodes | processes |" in proc.stdout and "1.50x" in proc.stdout
     assert (tmp_path / "out" / "report.md").is_file()
     proc = run_cmd([PY, "-m", "qa_train.report", str(tmp_path / "missing")], env)
     assert proc.returncode == 2 and str(tmp_path / "missing") in proc.stderr
@@ -155,21 +219,37 @@ def test_wandb_logging_goes_offline_without_credentials(runs: Path, tmp_path: Pa
 
 
 @pytest.mark.distributed
-def test_bench_single_and_ddp_on_cpu(tmp_path: Path) -> None:
+def test_bench_sweeps_processes_with_repeats_under_strong_scaling(tmp_path: Path) -> None:
+    """One command: ddp at 1 and 2 processes, twice each, global batch fixed; the report's medians,
+    speed-up against the 1-process runs and efficiency come from the runs' own metrics."""
     out = tmp_path / "bench"
-    proc = run_ok([PY, "-m", "qa_train.bench", "--configs", "single", "ddp", "--num_processes", "2", "--cpu",
-                   "--max_train_steps", "6", "--output_dir", str(out), "--", "--no_eval", "--report_to", "none",
-                   "--logging_steps", "2"], base_env(tmp_path))
-    single, ddp = read_metrics(out / "single"), read_metrics(out / "ddp")
-    assert (single["world_size"], single["strategy"], single["train_steps"]) == (1, "single", 6)
-    assert (ddp["world_size"], ddp["strategy"], ddp["train_steps"]) == (2, "ddp", 6)
-    assert single["args"]["run_name"] == "single" and single["args"]["save_final_model"] is False
-    for name in ("report.md", "report.json", "throughput.png", "memory.png"):
-        assert (out / "report" / name).is_file(), name
+    proc = run_ok([PY, "-m", "qa_train.bench", "--configs", "ddp", "--num_processes", "1", "2", "--repeats", "2",
+                   "--scaling", "strong", "--cpu", "--max_train_steps", "4", "--output_dir", str(out), "--",
+                   "--no_eval", "--logging_steps", "2", "--max_train_samples", "300"], base_env(tmp_path))
+    names = ["ddp-p1-r1", "ddp-p2-r1", "ddp-p1-r2", "ddp-p2-r2"]  # every point once, then again
+    started = [line.split()[1].rstrip(":") for line in proc.stdout.splitlines() if line.startswith("[bench] ddp-")]
+    assert started == names
+    metrics = {name: read_metrics(out / name) for name in names}
+    for name, m in metrics.items():
+        world = 1 if "-p1-" in name else 2
+        assert (m["world_size"], m["train_steps"], m["global_batch_size"]) == (world, 4, 8), name
+        assert m["per_device_train_batch_size"] == 8 // world and m["args"]["run_name"] == name
+        assert json.loads((out / name / "sweep_point.json").read_text())["label"] == "ddp"
+    assert metrics["ddp-p1-r1"]["strategy"] == "single" and metrics["ddp-p2-r1"]["strategy"] == "ddp"
     saved = json.loads((out / "report" / "report.json").read_text())
-    assert [r["run"] for r in saved["rows"]] == ["single", "ddp"] and saved["rows"][0]["speedup"] == 1.0
-    assert [r["run"] for r in table_rows((out / "report" / "report.md").read_text())] == ["single", "ddp"]
-    assert "| single |" in proc.stdout and "2 of 2 runs finished" in proc.stdout
+    one, two = saved["groups"]
+    assert (one["processes"], one["runs"], two["processes"], two["runs"]) == (1, names[0::2], 2, names[1::2])
+    rate = {n: m["train_samples_per_second"] for n, m in metrics.items()}
+    base = (rate["ddp-p1-r1"] + rate["ddp-p1-r2"]) / 2  # the median of two
+    expected = [rate["ddp-p2-r1"] / base, rate["ddp-p2-r2"] / base]
+    assert two["speedup"]["median"] == pytest.approx(sum(expected) / 2)
+    assert (two["speedup"]["lo"], two["speedup"]["hi"]) == pytest.approx((min(expected), max(expected)))
+    assert two["efficiency"]["median"] == pytest.approx(sum(expected) / 4) and one["speedup"]["median"] == 1.0
+    text = (out / "report" / "report.md").read_text()
+    assert "Scaling: ddp strong (global batch 8)." in text and "over its 2 run(s)" in text
+    assert (out / "report" / "speedup.png").read_bytes()[:8] == PNG_MAGIC
+    assert "[bench] strong scaling: global batch 8 at every process count" in proc.stdout
+    assert "4 of 4 runs finished" in proc.stdout
 
 
 @pytest.mark.distributed
@@ -181,10 +261,10 @@ def test_bench_reports_failed_runs_and_goes_on(tmp_path: Path) -> None:
                    base_env(tmp_path))
     assert proc.returncode == 1
     assert "skipping fsdp: accelerate does not apply FSDP on CPU" in proc.stdout
-    for name in ("single", "ddp"):
+    for name in ("single-p1-r1", "ddp-p2-r1"):
         assert f"FAILED {name}" in proc.stderr and str(out / name / "launch.log") in proc.stderr
     assert "--max_seq_length: must be positive" in proc.stderr  # the last lines of the log say why
-    assert "0 of 2 runs finished; failed: single, ddp" in proc.stdout
+    assert "0 of 2 runs finished; failed: single-p1-r1, ddp-p2-r1" in proc.stdout
 
 
 @pytest.mark.parametrize("on_cpu", [True, False])
@@ -193,12 +273,12 @@ def test_ablation_flips_one_real_flag_per_run(on_cpu: bool) -> None:
     from qa_train.config import parse_args
 
     plans = bench.ablation_plans(on_cpu)
-    assert plans[0].name == "default" and plans[0].extra == []
-    assert len({p.name for p in plans}) == len(plans)
+    assert plans[0].label == "default" and plans[0].name == "default-p1-r1" and plans[0].extra == []
+    assert len({p.name for p in plans}) == len({p.label for p in plans}) == len(plans)
     defaults = parse_args(["--offline_demo"]).to_dict()
     for plan in plans[1:]:
         args = parse_args(["--offline_demo", *plan.extra]).to_dict()  # a misspelt flag would be refused here
         flipped = [name for name in defaults if args[name] != defaults[name]]
         assert len(flipped) == 1, (plan.name, flipped)
     cuda_only = {"fp32", "unfused-adamw", "no-workers"}
-    assert ({p.name for p in plans} & cuda_only) == (set() if on_cpu else cuda_only)
+    assert ({p.label for p in plans} & cuda_only) == (set() if on_cpu else cuda_only)

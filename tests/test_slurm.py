@@ -67,3 +67,31 @@ def test_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path) -> None
     steps = {json.loads(x)["step"] for x in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()}
     assert steps == set(range(1, 41))
     assert not (tmp_path / "out" / "PREEMPT").exists()
+
+
+def test_node_sweep_submits_one_job_per_point_and_reports_speedup_against_one_node(tmp_path: Path) -> None:
+    """`qa_train.bench --slurm --nodes 1 2` on the fake cluster: one sbatch per point, each into its own run dir
+    through the real slurm/train.sbatch; then qa_train.report over the sweep's directory gives the same table."""
+    env = base_env(tmp_path)
+    env.update({"PATH": f"{FAKE}:{Path(PY).parent}:{env['PATH']}", "FAKE_SLURM_DIR": str(tmp_path / "slurm-state"),
+                "FAKE_SLURM_PYTHON": PY, "MAIN_PORT": "29741", "OMP_NUM_THREADS": "1"})
+    out = tmp_path / "sweep"
+    proc = run_ok([PY, "-m", "qa_train.bench", "--slurm", "--cpu", "--nodes", "1", "2", "--procs_per_node", "1",
+                   "--configs", "ddp", "--max_train_steps", "4", "--output_dir", str(out), "--", "--no_eval",
+                   "--logging_steps", "2", "--max_train_samples", "300"], env)
+    assert "submitted 2 of 2 jobs" in proc.stdout
+    for nodes in (1, 2):
+        run = out / f"ddp-n{nodes}-r1"
+        m = read_metrics(run)
+        assert (m["world_size"], m["train_steps"], m["output_dir"]) == (nodes, 4, str(run))
+        assert f"{nodes} nodes x 1 = {nodes} processes" in (run / "sbatch.log").read_text()
+        assert sorted(p.name for p in (run / "logs").iterdir()) == [f"node{i}.log" for i in range(nodes)]
+        assert json.loads((run / "sweep_point.json").read_text())["nodes"] == nodes
+    saved = json.loads((out / "report" / "report.json").read_text())
+    one, two = saved["groups"]
+    assert (one["nodes"], one["processes"], two["nodes"], two["processes"]) == (1, 1, 2, 2)
+    rate = [read_metrics(out / f"ddp-n{n}-r1")["train_samples_per_second"] for n in (1, 2)]
+    assert two["speedup"]["median"] == pytest.approx(rate[1] / rate[0]) and one["speedup"]["median"] == 1.0
+    again = run_ok([PY, "-m", "qa_train.report", str(out), "--output", str(tmp_path / "report")], env)
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["table"] == saved["table"]
+    assert "| ddp | ddp | 2 | 2 | 1 |" in again.stdout

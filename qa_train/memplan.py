@@ -1,0 +1,238 @@
+"""Memory and communication per device for QA training under each strategy: the planner's formulas.
+
+Model states follow the ZeRO paper's accounting, written as DeepSpeed's own estimators write it where
+they exist (ZeRO-2 and ZeRO-3, with and without offload; `tests/test_plan.py` holds them to 1%), and as
+qa_train really trains where they do not (DDP and FSDP keep fp32 weights under autocast). Activations
+are counted tensor by tensor from the model's shape (what autograd keeps for the backward pass of one
+BERT layer), then calibrated against measured peaks (`CPU_CALIBRATION`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+ADAM_BYTES = 8            # fp32 exp_avg + exp_avg_sq per parameter
+FP32 = 4
+DS_BUFFER_FACTOR = 1.5    # DeepSpeed's additional_buffer_factor for host memory
+# Also the speed order the planner recommends by, fastest first: transformers' DeepSpeed guide ranks
+# "Stage 0 (DDP) > Stage 1 > Stage 2 > Stage 2 + offload > Stage 3 > Stage 3 + offload"; FSDP's full shard
+# moves what ZeRO-3 moves (3 x P per step against DDP's and ZeRO-1/2's 2 x P) and sits just ahead of it.
+CONFIGS = ("ddp", "zero1", "zero2", "zero2_offload", "fsdp", "zero3", "zero3_offload")
+SPEED_ORDER = CONFIGS
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured activations = scale x the tensor count, plus a fixed working overhead per process."""
+
+    activation_scale: float
+    overhead_bytes: float
+    source: str
+
+
+# CPU (fp32; memory = host RSS during training above the idle baseline, the kernel's high-water mark):
+# fitted by least squares on relative error over 12 single-process SDPA runs of BERT shapes from 0.9M to
+# 109M parameters at batch 4-32 x 128-256 (docs/benchmarks.md, "Memory planner"; every run within 9% after
+# the fit; eager attention reads 21% low). The overhead is what a step needs besides tensors (oneDNN
+# scratch, the autograd graph, thread stacks); the scale is glibc's heap slack between steps (freed
+# activations it keeps mapped) and small copies the count leaves out.
+CPU_CALIBRATION = Calibration(1.10, 32 * 2**20, "calibrated on CPU runs: x1.10 + 32 MiB, docs/benchmarks.md")
+# CUDA: not yet measured (no GPU was lent to this project so far): the tensor count as it stands.
+CUDA_CALIBRATION = Calibration(1.0, 0.0, "uncalibrated: no GPU run measured yet")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the formulas need of an encoder: sizes from its config, parameter counts from the model itself."""
+
+    layers: int
+    hidden: int
+    heads: int
+    intermediate: int
+    num_parameters: int
+    largest_layer_params: int   # the biggest single module's own parameters (DeepSpeed's "largest layer")
+    matmul_params: int          # weights of the Linear layers: what autocast copies to 16 bits
+    hidden_dropout: float
+    attention_dropout: float
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The training the plan is for."""
+
+    num_gpus: int
+    num_nodes: int
+    batch: int
+    seq: int
+    mixed_precision: str = "bf16"   # bf16, fp16 or no (fp32; the only choice on CPU)
+    attention: str = "sdpa"         # sdpa or eager
+    device: str = "cuda"            # cuda, or cpu (host RSS above the idle baseline is the memory)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.num_gpus // self.num_nodes
+
+    @property
+    def half(self) -> bool:
+        return self.mixed_precision in ("bf16", "fp16")
+
+
+@dataclass
+class Estimate:
+    """One config's figures per device, in bytes."""
+
+    config: str
+    model_states: float
+    model_states_formula: str
+    activations: float
+    host_per_node: float | None      # DeepSpeed's host-memory estimate per node; None outside DeepSpeed
+    comm_bytes: float
+    comm_formula: str
+
+    @property
+    def total(self) -> float:
+        return self.model_states + self.activations
+
+
+def autocasts(config: str, setup: Setup) -> bool:
+    """accelerate runs the forward pass under autocast except under DeepSpeed, whose engine holds 16-bit weights."""
+    return setup.half and config in ("single", "ddp", "fsdp")
+
+
+# --- model states ------------------------------------------------------------------------------
+
+def model_states(config: str, shape: ModelShape, setup: Setup) -> tuple[float, str, float | None]:
+    """(bytes per device, the formula in words, host bytes per node or None)."""
+    p, n, big = shape.num_parameters, setup.num_gpus, shape.largest_layer_params
+    w = 2 if setup.half else FP32  # what DeepSpeed keeps weights and gradients in on the device
+    if config in ("single", "ddp"):
+        # Autocast leaves the weights fp32 (4 + gradients 4 + Adam 8) and keeps a 16-bit copy of each matmul
+        # weight for the backward pass; DDP's gradient buckets (accelerate leaves gradient_as_bucket_view off)
+        # are a second copy of the gradients.
+        copies = 2.0 * shape.matmul_params if autocasts(config, setup) else 0.0
+        plus, why = (" + 2M", "; autocast's 16-bit copies of the M matmul weights") if copies else ("", "")
+        if n == 1:
+            return 16.0 * p + copies, f"16P{plus} (fp32 weights 4 + gradients 4 + Adam 8{why})", None
+        return 20.0 * p + copies, f"20P{plus} (fp32 weights 4 + gradients 4 + DDP buckets 4 + Adam 8{why})", None
+    if config == "zero1":
+        per = FP32 + FP32 + ADAM_BYTES
+        return (2 * w * p + per * p / n,
+                f"{2 * w}P + {per}P/N (weights and gradients whole; fp32 gradients, master and Adam split)", None)
+    if config == "zero2":
+        # DeepSpeed's estimate_zero2_model_states_mem_needs: 2P + 18P/N, host 4P per GPU x 1.5.
+        per = w + FP32 + FP32 + ADAM_BYTES
+        host = p * FP32 * setup.gpus_per_node * DS_BUFFER_FACTOR
+        return w * p + per * p / n, f"{w}P + {per}P/N (weights whole; gradients, master and Adam split)", host
+    if config == "zero2_offload":
+        host = p * max(4 * n, 16) * DS_BUFFER_FACTOR
+        return w * p, f"{w}P (weights only; master, gradients and Adam on the host)", host
+    if config == "zero3":
+        # DeepSpeed's estimate_zero3_model_states_mem_needs with zero_init off (zero3_init_flag: false in our
+        # YAMLs): 18P/N + 4L, host 4P per GPU x 1.5 (each process builds the whole model before partitioning).
+        per = w + FP32 + FP32 + ADAM_BYTES
+        host = p * FP32 * setup.gpus_per_node * DS_BUFFER_FACTOR
+        return per * p / n + FP32 * big, f"{per}P/N + 4L (everything split; L = largest layer, gathered)", host
+    if config == "zero3_offload":
+        host = p * max(4 * setup.gpus_per_node, 18 / setup.num_nodes) * DS_BUFFER_FACTOR
+        return FP32 * big, "4L (only the layer being computed; the rest on the host)", host
+    if config == "fsdp":
+        # FSDP2 keeps fp32 shards of weights, gradients and Adam state and gathers one unit at a time; not yet
+        # measured (FSDP needs GPUs): DeepSpeed's ZeRO-3 allowance for the gathered unit.
+        return 16.0 * p / n + FP32 * big, "16P/N + 4L (fp32 shards; L = largest unit, gathered)", None
+    raise ValueError(f"unknown config {config!r}; one of single, {', '.join(CONFIGS)}")
+
+
+# --- activations -------------------------------------------------------------------------------
+
+def stores_scores(shape: ModelShape, setup: Setup) -> bool:
+    """Whether a layer keeps the b x heads x s x s attention probabilities for its backward pass.
+
+    Eager attention always does. SDPA's flash kernels keep only the output and a log-sum-exp, except on
+    CPU with attention dropout, where PyTorch falls back to the math kernel that materialises them."""
+    if setup.attention == "eager":
+        return True
+    return setup.device == "cpu" and shape.attention_dropout > 0
+
+
+def saved_activation_bytes(shape: ModelShape, setup: Setup, autocast: bool = False) -> float:
+    """Bytes autograd saves in one micro-batch's forward pass for the backward, counted tensor by tensor.
+
+    Per layer (Korthikanti et al. 2022, "Reducing Activation Recomputation", Sec. 4.1, for BERT's
+    post-LayerNorm block): the inputs of the Q/K/V, output and two MLP projections, Q, K and V, the two
+    LayerNorm inputs and the GELU input = 8 b s h + 2 b s i values; two dropout masks where dropout is on
+    (1 byte per value on CUDA; PyTorch keeps them in the values' dtype on CPU); then either the
+    b x heads x s x s attention probabilities (the softmax output in fp32, as transformers' eager path and
+    the CPU math kernel compute it, a 16-bit copy for the next matmul, and dropout's mask and output) or
+    the flash kernel's output and log-sum-exp. At i = 4h, 2-byte values and 1-byte masks that is the paper's
+    34 s b h + 5 a s^2 b. Under autocast the LayerNorm inputs stay fp32 and each of Q, K and V casts (and
+    keeps) its own 16-bit copy of the layer input. Once per micro-batch: the embeddings' LayerNorm input
+    (and dropout mask), the QA head's input, and SDPA's b x s x s attention mask.
+    `tests/test_plan.py` holds this to the tensors autograd really saves.
+    """
+    b, s, h, i, a = setup.batch, setup.seq, shape.hidden, shape.intermediate, shape.heads
+    d = activation_dtype_bytes(setup)
+    norm = FP32 if autocast else d  # LayerNorm runs in fp32 under autocast
+    mask = 1 if setup.device == "cuda" else d  # dropout masks: bool on CUDA, the values' dtype on CPU
+    sbh, sbi, scores = s * b * h, s * b * i, a * s * s * b
+    per_layer = d * ((8 if autocast else 6) * sbh + 2 * sbi) + norm * 2 * sbh
+    per_layer += 2 * mask * sbh if shape.hidden_dropout > 0 else 0
+    once = norm * sbh + d * sbh + (mask * sbh if shape.hidden_dropout > 0 else 0)
+    if stores_scores(shape, setup):
+        per_layer += (FP32 + (d if d != FP32 else 0)) * scores
+        per_layer += (mask + d) * scores if shape.attention_dropout > 0 else 0
+    else:
+        per_layer += d * sbh + FP32 * a * s * b
+        once += d * b * s * s
+    return shape.layers * per_layer + once
+
+
+def backward_transient_bytes(shape: ModelShape, setup: Setup) -> float:
+    """The largest gradients alive at once on top of the saved activations: in a layer's backward pass, two
+    of the GELU's size (fc2's input gradient and the GELU's), or two of the attention probabilities' where
+    those are kept (softmax's input and output gradients)."""
+    d, b, s = activation_dtype_bytes(setup), setup.batch, setup.seq
+    largest = max(s * b * shape.intermediate, shape.heads * s * s * b if stores_scores(shape, setup) else 0)
+    return 2 * d * largest
+
+
+def activation_dtype_bytes(setup: Setup) -> int:
+    return 2 if setup.half else FP32
+
+
+def calibration(setup: Setup) -> Calibration:
+    return CPU_CALIBRATION if setup.device == "cpu" else CUDA_CALIBRATION
+
+
+def activation_bytes(config: str, shape: ModelShape, setup: Setup) -> float:
+    """The planner's activation memory for one micro-batch: the tensor count, calibrated (`CPU_CALIBRATION`)."""
+    cal = calibration(setup)
+    tensors = saved_activation_bytes(shape, setup, autocasts(config, setup)) + backward_transient_bytes(shape, setup)
+    return cal.activation_scale * tensors + cal.overhead_bytes
+
+
+# --- communication -----------------------------------------------------------------------------
+
+def comm_volume(config: str, shape: ModelShape, setup: Setup) -> tuple[float, str]:
+    """Bytes each device sends per optimizer step without accumulation, and the formula. Ring collectives:
+    an all-reduce sends 2(N-1)/N of its buffer, a reduce-scatter or an all-gather (N-1)/N."""
+    n, p = setup.num_gpus, shape.num_parameters
+    if n == 1:
+        return 0.0, "none (one device)"
+    ring = (n - 1) / n
+    w = 2 if setup.half else FP32
+    if config == "ddp":
+        return 2 * ring * FP32 * p, "all-reduce of fp32 gradients: 2(N-1)/N x 4P"
+    if config in ("zero1", "zero2"):
+        return 2 * ring * w * p, f"reduce-scatter gradients + all-gather weights: 2(N-1)/N x {w}P"
+    if config == "zero2_offload":
+        return 2 * ring * w * p, f"2(N-1)/N x {w}P, plus {w}P/N each way over PCIe"
+    if config in ("zero3", "fsdp"):
+        return 3 * ring * w * p, f"all-gather weights twice + reduce-scatter gradients: 3(N-1)/N x {w}P"
+    return 3 * ring * w * p, f"3(N-1)/N x {w}P, every gathered weight also crossing PCIe"
+
+
+def estimate(config: str, shape: ModelShape, setup: Setup) -> Estimate:
+    states, states_formula, host = model_states(config, shape, setup)
+    comm, comm_formula = comm_volume(config, shape, setup)
+    return Estimate(config, states, states_formula, activation_bytes(config, shape, setup), host, comm, comm_formula)

@@ -1,0 +1,122 @@
+"""The report's plots: throughput and memory per point with min-max error bars, speed-up against processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.container import BarContainer, ErrorbarContainer
+from matplotlib.figure import Figure
+
+from qa_train.report_data import Group, Stat
+
+GPU_SERIES = "GPU peak allocated"
+HOST_SERIES = "host RSS during training"
+IDEAL = "ideal (speed-up = process ratio)"
+
+
+def bar_labels(groups: list[Group]) -> list[str]:
+    """Strategy names, or labels where two points share a strategy (an ablation, a sweep); the scale where a
+    label appears at more than one."""
+    strategies = [g.strategy.replace("+offload", "\n+offload") for g in groups]
+    swept = {g.label for g in groups if sum(h.label == g.label for h in groups) > 1}
+    if len(set(strategies)) == len(strategies) and not swept:
+        return strategies
+    labels = []
+    for g, strategy in zip(groups, strategies):
+        text = g.label if g.label == g.strategy else f"{g.label}\n({strategy})"
+        if g.label in swept:
+            text += f"\n{g.nodes} nodes" if g.nodes > 1 or any(h.nodes > 1 for h in groups) else f"\n{g.processes} proc"
+        labels.append(text)
+    return labels
+
+
+def _new_figure(n_bars: int) -> Figure:
+    fig = Figure(figsize=(max(5.0, 1.2 * n_bars + 2), 4.4), layout="constrained")
+    FigureCanvasAgg(fig)  # Agg explicitly, without touching pyplot's global backend
+    return fig
+
+
+def _heights_and_errors(stats: list[Stat | None]) -> tuple[list[float], list[list[float]]]:
+    """Bar heights (medians) and matplotlib's asymmetric yerr (distance down to min, up to max)."""
+    heights = [s.median if s else 0.0 for s in stats]
+    errors = [[s.median - s.lo if s else 0.0 for s in stats], [s.hi - s.median if s else 0.0 for s in stats]]
+    return heights, errors
+
+
+def throughput_figure(groups: list[Group]) -> Figure:
+    fig = _new_figure(len(groups))
+    ax = fig.add_subplot()
+    heights, errors = _heights_and_errors([g.figures.samples_per_s for g in groups])
+    bars = ax.bar(bar_labels(groups), heights, yerr=errors, capsize=4, label="samples/s", color="tab:blue")
+    ax.bar_label(bars, fmt="%.1f", label_type="center", color="white")
+    ax.margins(y=0.1)
+    ax.set_ylabel("training samples / s (all ranks)")
+    repeats = max(len(g.runs) for g in groups)
+    ax.set_title("Throughput by strategy" + (f" (median of up to {repeats} runs, bars min-max)" if repeats > 1 else ""))
+    return fig
+
+
+def memory_figure(groups: list[Group]) -> Figure:
+    fig = _new_figure(len(groups))
+    ax = fig.add_subplot()
+    x, width = list(range(len(groups))), 0.38
+    any_gpu = any(g.figures.gpu_allocated_max_gb is not None for g in groups)
+    gpu, gpu_err = _heights_and_errors([g.figures.gpu_allocated_max_gb for g in groups])
+    gpu_label = GPU_SERIES + ("" if any_gpu else " (none: CPU runs)")
+    ax.bar([i - width / 2 for i in x], gpu, width, yerr=gpu_err, capsize=3, label=gpu_label, color="tab:green")
+    host, host_err = _heights_and_errors([g.figures.host_rss_train_max_gb for g in groups])
+    bars = ax.bar([i + width / 2 for i in x], host, width, yerr=host_err, capsize=3, label=HOST_SERIES,
+                  color="tab:orange")
+    ax.bar_label(bars, fmt="%.2f", label_type="center")
+    ax.set_xticks(x, bar_labels(groups))
+    ax.margins(y=0.3)  # headroom for the legend and the value labels
+    ax.set_ylabel("GiB, max over ranks")
+    ax.set_title("Peak memory per rank during training")
+    ax.legend()
+    return fig
+
+
+def speedup_figure(groups: list[Group]) -> Figure | None:
+    """Speed-up against processes per swept config, with min-max bars and the ideal line; None without a sweep."""
+    swept = [label for label in dict.fromkeys(g.label for g in groups)
+             if sum(1 for g in groups if g.label == label and g.speedup is not None) > 1]
+    if not swept:
+        return None
+    fig = _new_figure(4)
+    ax = fig.add_subplot()
+    counts: set[int] = set()
+    for label in swept:
+        mine = [g for g in groups if g.label == label and g.speedup is not None]
+        xs = [g.processes for g in mine]
+        heights, errors = _heights_and_errors([g.speedup for g in mine])
+        ax.errorbar(xs, heights, yerr=errors, marker="o", capsize=4, label=label)
+        counts.update(xs)
+    ticks = sorted(counts)
+    ax.plot(ticks, [n / ticks[0] for n in ticks], linestyle="--", color="grey", label=IDEAL)
+    ax.set_xticks(ticks)
+    ax.set_xlabel("processes")
+    ax.set_ylabel("speed-up (samples/s vs fewest processes)")
+    ax.set_title("Scaling")
+    ax.legend()
+    return fig
+
+
+def bar_heights(fig: Figure) -> dict[str, list[float]]:
+    """The plotted bar series as {legend label: bar heights}; what the tests check."""
+    ax = fig.axes[0]
+    return {c.get_label(): [p.get_height() for p in c.patches] for c in ax.containers if isinstance(c, BarContainer)}
+
+
+def line_data(fig: Figure) -> dict[str, tuple[list[float], list[float]]]:
+    """The plotted lines as {legend label: (x, y)} (an error-bar series by its data line); what the tests check."""
+    ax = fig.axes[0]
+    lines = {c.get_label(): c.lines[0] for c in ax.containers if isinstance(c, ErrorbarContainer)}
+    lines.update({line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")})
+    return {label: ([float(v) for v in line.get_xdata()], [float(v) for v in line.get_ydata()])
+            for label, line in lines.items()}
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    return path

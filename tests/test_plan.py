@@ -1,0 +1,202 @@
+"""The memory planner: DeepSpeed's own estimators, the tensors autograd really keeps, and measured CPU peaks."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import PY, ROOT, TINY, base_env, run_cmd, run_ok, tiny_flags
+from qa_train import memplan, plan
+from qa_train.memplan import GIB, Setup
+from qa_train.plan_check import check_run
+
+BERT_BASE_SHAPE = ROOT / "qa_train" / "assets" / "bert-base-shape"
+
+
+def write_config(folder: Path, **sizes: object) -> Path:
+    """The tiny BERT's config with other sizes: a model shape for the tests, built locally."""
+    config = json.loads((TINY / "config.json").read_text())
+    config.update(sizes)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@functools.lru_cache(maxsize=1)
+def shape_and_model(config_dir: str | Path):
+    from transformers import AutoModelForQuestionAnswering
+
+    config = plan.load_config(None, str(config_dir))
+    return plan.model_shape(config), AutoModelForQuestionAnswering.from_config(config)
+
+
+@pytest.mark.parametrize(("gpus", "nodes"), [(1, 1), (8, 1), (16, 2)])
+def test_model_states_agree_with_deepspeeds_estimators(gpus: int, nodes: int) -> None:
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs, model_to_params
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    shape, model = shape_and_model(BERT_BASE_SHAPE)
+    total, largest = model_to_params(model)  # DeepSpeed counts the real model's parameters its own way
+    assert (shape.num_parameters, shape.largest_layer_params) == (total, largest) == (108_893_186, 23_440_896)
+    setup = Setup(gpus, nodes, 32, 384)
+    per_node = gpus // nodes
+    # Our YAMLs build the model whole before partitioning (zero3_init_flag: false), so zero_init=False.
+    expected = {
+        "zero2": estimate_zero2_model_states_mem_needs(total, per_node, nodes, cpu_offload=False),
+        "zero2_offload": estimate_zero2_model_states_mem_needs(total, per_node, nodes, cpu_offload=True),
+        "zero3": estimate_zero3_model_states_mem_needs(total, largest, per_node, nodes, cpu_offload=False,
+                                                       zero_init=False)[:2],
+        "zero3_offload": estimate_zero3_model_states_mem_needs(total, largest, per_node, nodes, cpu_offload=True,
+                                                               cpu_offload_params=True, zero_init=False)[:2],
+    }
+    for config, (cpu_bytes, gpu_bytes) in expected.items():
+        gpu, _, host = memplan.model_states(config, shape, setup)
+        assert gpu == pytest.approx(gpu_bytes, rel=0.01), config
+        assert host == pytest.approx(cpu_bytes, rel=0.01), config
+
+
+def test_our_zero3_configs_build_the_model_whole_as_the_planner_assumes() -> None:
+    for name in ("zero3", "zero3_offload"):
+        cfg = yaml.safe_load((ROOT / "accelerate_configs" / f"{name}.yaml").read_text())
+        assert cfg["deepspeed_config"]["zero3_init_flag"] is False, name
+
+
+def test_the_zero_papers_yardsticks_and_communication_volumes() -> None:
+    shape = memplan.ModelShape(12, 768, 12, 3072, num_parameters=1_000_000, largest_layer_params=100_000,
+                               matmul_params=800_000, hidden_dropout=0.1, attention_dropout=0.1)
+    p, n = 1_000_000, 8
+    setup = Setup(n, 1, 8, 128)
+    states = {c: memplan.model_states(c, shape, setup)[0] for c in memplan.CONFIGS}
+    assert states["zero1"] == 4 * p + 16 * p / n and states["zero2"] == 2 * p + 18 * p / n
+    assert states["zero3"] == 18 * p / n + 4 * 100_000 and states["zero2_offload"] == 2 * p
+    assert states["ddp"] == 20 * p + 2 * 800_000  # fp32 weights, gradients, buckets, Adam; autocast's 16-bit copies
+    volumes = {c: memplan.comm_volume(c, shape, setup)[0] for c in memplan.CONFIGS}
+    assert volumes["ddp"] == 2 * 7 / 8 * 4 * p  # ring all-reduce of fp32 gradients
+    assert volumes["zero2"] == volumes["zero1"] == 2 * 7 / 8 * 2 * p
+    assert volumes["zero3"] == volumes["fsdp"] == 3 * 7 / 8 * 2 * p
+    assert memplan.comm_volume("single", shape, Setup(1, 1, 8, 128))[0] == 0
+
+
+def autograd_saved_bytes(model, batch: int, seq: int, precision: str = "no") -> int:
+    """Bytes of the distinct tensors autograd saves in one training forward pass, parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    ids = torch.randint(5, 3000, (batch, seq))
+    mask = torch.ones_like(ids)
+    mask[:, seq * 3 // 4:] = 0  # padding, as QA batches have
+    label = torch.zeros(batch, dtype=torch.long)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), start_positions=label,
+              end_positions=label)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize(("sizes", "attention", "precision"), [
+    ({}, "sdpa", "no"),                                                       # the tiny BERT, no dropout: flash
+    ({"num_hidden_layers": 3, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024,
+      "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}, "sdpa", "no"),  # dropout: math kernel
+    ({"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}, "eager", "no"),
+    ({"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}, "sdpa", "bf16"),
+])
+def test_activation_count_matches_what_autograd_saves(sizes: dict, attention: str, precision: str,
+                                                      tmp_path: Path) -> None:
+    from transformers import AutoModelForQuestionAnswering
+
+    config = plan.load_config(None, str(write_config(tmp_path / "model", **sizes)))
+    shape = plan.model_shape(config)
+    model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=attention)
+    batch, seq = 4, 128
+    measured = autograd_saved_bytes(model, batch, seq, precision)
+    # bf16 under autocast is what DDP does on GPUs; CPU autocast keeps the same tensors (no dropout here).
+    setup = Setup(1, 1, batch, seq, precision, attention, "cpu" if precision == "no" else "cuda")
+    counted = memplan.saved_activation_bytes(shape, setup, autocast=precision == "bf16")
+    if precision == "bf16":  # autocast also keeps a 16-bit copy of every matmul weight (DDP's "+ 2M")
+        counted += 2 * shape.matmul_params
+    assert counted == pytest.approx(measured, rel=0.05)
+
+
+def run_plan(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    """qa_train.plan's main in this process (the subprocess test below covers the real command line)."""
+    try:
+        code = plan.main(argv)
+    except SystemExit as stop:  # argparse's refusals
+        code = int(stop.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+FLAGS = ["--num_gpus", "8", "--per_device_train_batch_size", "32", "--max_seq_length", "384"]
+
+
+def test_cli_plans_bert_large_offline(tmp_path: Path) -> None:
+    env = {**base_env(tmp_path), "HF_HOME": str(tmp_path / "empty-hf-home")}  # nothing cached: built-in shapes only
+    large = run_ok([PY, "-m", "qa_train.plan", "--model_name_or_path", "bert-large-uncased", "--gpu_memory_gib", "80",
+                    *FLAGS], env).stdout
+    assert "334.1M parameters" in large and "recommended: ddp" in large
+    for config in memplan.CONFIGS:
+        assert f"| {config} |" in large
+
+
+def test_recommends_the_first_config_that_fits_in_the_stated_order(capsys: pytest.CaptureFixture) -> None:
+    code, out, _ = run_plan(["--model_name_or_path", "bert-base-uncased", "--gpu_memory_gib", "80", *FLAGS], capsys)
+    assert code == 0 and "108.9M parameters" in out and "recommended: ddp" in out
+    # At 16 GiB the DDP replica (model states + activations) no longer fits BERT-large; ZeRO-1 is next in the order.
+    code, out, _ = run_plan(["--model_name_or_path", "bert-large-uncased", "--gpu_memory_gib", "16", *FLAGS, "--json"],
+                            capsys)
+    payload = json.loads(out)
+    totals = {e["config"]: e["model_states"] + e["activations"] for e in payload["estimates"]}
+    assert totals["ddp"] > 16 * 0.9 * GIB >= totals["zero1"] and payload["recommended"] == "zero1"
+    code, out, _ = run_plan(["--model_name_or_path", "bert-large-uncased", "--gpu_memory_gib", "4", *FLAGS], capsys)
+    assert "nothing fits in 3.6 GiB per device" in out
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--model_name_or_path", "bert-base-uncased", "--num_gpus", "0"], "--num_gpus must be positive, got 0"),
+    (["--model_name_or_path", "bert-base-uncased", "--num_gpus", "6", "--num_nodes", "4"],
+     "--num_gpus 6 does not split evenly over --num_nodes 4"),
+    (["--num_gpus", "8"], "give exactly one of --model_name_or_path and --config_name"),
+    (["--model_name_or_path", "some-org/unknown-model", "--num_gpus", "8"],
+     "--model_name_or_path some-org/unknown-model: no config for it on this machine"),
+    (["--model_name_or_path", "bert-base-uncased", "--num_gpus", "8", "--max_seq_length", "1024"],
+     "--max_seq_length 1024: the model has 512 position embeddings"),
+    (["--model_name_or_path", "bert-base-uncased", "--num_gpus", "2", "--device", "cpu", "--mixed_precision", "bf16"],
+     "--mixed_precision bf16: CPU training here is fp32"),
+])
+def test_bad_input_is_one_line_naming_the_flag(flags: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_plan([*flags, "--gpu_memory_gib", "80", "--per_device_train_batch_size", "8"], capsys)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.distributed
+def test_estimate_is_within_20_percent_of_measured_cpu_peaks_for_two_model_sizes(tmp_path: Path) -> None:
+    """Two real trainings (4 x 256 and 4 x 512 BERT shapes, every batch padded to the full length), then the
+    planner's estimate of training memory against the host RSS each rank took above its idle baseline."""
+    env = {**base_env(tmp_path), "OMP_NUM_THREADS": "2"}
+    sizes = {"mini": {"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024},
+             "small": {"hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 2048}}
+    for name, shape in sizes.items():
+        config = write_config(tmp_path / name, num_hidden_layers=4, **shape)
+        flags = tiny_flags(tmp_path / f"run-{name}", "--max_train_steps", "5", "--no_eval", "--pad_to_max_length",
+                           "--max_train_samples", "200",
+                           "--max_seq_length", "192", "--save_final_model", "false", "--run_name", name)
+        flags[flags.index("--config_name") + 1] = str(config)
+        run_ok([PY, "-m", "qa_train", *flags], env)
+        check = check_run(tmp_path / f"run-{name}")
+        assert check.measured_gib is not None and check.measured_gib > 0.15, name  # mostly model states + activations
+        print(f"{name}: estimate {check.estimate_gib:.3f} GiB, measured {check.measured_gib:.3f} GiB")
+        assert 0.8 <= check.ratio <= 1.2, (name, check.estimate_gib, check.measured_gib)
