@@ -126,7 +126,7 @@ def run_one(point: Point, opts: argparse.Namespace, train_flags: list[str], port
            "--main_process_port", str(port), "--", *train_flags, *point.extra,
            "--max_train_steps", str(opts.max_train_steps), "--output_dir", str(run_dir), "--run_name", point.name,
            "--overwrite_output_dir"]  # the bench owns its run folders: a rerun replaces them
-    log, env = run_dir / "launch.log", thread_env(point.processes, opts.cpu)
+    log, env = run_dir / "launch.log", run_env(point, opts)
     threads = f", {env['OMP_NUM_THREADS']} thread(s) each" if opts.cpu else ""
     print(f"[bench] {point.name}: {point.config} x {point.processes} process(es){threads}, log {log}", flush=True)
     with log.open("w") as f:
@@ -134,6 +134,15 @@ def run_one(point: Point, opts: argparse.Namespace, train_flags: list[str], port
         f.flush()
         code = _run_logged(cmd, env, f, opts.timeout_s)
     return Outcome(point, run_dir, log, code)
+
+
+def run_env(point: Point, opts: argparse.Namespace) -> dict[str, str]:
+    """The run's environment: its CPU threads, and its W&B group (the bench's, shared with the report's run)
+    and job type (its config), so the W&B dashboard compares the configs side by side."""
+    env = thread_env(point.processes, opts.cpu)
+    env["WANDB_RUN_GROUP"] = env.get("WANDB_RUN_GROUP") or report.wandb_group([opts.output_dir])
+    env["WANDB_JOB_TYPE"] = point.config
+    return env
 
 
 def thread_env(processes: int, on_cpu: bool) -> dict[str, str]:

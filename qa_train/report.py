@@ -104,15 +104,26 @@ def write_report(rows: list[Row], groups: list[Group], base: Group | None, out_d
     return paths
 
 
-def log_to_wandb(groups: list[Group], paths: dict[str, Path], project: str) -> None:
-    """Table and plots to W&B; offline without credentials, and a failure only warns."""
+def wandb_group(run_dirs: list[str | Path]) -> str:
+    """The W&B group of a bench's runs and of their report: named after the folder that holds the runs
+    (WANDB_RUN_GROUP wins)."""
+    folders = [Path(d).resolve() for d in run_dirs]
+    common = Path(os.path.commonpath(folders)) if len(folders) > 1 else folders[0]
+    if (common / "metrics.json").is_file():  # a single run directory: its parent holds the bench
+        common = common.parent
+    return os.environ.get("WANDB_RUN_GROUP") or f"bench-{common.name}"
+
+
+def log_to_wandb(groups: list[Group], paths: dict[str, Path], project: str, group: str) -> None:
+    """Table and plots to W&B, in the bench's group beside its runs; offline without credentials, and a
+    failure only warns."""
     from qa_train.trackers import has_wandb_credentials
 
     mode = os.environ.get("WANDB_MODE") or ("online" if has_wandb_credentials() else "offline")
     try:
         import wandb
 
-        run = wandb.init(project=project, name="strategy-report", job_type="report", mode=mode,
+        run = wandb.init(project=project, name="strategy-report", job_type="report", group=group, mode=mode,
                          dir=str(paths["markdown"].parent))
         table = wandb.Table(columns=list(COLUMNS), data=[cells(g) for g in groups])
         images = {f"report/{name}": wandb.Image(str(paths[name])) for name in ("throughput", "memory", "speedup")
@@ -128,7 +139,7 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path = "report", bas
     rows, groups, base = build_groups(find_runs(run_dirs), baseline)
     paths = write_report(rows, groups, base, Path(out_dir))
     if wandb_project:
-        log_to_wandb(groups, paths, wandb_project)
+        log_to_wandb(groups, paths, wandb_project, wandb_group(run_dirs))
     return groups, paths
 
 

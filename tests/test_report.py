@@ -214,8 +214,29 @@ def test_wandb_logging_goes_offline_without_credentials(runs: Path, tmp_path: Pa
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.delenv("WANDB_RUN_GROUP", raising=False)
     report.build_report([runs], tmp_path / "report", wandb_project="qa-train-test")
-    assert list((tmp_path / "report" / "wandb").glob("offline-run-*"))
+    (run_file,) = list((tmp_path / "report" / "wandb").glob("offline-run-*/run-*.wandb"))
+    import wandb_records as w
+
+    recs = w.records(run_file)
+    (run,) = [r.run for r in recs if r.WhichOneof("record_type") == "run"]
+    assert (run.run_group, run.job_type) == (f"bench-{runs.name}", "report")  # beside the bench's runs
+    table = w.summary(recs)["report/table"]
+    assert table["_type"] == "table-file" and table["nrows"] >= 2
+
+
+def test_bench_runs_share_the_reports_wandb_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qa_train import bench
+    from qa_train.sweep import Point
+
+    monkeypatch.delenv("WANDB_RUN_GROUP", raising=False)
+    opts = bench.parse(["--output_dir", str(tmp_path / "study"), "--cpu"])[0]
+    env = bench.run_env(Point("zero2", "zero2", 2), opts)
+    assert (env["WANDB_RUN_GROUP"], env["WANDB_JOB_TYPE"]) == ("bench-study", "zero2")
+    assert report.wandb_group([tmp_path / "study" / "zero2-p2-r1", tmp_path / "study" / "ddp-p2-r1"]) == "bench-study"
+    monkeypatch.setenv("WANDB_RUN_GROUP", "mine")
+    assert bench.run_env(Point("ddp", "ddp", 1), opts)["WANDB_RUN_GROUP"] == "mine"
 
 
 @pytest.mark.distributed
