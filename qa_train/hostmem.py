@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -124,6 +125,19 @@ class HostMemory:
             self.trims += 1
             self.floor = self._rss()
             self._learning = 1
+
+    @contextlib.contextmanager
+    def excluded(self) -> Iterator[None]:
+        """Work inside (evaluation during training) leaves the training peaks as they were before it."""
+        if self._kernel_restarted:  # the kernel's mark so far is training's: keep it before restarting it
+            self.peak = max(self.peak, kernel_peak_bytes() or 0)
+        saved = self.peak, self.interval_peak
+        try:
+            yield
+        finally:
+            self.peak, self.interval_peak = saved
+            if self._kernel_restarted:
+                restart_kernel_peak()
 
     @property
     def peak_gib(self) -> float:

@@ -89,15 +89,13 @@ class IntervalMonitor:
     def excluded(self) -> Iterator[None]:
         """Work inside (evaluation during training) counts in neither the interval's time nor its peaks."""
         self.device_memory.fold()
-        host_peak = self.host_memory.peak
-        interval_peak = self.host_memory.interval_peak
         t0 = time.perf_counter()
         try:
-            yield
+            with self.host_memory.excluded():
+                yield
         finally:
             self.excluded_s += time.perf_counter() - t0
             self.device_memory.reset_current()
-            self.host_memory.peak, self.host_memory.interval_peak = host_peak, interval_peak
 
     def collect(self, stop_requested: bool) -> IntervalFigures:
         """Gather every rank's counts (a collective: all ranks call it at the same step) and start the next interval."""

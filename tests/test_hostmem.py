@@ -125,3 +125,22 @@ def test_training_peak_counts_what_a_step_frees_before_the_sample_and_the_lifeti
     assert memory.peak_gib * GIB - memory.floor > 190 * MIB
     assert memory.peak_gib * GIB < lifetime_before  # the training peak is the training phase's alone
     assert lifetime_peak_bytes() >= lifetime_before  # ... while the lifetime peak is kept across the restart
+
+
+def test_evaluation_inside_training_leaves_the_training_peak_alone() -> None:
+    """The kernel's high-water mark sees everything: an evaluation's transient memory must not become
+    training's peak (the mark is kept before, and restarted after, the excluded work)."""
+    import numpy as np
+
+    from qa_train.hostmem import GIB, HostMemory
+
+    memory = HostMemory(trim=True)
+    memory.reset()
+    before = memory.peak_gib
+    with memory.excluded():
+        block = np.ones(384 * 2**20 // 8)  # 384 MiB, touched
+        memory.step()
+        del block
+    memory.trim()
+    assert memory.peak_gib < before + 0.2, (before, memory.peak_gib)
+    assert memory.peak_gib * GIB >= memory.floor * 0.5
