@@ -82,12 +82,14 @@ class ModelArgs:
         default=None, metadata={"help": "Tokenizer name or dir, if not the same as the model's."}
     )
     attn_implementation: str = field(
-        default="sdpa", metadata={"help": "Attention kernel: sdpa (PyTorch fused) or eager."}
+        default="auto",
+        metadata={"help": "Attention kernel: auto (sdpa where the model supports it, else eager; the log says "
+                          "which), sdpa (PyTorch fused) or eager."},
     )
 
     def __post_init__(self) -> None:
-        _require(self.attn_implementation in ("sdpa", "eager"), "attn_implementation",
-                 f"{self.attn_implementation!r} is not sdpa or eager")
+        _require(self.attn_implementation in ("auto", "sdpa", "eager"), "attn_implementation",
+                 f"{self.attn_implementation!r} is not auto, sdpa or eager")
         if self.config_name is not None and Path(self.config_name).exists():
             _require((Path(self.config_name) / "config.json").is_file() or Path(self.config_name).is_file(),
                      "config_name", f"{self.config_name!r} has no config.json")

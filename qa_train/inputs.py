@@ -66,10 +66,10 @@ def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> 
     return inputs
 
 
-def build_loaders(inputs: Inputs, tokenizer, data: DataArgs, seed: int,
-                  on_cuda: bool) -> tuple[DataLoader, DataLoader | None]:
+def build_loaders(inputs: Inputs, tokenizer, data: DataArgs, seed: int, on_cuda: bool,
+                  token_types: bool = True) -> tuple[DataLoader, DataLoader | None]:
     """Unprepared loaders: accelerate shards them per rank in `prepare`."""
-    collate = Collator(tokenizer.pad_token_id, data.max_seq_length, data.pad_to_max_length)
+    collate = Collator(tokenizer.pad_token_id, data.max_seq_length, data.pad_to_max_length, token_types=token_types)
     workers = data.dataloader_num_workers if data.dataloader_num_workers is not None else (2 if on_cuda else 0)
     common: dict[str, Any] = {"collate_fn": collate, "num_workers": workers,
                               "pin_memory": on_cuda, "persistent_workers": workers > 0}

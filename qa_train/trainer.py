@@ -21,7 +21,8 @@ from qa_train.hostmem import HostMemory
 from qa_train.inputs import Splits, build_loaders, featurize_splits, load_splits
 from qa_train.metrics import (DeviceMemory, RankFigures, ThroughputMeter, device_name, gather_figures,
                               lifetime_rss_gib, peak_tflops, summarize)
-from qa_train.modeling import check_positions, flops_per_token, load_config, load_model, load_tokenizer
+from qa_train.modeling import (check_positions, flops_per_token, load_config, load_model, load_tokenizer,
+                                uses_token_types)
 from qa_train.optimization import batches_per_rank, build_optimizer, plan_steps
 from qa_train.postprocess import SpanRules
 from qa_train.preemption import StopRequest
@@ -100,8 +101,9 @@ class Trainer:
 
     def _build_inputs(self, splits: Splits) -> None:
         self.inputs = featurize_splits(self.accelerator, splits, self.args.data, self.tokenizer)
+        self.token_types = uses_token_types(self.model_config, self.tokenizer)
         self.train_dl, self.eval_dl = build_loaders(self.inputs, self.tokenizer, self.args.data, self.args.system.seed,
-                                                    self.on_cuda)
+                                                    self.on_cuda, self.token_types)
         log.info("%s", self.inputs.describe())
         self.host_memory.trim()  # featurisation's transient Python objects
         self.eval_set = None
@@ -117,6 +119,7 @@ class Trainer:
         self.plan = plan_steps(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
         optimizer, scheduler = build_optimizer(accelerator, model, args, self.plan)
         distributed.reconcile_with_flags(accelerator, args, self.mixed_precision)
+        distributed.fit_fsdp_wrap(accelerator, model)
         loaders = [self.train_dl] + ([self.eval_dl] if self.eval_dl is not None else [])
         self.model, self.optimizer, self.scheduler, *prepared = accelerator.prepare(model, optimizer, scheduler,
                                                                                     *loaders)
