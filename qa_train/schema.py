@@ -82,6 +82,10 @@ class Scores:
     """F1 before this run trained (--eval_before_training); see initial_eval_step."""
     initial_eval_step: int | None = None
     """Optimizer step of the model the initial_* scores are for: 0 untrained, N resumed from step N."""
+    squad_v2: dict[str, Any] | None = None
+    """With --version_2_with_negative: the official SQuAD v2.0 metrics of the final evaluation (exact, f1,
+    total, HasAns_*, NoAns_*, best_exact, best_exact_thresh, best_f1, best_f1_thresh); exact_match and f1
+    above are its exact and f1. None for SQuAD v1.1."""
 
 
 @dataclass
