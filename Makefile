@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 # `make install TORCH_SPEC=torch` (or install torch yourself first).
 TORCH_SPEC ?= torch==2.13.0
 DEMO_DIR ?= runs/demo
+DEMO_V2_DIR ?= runs/demo-v2
 
 define DS_PREBUILD
 from deepspeed.accelerator import get_accelerator
@@ -17,7 +18,7 @@ for name in ("CPUAdamBuilder", "ShareMemCommBuilder"):
 endef
 export DS_PREBUILD
 
-.PHONY: install demo test bench-data clean
+.PHONY: install demo demo-v2 test bench-data clean
 
 install: $(VENV)/.installed
 
@@ -35,6 +36,12 @@ $(VENV)/.installed: pyproject.toml
 
 demo: install
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(PY) -m qa_train --offline_demo --output_dir $(DEMO_DIR) --overwrite_output_dir
+
+# SQuAD v2.0: the bundled v2 demo (answerable and unanswerable questions), the same tiny BERT and settings.
+demo-v2: install
+	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(PY) -m qa_train --offline_demo --version_2_with_negative \
+		--train_file qa_train/assets/demo-v2/train.json --validation_file qa_train/assets/demo-v2/dev.json \
+		--output_dir $(DEMO_V2_DIR) --overwrite_output_dir
 
 test: install
 	$(PY) -m pytest -q

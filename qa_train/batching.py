@@ -32,13 +32,19 @@ class WindowDataset(Dataset):
 
 
 class Collator:
-    """Pad to the batch's longest window rounded up to `multiple` (tensor-core friendly), or to `max_length`."""
+    """Pad to the batch's longest window rounded up to `multiple` (tensor-core friendly), or to `max_length`.
 
-    def __init__(self, pad_token_id: int, max_length: int, pad_to_max_length: bool, multiple: int = 8) -> None:
+    `token_types=False` leaves token_type_ids out, for models that take none (DistilBERT, ModernBERT) or
+    whose tokenizer makes none (RoBERTa, XLM-R).
+    """
+
+    def __init__(self, pad_token_id: int, max_length: int, pad_to_max_length: bool, multiple: int = 8,
+                 token_types: bool = True) -> None:
         self.pad_token_id = pad_token_id
         self.max_length = max_length
         self.pad_to_max_length = pad_to_max_length
         self.multiple = multiple
+        self.token_types = token_types
 
     def width(self, longest: int) -> int:
         if self.pad_to_max_length:
@@ -54,11 +60,12 @@ class Collator:
             ids[row, : lengths[row]] = x["input_ids"]
             types[row, : lengths[row]] = x["token_type_ids"]
         mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
-        batch = {"input_ids": torch.from_numpy(ids), "token_type_ids": torch.from_numpy(types),
-                 "attention_mask": torch.from_numpy(mask),
+        batch = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask),
                  "feature_index": torch.tensor([x["feature_index"] for x in items], dtype=torch.long),
                  # Counted here on the host so the train loop never syncs with the device for them.
                  "num_tokens": torch.tensor([int(lengths.sum()), len(items) * width], dtype=torch.long)}
+        if self.token_types:
+            batch["token_type_ids"] = torch.from_numpy(types)
         if "start_positions" in items[0]:
             batch["start_positions"] = torch.tensor([int(x["start_positions"]) for x in items], dtype=torch.long)
             batch["end_positions"] = torch.tensor([int(x["end_positions"]) for x in items], dtype=torch.long)

@@ -88,12 +88,14 @@ class ModelArgs:
         default=None, metadata={"help": "Tokenizer name or dir, if not the same as the model's."}
     )
     attn_implementation: str = field(
-        default="sdpa", metadata={"help": "Attention kernel: sdpa (PyTorch fused) or eager."}
+        default="auto",
+        metadata={"help": "Attention kernel: auto (sdpa where the model supports it, else eager; the log says "
+                          "which), sdpa (PyTorch fused) or eager."},
     )
 
     def __post_init__(self) -> None:
-        _require(self.attn_implementation in ("sdpa", "eager"), "attn_implementation",
-                 f"{self.attn_implementation!r} is not sdpa or eager")
+        _require(self.attn_implementation in ("auto", "sdpa", "eager"), "attn_implementation",
+                 f"{self.attn_implementation!r} is not auto, sdpa or eager")
         if self.config_name is not None and Path(self.config_name).exists():
             _require((Path(self.config_name) / "config.json").is_file() or Path(self.config_name).is_file(),
                      "config_name", f"{self.config_name!r} has no config.json")
@@ -113,10 +115,21 @@ class DataArgs:
     validation_file: str | None = field(
         default=None, metadata={"help": "Local evaluation data: nested SQuAD JSON or flat JSON lines."}
     )
+    test_file: str | None = field(
+        default=None,
+        metadata={"help": "Questions to answer with --do_predict: nested SQuAD JSON or flat JSON lines; "
+                          "answers may be missing."},
+    )
+    version_2_with_negative: bool = field(
+        default=False,
+        metadata={"help": "SQuAD v2.0: questions may have no answer (labelled at CLS); evaluation reports "
+                          "the official v2.0 metrics."},
+    )
     max_seq_length: int = field(default=384, metadata={"help": "Tokens per window (question + context)."})
     doc_stride: int = field(default=128, metadata={"help": "Overlap in tokens between windows of a long context."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Truncate the training questions (debug, benchmarks)."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Truncate the evaluation questions."})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "Truncate the --test_file questions."})
     overwrite_cache: bool = field(default=False, metadata={"help": "Ignore cached features."})
     pad_to_max_length: bool = field(
         default=False,
@@ -135,13 +148,14 @@ class DataArgs:
 
     def __post_init__(self) -> None:
         _positive(self, "max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size")
-        _not_negative(self, "max_train_samples", "max_eval_samples", "dataloader_num_workers")
+        _not_negative(self, "max_train_samples", "max_eval_samples", "max_predict_samples", "dataloader_num_workers")
         _require(self.doc_stride > 0, "doc_stride", f"must be positive, got {self.doc_stride}")
         _require(self.doc_stride < self.max_seq_length, "doc_stride",
                  f"{self.doc_stride} must be smaller than --max_seq_length {self.max_seq_length}")
         _require(self.max_seq_length <= 8192, "max_seq_length", f"{self.max_seq_length} is not a BERT window size")
         _check_file(self.train_file, "train_file")
         _check_file(self.validation_file, "validation_file")
+        _check_file(self.test_file, "test_file")
 
 
 @dataclass
@@ -195,6 +209,16 @@ class EvalArgs:
                           "output_dir/best; the export to output_dir/final is then that model."})
     n_best_size: int = field(default=20, metadata={"help": "Start/end candidates per window."})
     max_answer_length: int = field(default=30, metadata={"help": "Longest answer in tokens."})
+    null_score_diff_threshold: float = field(
+        default=0.0,
+        metadata={"help": "SQuAD v2.0: answer \"\" when the null score beats the best span by more than this "
+                          "(the best_f1_thresh of an evaluation is a good value)."},
+    )
+    do_predict: bool = field(
+        default=False,
+        metadata={"help": "After training, answer --test_file: predict_predictions.json and "
+                          "predict_nbest_predictions.json (top --n_best_size with probabilities)."},
+    )
 
     def __post_init__(self) -> None:
         _positive(self, "n_best_size", "max_answer_length")
@@ -205,6 +229,8 @@ class EvalArgs:
                  f"is only used with --eval_strategy steps (got --eval_strategy {self.eval_strategy})")
         _require(not self.save_best or self.eval_strategy != "no", "save_best",
                  "needs evaluations during training to choose from: add --eval_strategy steps or epoch")
+        _require(self.null_score_diff_threshold == self.null_score_diff_threshold, "null_score_diff_threshold",
+                 "must be a number, got nan")
 
     @property
     def needs_eval_data(self) -> bool:
@@ -318,6 +344,9 @@ class TrainArgs:
         d = self.data
         if d.train_file is None or (self.eval.do_eval and d.validation_file is None):
             _require(bool(d.dataset_name), "dataset_name", "give a hub dataset or --train_file/--validation_file")
+        _require(not self.eval.do_predict or d.test_file is not None, "do_predict",
+                 "needs --test_file (the questions to answer: SQuAD JSON or JSON lines, answers optional)")
+        _require(d.test_file is None or self.eval.do_predict, "test_file", "is only read with --do_predict")
 
     @classmethod
     def from_flags(cls, values: dict[str, Any]) -> TrainArgs:

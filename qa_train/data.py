@@ -4,6 +4,9 @@ Local files may be the official nested SQuAD JSON (`data[].paragraphs[].qas[]`) 
 (`id, title, context, question, answers{text, answer_start}`) as JSON lines, the hub's layout.
 Every fault is one DataError line naming the file, the record's place (`data[a].paragraphs[p].qas[q]`,
 `line N` of JSON lines, `record i` of a list) with its id when it has one, and the problem.
+
+What a record must say about its answers depends on the split (`AnswerRule`): SQuAD v1.1 questions all
+have one, SQuAD v2.0 ones may have none (an empty list), and questions to predict need not say.
 """
 
 from __future__ import annotations
@@ -14,7 +17,11 @@ import json
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Literal
+
+# required: SQuAD v1.1, every question answered; may_be_empty: SQuAD v2.0, `answers` present but possibly
+# empty (unanswerable); optional: questions to predict, `answers` may be absent altogether.
+AnswerRule = Literal["required", "may_be_empty", "optional"]
 
 
 class DataError(ValueError):
@@ -117,6 +124,8 @@ def _flatten_qa(path: Path, loc: str, qa: Any, title: Any, context: Any) -> Any:
     if not isinstance(qa, dict):
         return qa
     answers = qa.get("answers")
+    if answers is None and "answers" not in qa:  # a question to predict; _checked decides if that is allowed
+        return {"id": qa.get("id"), "title": title, "context": context, "question": qa.get("question")}
     if not isinstance(answers, list):
         raise DataError(f"{path}: {_at(loc, qa)}: 'answers' must be a list, found {_kind(answers)}")
     for k, x in enumerate(answers):
@@ -232,8 +241,10 @@ def _check_texts(rec: dict[str, Any]) -> None:
         raise _Problem(f"'title' must be a string, found {_kind(title)}")
 
 
-def _answer_lists(rec: dict[str, Any]) -> tuple[list, list]:
+def _answer_lists(rec: dict[str, Any], rule: AnswerRule) -> tuple[list, list]:
     answers = rec.get("answers")
+    if answers is None and "answers" not in rec and rule == "optional":
+        return [], []
     if not isinstance(answers, dict):
         raise _Problem("missing field 'answers' with 'text' and 'answer_start'" if answers is None else
                        f"'answers' must be an object with 'text' and 'answer_start' lists, found {_kind(answers)}")
@@ -263,33 +274,34 @@ def _check_span(k: int, text: Any, start: Any, context: str) -> None:
                        f"(the context there reads {context[start:start + len(text)]!r})")
 
 
-def _checked(rec: Any, need_answers: bool) -> tuple[str, list[str], list[int]]:
+def _checked(rec: Any, rule: AnswerRule) -> tuple[str, list[str], list[int]]:
     if not isinstance(rec, dict):
         raise _Problem(f"expected an object (one question), found {_kind(rec)}")
     qid = _check_id(rec)
     _check_texts(rec)
-    texts, starts = _answer_lists(rec)
-    if need_answers and not texts:
-        raise _Problem("no answers (SQuAD v1.1 questions are all answerable)")
+    texts, starts = _answer_lists(rec, rule)
+    if rule == "required" and not texts:
+        raise _Problem("no answers (SQuAD v1.1 questions are all answerable; for SQuAD v2.0 data, where a "
+                       "question may have none, pass --version_2_with_negative)")
     for k, (text, start) in enumerate(zip(texts, starts)):
         _check_span(k, text, start, rec["context"])
     return qid, texts, starts
 
 
-def _check_record(rec: Any, where: str, loc: str, need_answers: bool) -> tuple[str, list[str], list[int]]:
+def _check_record(rec: Any, where: str, loc: str, rule: AnswerRule) -> tuple[str, list[str], list[int]]:
     """The record's (id, answer texts, answer starts); a DataError naming the file, the place and the id."""
     try:
-        return _checked(rec, need_answers)
+        return _checked(rec, rule)
     except _Problem as problem:
         raise DataError(f"{where}: {_at(loc, rec)}: {problem}") from None
 
 
-def build_examples(records: Iterable[Located], where: str, need_answers: bool) -> Examples:
+def build_examples(records: Iterable[Located], where: str, rule: AnswerRule) -> Examples:
     """Validate every (place, record); refuse duplicates and mismatched spans with the place and question id."""
     out = Examples(source=where)
     first_at: dict[str, str] = {}
     for loc, rec in records:
-        qid, texts, starts = _check_record(rec, where, loc, need_answers)
+        qid, texts, starts = _check_record(rec, where, loc, rule)
         if qid in first_at:
             raise DataError(f"{where}: {loc}: question {_shown(qid)}: duplicate id (first at {first_at[qid]})")
         first_at[qid] = loc
@@ -310,27 +322,28 @@ def _read(path: Path) -> bytes:
         raise DataError(f"{path}: cannot be read: {err.strerror or err}") from None
 
 
-def load_file(path: str | Path, need_answers: bool = True) -> Examples:
+def load_file(path: str | Path, rule: AnswerRule = "required") -> Examples:
     path = Path(path)
     raw = _read(path)
-    examples = build_examples(_flat_records(path, _decode(path, raw)), str(path), need_answers)
+    examples = build_examples(_flat_records(path, _decode(path, raw)), str(path), rule)
     examples.fingerprint = hashlib.sha256(raw).hexdigest()[:16]  # of the bytes as stored, BOM and all
     return examples
 
 
-def load_hub(name: str, config_name: str | None, split: str, need_answers: bool = True) -> Examples:
+def load_hub(name: str, config_name: str | None, split: str, rule: AnswerRule = "required") -> Examples:
     import datasets  # heavy; only needed on the hub path
 
     ds = datasets.load_dataset(name, config_name, split=split)
-    records = ds.select_columns(["id", "title", "context", "question", "answers"]).to_list()
+    columns = [c for c in ("id", "title", "context", "question", "answers") if c in ds.column_names]
+    records = ds.select_columns(columns).to_list()
     located = ((f"record {i}", rec) for i, rec in enumerate(records))
-    examples = build_examples(located, f"{name}[{split}]", need_answers)
+    examples = build_examples(located, f"{name}[{split}]", rule)
     examples.fingerprint = getattr(ds, "_fingerprint", "") or hashlib.sha256(name.encode()).hexdigest()[:16]
     return examples
 
 
 def load_split(file: str | None, dataset_name: str | None, config_name: str | None, split: str,
-               limit: int | None) -> Examples:
+               limit: int | None, rule: AnswerRule = "required") -> Examples:
     """Local file if given, else the hub dataset's split; then the first `limit` questions."""
-    examples = load_file(file) if file else load_hub(str(dataset_name), config_name, split)
+    examples = load_file(file, rule) if file else load_hub(str(dataset_name), config_name, split, rule)
     return examples.head(limit)

@@ -6,12 +6,15 @@ The train loop never branches on the strategy; what the libraries force is handl
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from qa_train.config import ConfigError, TrainArgs
+
+log = logging.getLogger("qa_train")
 
 
 class LaunchError(RuntimeError):
@@ -197,6 +200,38 @@ def optimizer_and_scheduler(accelerator, groups: list[dict], args: TrainArgs,
         return optimizer, DummyScheduler(optimizer, lr_scheduler_callable=schedule)
     optimizer = torch_optimizer(groups)
     return optimizer, schedule(optimizer)
+
+
+def fsdp_layer_classes(model) -> list[str]:
+    """The module classes FSDP shards one by one: the model's `_no_split_modules` that occur in it (what
+    accelerate takes when the config names none), else the class of the repeated blocks in its longest
+    ModuleList, for families that declare none (DistilBERT, ELECTRA, DeBERTa-v2 in transformers 5)."""
+    import torch
+
+    present = {type(m).__name__ for m in model.modules()}
+    declared = [name for name in (getattr(model, "_no_split_modules", None) or []) if name in present]
+    if declared:
+        return sorted(declared)
+    stacks = [m for m in model.modules()
+              if isinstance(m, torch.nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1]
+    return [type(max(stacks, key=len)[0]).__name__] if stacks else []
+
+
+def fit_fsdp_wrap(accelerator, model) -> None:
+    """Under FSDP's TRANSFORMER_BASED_WRAP with no fsdp_transformer_layer_cls_to_wrap in the config, wrap
+    `fsdp_layer_classes(model)`: a class named in the YAML (BertLayer) fails on every other family with
+    accelerate's "Could not find the transformer layer class", and `_no_split_modules` alone is empty for
+    some families, which would leave the whole model one FSDP unit. A class list in the YAML still wins."""
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)  # unset outside FSDP
+    if plugin is None or plugin.transformer_cls_names_to_wrap is not None:
+        return
+    if getattr(plugin.auto_wrap_policy, "func", plugin.auto_wrap_policy) is not transformer_auto_wrap_policy:
+        return
+    plugin.transformer_cls_names_to_wrap = fsdp_layer_classes(model)
+    log.info("FSDP wraps %s (set fsdp_transformer_layer_cls_to_wrap in the accelerate config to choose)",
+             ", ".join(plugin.transformer_cls_names_to_wrap) or "the whole model only")
 
 
 def num_parameters(model) -> int:

@@ -1,28 +1,38 @@
-"""Distributed evaluation: every rank scores its shard, logits are gathered once, main scores EM/F1."""
+"""Distributed evaluation and prediction: every rank runs its shard, logits are gathered once, main answers
+(and, with gold answers, scores EM/F1: SQuAD v1.1, or v2.0's official metrics)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from qa_train.config import TrainArgs
 from qa_train.data import Examples
 from qa_train.features import Features, window_offsets
 from qa_train.hostmem import HostMemory
-from qa_train.postprocess import Questions, SpanRules, postprocess_predictions
-from qa_train.squad_eval import exact_match, f1, score
+from qa_train.postprocess import Answers, Questions, SpanRules, answer_questions
+from qa_train.squad_eval import exact_match, f1, score, score_v2
 
 # Padding logit: far below any real logit, finite so bf16/fp16 stay well-defined.
 PAD_LOGIT = -1e4
 
 
+def span_rules(args: TrainArgs) -> SpanRules:
+    """How answers are read from logits, from the run's flags (a null threshold only for SQuAD v2.0)."""
+    e = args.eval
+    return SpanRules(e.n_best_size, e.max_answer_length,
+                     e.null_score_diff_threshold if args.data.version_2_with_negative else None)
+
+
 @dataclass
 class EvalSet:
-    """The evaluation split as post-processing reads it; `offsets` is built once for every evaluation."""
+    """A split (evaluation or --test_file) as post-processing reads it; `offsets` is built once."""
 
     examples: Examples
     features: Features
@@ -34,7 +44,8 @@ class EvalSet:
 
     @property
     def questions(self) -> Questions:
-        return Questions(self.features.example_index, self.examples.ids, self.examples.contexts)
+        return Questions(self.features.example_index, self.examples.ids, self.examples.contexts,
+                         self.features.cls_index)
 
 
 @dataclass
@@ -43,6 +54,7 @@ class EvalResult:
     f1: float
     runtime_s: float = 0.0
     predictions: dict[str, str] | None = None
+    squad_v2: dict[str, Any] | None = None  # the official v2.0 metrics (exact and f1 are the two above)
 
 
 SAMPLE_COLUMNS = ["id", "question", "gold answers", "prediction", "exact_match", "f1"]
@@ -54,7 +66,8 @@ def sample_rows(examples: Examples, predictions: dict[str, str], limit: int) -> 
     picked = np.unique(np.linspace(0, len(examples) - 1, num=min(limit, len(examples))).astype(int))
     rows: list[list[object]] = []
     for i in picked.tolist():
-        golds, pred = examples.answer_texts[i], predictions.get(examples.ids[i], "")
+        # An unanswerable (v2.0) question's gold is the empty answer, as the official script scores it.
+        golds, pred = examples.answer_texts[i] or [""], predictions.get(examples.ids[i], "")
         rows.append([examples.ids[i], examples.questions[i], " | ".join(golds), pred,
                      max(exact_match(pred, g) for g in golds), round(max(f1(pred, g) for g in golds), 4)])
     return rows
@@ -62,11 +75,12 @@ def sample_rows(examples: Examples, predictions: dict[str, str], limit: int) -> 
 
 @torch.no_grad()
 def predict_logits(accelerator, model, dataloader, width: int,
-                   host_memory: HostMemory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   host_memory: HostMemory | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Start/end logits for every feature, in feature order, each counted once.
 
     Batches are padded to different widths, so logits are padded to `width` before gathering;
     gather_for_metrics drops the samples the sampler repeated to even out the last batch.
+    `host_memory` (None outside a training run) trims the heap between batches.
     """
     model.eval()
     starts, ends, index = [], [], []
@@ -83,7 +97,8 @@ def predict_logits(accelerator, model, dataloader, width: int,
         starts.append(s.cpu())
         ends.append(e.cpu())
         index.append(feature_index.cpu())
-        host_memory.step()
+        if host_memory is not None:
+            host_memory.step()
     model.train()
     order = torch.cat(index).numpy()
     start_logits = np.empty((len(order), width), dtype=np.float32)
@@ -93,20 +108,48 @@ def predict_logits(accelerator, model, dataloader, width: int,
     return start_logits, end_logits, order
 
 
-def answer_and_score(eval_set: EvalSet, logits: tuple[np.ndarray, np.ndarray, np.ndarray],
-                     rules: SpanRules) -> tuple[dict[str, str], EvalResult]:
-    """Predictions {question_id: answer} and their EM/F1 against the gold answers."""
+def answer(eval_set: EvalSet, logits: tuple[np.ndarray, np.ndarray, np.ndarray], rules: SpanRules) -> Answers:
+    """Every question's answer and n-best from logits that cover every window exactly once."""
     start_logits, end_logits, order = logits
-    if len(np.unique(order)) != len(eval_set.features):
-        raise RuntimeError(f"evaluation saw {len(np.unique(order))} of {len(eval_set.features)} windows")
-    predictions = postprocess_predictions(start_logits, end_logits, eval_set.offsets, eval_set.questions, rules)
-    result = score(eval_set.examples.references(), predictions)
-    return predictions, EvalResult(float(result["exact_match"]), float(result["f1"]), predictions=predictions)
+    if not np.array_equal(np.sort(order), np.arange(len(eval_set.features))):
+        raise RuntimeError(f"inference returned {len(order)} windows ({len(np.unique(order))} distinct) for "
+                           f"{len(eval_set.features)}: every window must be seen exactly once")
+    return answer_questions(start_logits, end_logits, eval_set.offsets, eval_set.questions, rules)
 
 
-def write_predictions(path: Path, predictions: dict[str, str]) -> None:
-    """Atomic: a crash mid-write never leaves half a predictions file."""
+def answer_and_score(eval_set: EvalSet, logits: tuple[np.ndarray, np.ndarray, np.ndarray],
+                     rules: SpanRules) -> tuple[Answers, EvalResult]:
+    """Answers and their EM/F1 against the gold answers; SQuAD v2.0's official metrics with a null threshold,
+    computed as the official script does from the predictions, the null odds and that threshold."""
+    answers = answer(eval_set, logits, rules)
+    references = eval_set.examples.references()
+    if rules.null_score_diff_threshold is None:
+        result = score(references, answers.predictions)
+        return answers, EvalResult(float(result["exact_match"]), float(result["f1"]), predictions=answers.predictions)
+    v2 = score_v2(references, answers.predictions, answers.null_odds, rules.null_score_diff_threshold)
+    return answers, EvalResult(float(v2["exact"]), float(v2["f1"]), predictions=answers.predictions, squad_v2=v2)
+
+
+def _write_json(path: Path, payload: object) -> None:
+    """Atomic: a crash mid-write never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(predictions, ensure_ascii=False, indent=1))
+    tmp.write_text(json.dumps(payload, ensure_ascii=False, indent=1))
     tmp.replace(path)
+
+
+def write_predictions(path: Path, answers: Answers) -> None:
+    """{question_id: answer} at `path`; for SQuAD v2.0 also the null odds beside it (`..._null_odds.json`),
+    what the official script takes as --na-prob-file (with --na-prob-thresh = --null_score_diff_threshold)."""
+    _write_json(path, answers.predictions)
+    if answers.null_odds is not None:
+        _write_json(path.with_name(path.name.replace("predictions", "null_odds")), answers.null_odds)
+
+
+def write_answers(output_dir: Path, prefix: str, answers: Answers) -> Path:
+    """`{prefix}_predictions.json` (with v2.0's null odds) and `{prefix}_nbest_predictions.json`, as
+    transformers' run_qa names them; returns the predictions file."""
+    path = output_dir / f"{prefix}_predictions.json"
+    write_predictions(path, answers)
+    _write_json(output_dir / f"{prefix}_nbest_predictions.json", answers.nbest)
+    return path

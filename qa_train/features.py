@@ -24,7 +24,7 @@ from qa_train.data import Examples
 
 # As in the original BERT SQuAD recipe: a longer question is cut so the context keeps its room.
 MAX_QUERY_LENGTH = 64
-CACHE_VERSION = "2"
+CACHE_VERSION = "3"
 log = logging.getLogger("qa_train")
 
 
@@ -72,6 +72,7 @@ class Features:
     context_span: np.ndarray     # int32 [F, 2]: [first, end) context token indices of the window
     start_positions: np.ndarray  # int32 [F]: cls_index when the answer is not wholly inside
     end_positions: np.ndarray    # int32 [F]
+    cls_index: np.ndarray        # int32 [F]: the CLS token, where "no answer" is labelled and read (SQuAD v2.0)
     # int32 [total_tokens, 2]: character span of each context token in its context, (-1, -1) for question
     # and special tokens. Evaluation only (post-processing reads answers through it); None for training.
     offsets: np.ndarray | None = None
@@ -108,7 +109,7 @@ class Features:
         """Cheap consistency of the arrays' lengths: catches a damaged file whose zip checks passed."""
         n, total = len(self.example_index), len(self.input_ids)
         expected = {"token_type_ids": (total,), "row_start": (n + 1,), "context_offset": (n,),
-                    "context_span": (n, 2), "start_positions": (n,), "end_positions": (n,)}
+                    "context_span": (n, 2), "start_positions": (n,), "end_positions": (n,), "cls_index": (n,)}
         if self.offsets is not None:
             expected["offsets"] = (total, 2)
         for name, shape in expected.items():
@@ -147,6 +148,9 @@ def tokenize_texts(tokenizer, texts: list[str], offsets: bool) -> tuple[list[np.
 def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int,
               with_offsets: bool = False) -> Features:
     """Cut every question's context into windows; label the first gold answer (train and eval alike).
+
+    A window that does not hold the whole answer, and every window of an unanswerable (SQuAD v2.0)
+    question, is labelled at the CLS token, as transformers' run_qa does.
 
     `with_offsets` keeps each window's character offsets, which evaluation needs and training does not.
     """
@@ -200,6 +204,7 @@ def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: in
         context_span=meta_arr[:, 2:4].astype(np.int32),
         start_positions=meta_arr[:, 4].astype(np.int32),
         end_positions=meta_arr[:, 5].astype(np.int32),
+        cls_index=np.full(len(meta_arr), tpl.cls_index, dtype=np.int32),
         offsets=np.concatenate(spans) if with_offsets else None,
     )
 

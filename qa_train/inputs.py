@@ -10,24 +10,28 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from qa_train.batching import Collator, LengthGroupedSampler, WindowDataset
 from qa_train.config import DataArgs, TrainArgs
-from qa_train.data import Examples, load_split
+from qa_train.data import Examples, load_file, load_split
 from qa_train.features import Features, load_or_featurize
 
 
 @dataclass
 class Inputs:
     """Training keeps only its windows (the question and context text is not needed once they are cut,
-    and is ~120 MB for SQuAD); evaluation keeps its examples and offsets for post-processing and scoring."""
+    and is ~120 MB for SQuAD); evaluation and prediction keep their examples and offsets for post-processing."""
 
     num_train_examples: int
     train_features: Features
     eval_examples: Examples | None = None
     eval_features: Features | None = None
     cache_hits: list[bool] = field(default_factory=list)
+    test_examples: Examples | None = None
+    test_features: Features | None = None
 
     def describe(self) -> str:
         evaluation = (f"eval: {len(self.eval_examples)} questions -> {len(self.eval_features)} windows"
                       if self.eval_examples is not None and self.eval_features is not None else "no eval split")
+        if self.test_examples is not None and self.test_features is not None:
+            evaluation += f"; predict: {len(self.test_examples)} questions -> {len(self.test_features)} windows"
         return (f"train: {self.num_train_examples} questions -> {len(self.train_features)} windows; {evaluation} "
                 f"(cache hits {self.cache_hits})")
 
@@ -38,16 +42,19 @@ class Splits:
 
     train: Examples
     evaluation: Examples | None
+    test: Examples | None = None
 
 
 def load_splits(args: TrainArgs) -> Splits:
     """Every rank parses and validates on its own, before any process group exists: a bad record is
     refused by each rank in one line, and no rank is left waiting in a collective for one that failed."""
     d = args.data
-    train = load_split(d.train_file, d.dataset_name, d.dataset_config_name, "train", d.max_train_samples)
+    rule = "may_be_empty" if d.version_2_with_negative else "required"
+    train = load_split(d.train_file, d.dataset_name, d.dataset_config_name, "train", d.max_train_samples, rule)
     evaluation = (load_split(d.validation_file, d.dataset_name, d.dataset_config_name, "validation",
-                             d.max_eval_samples) if args.eval.needs_eval_data else None)
-    return Splits(train, evaluation)
+                             d.max_eval_samples, rule) if args.eval.needs_eval_data else None)
+    test = load_file(d.test_file, "optional").head(d.max_predict_samples) if args.eval.do_predict else None
+    return Splits(train, evaluation, test)
 
 
 def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> Inputs:
@@ -63,26 +70,43 @@ def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> 
                                                           data.doc_stride, overwrite=data.overwrite_cache,
                                                           with_offsets=True)
             inputs.cache_hits.append(hit)
+        if splits.test is not None:
+            inputs.test_examples = splits.test
+            inputs.test_features, hit = load_or_featurize(splits.test, tokenizer, data.max_seq_length, data.doc_stride,
+                                                          overwrite=data.overwrite_cache, with_offsets=True)
+            inputs.cache_hits.append(hit)
     return inputs
 
 
-def build_loaders(inputs: Inputs, tokenizer, data: DataArgs, seed: int,
-                  on_cuda: bool) -> tuple[DataLoader, DataLoader | None]:
-    """Unprepared loaders: accelerate shards them per rank in `prepare`."""
-    collate = Collator(tokenizer.pad_token_id, data.max_seq_length, data.pad_to_max_length)
+def _loader_options(data: DataArgs, on_cuda: bool) -> dict[str, Any]:
     workers = data.dataloader_num_workers if data.dataloader_num_workers is not None else (2 if on_cuda else 0)
-    common: dict[str, Any] = {"collate_fn": collate, "num_workers": workers,
-                              "pin_memory": on_cuda, "persistent_workers": workers > 0}
+    return {"num_workers": workers, "pin_memory": on_cuda, "persistent_workers": workers > 0}
+
+
+def collator(tokenizer, data: DataArgs, token_types: bool = True) -> Collator:
+    return Collator(tokenizer.pad_token_id, data.max_seq_length, data.pad_to_max_length, token_types=token_types)
+
+
+def inference_loader(features: Features, collate: Collator, data: DataArgs, on_cuda: bool) -> DataLoader:
+    """Windows in order, without labels: evaluation and prediction alike (unprepared)."""
+    windows = WindowDataset(features, with_labels=False)
+    return DataLoader(windows, batch_size=data.per_device_eval_batch_size, sampler=SequentialSampler(windows),
+                      collate_fn=collate, **_loader_options(data, on_cuda))
+
+
+def build_loaders(inputs: Inputs, tokenizer, data: DataArgs, seed: int, on_cuda: bool,
+                  token_types: bool = True) -> tuple[DataLoader, DataLoader | None]:
+    """Unprepared loaders: accelerate shards them per rank in `prepare`."""
+    collate = collator(tokenizer, data, token_types)
     train_set = WindowDataset(inputs.train_features, with_labels=True)
     sampler = (LengthGroupedSampler(inputs.train_features.lengths, data.per_device_train_batch_size, seed)
                if data.group_by_length else RandomSampler(train_set))
     # An own generator: otherwise every new iterator draws a seed from the global RNG, and a resumed
     # run (which makes one more iterator after restoring RNG state) would see different dropout.
     train = DataLoader(train_set, batch_size=data.per_device_train_batch_size, sampler=sampler,
-                       generator=torch.Generator().manual_seed(seed), **common)
+                       generator=torch.Generator().manual_seed(seed), collate_fn=collate,
+                       **_loader_options(data, on_cuda))
     evaluation = None
     if inputs.eval_features is not None:
-        eval_set = WindowDataset(inputs.eval_features, with_labels=False)
-        evaluation = DataLoader(eval_set, batch_size=data.per_device_eval_batch_size,
-                                sampler=SequentialSampler(eval_set), **common)
+        evaluation = inference_loader(inputs.eval_features, collate, data, on_cuda)
     return train, evaluation

@@ -1,8 +1,18 @@
-"""Model and tokenizer construction; FLOPs per token for MFU."""
+"""Model and tokenizer construction for any transformers encoder with a QA head; FLOPs per token for MFU."""
 
 from __future__ import annotations
 
+import inspect
+import logging
+
 from qa_train.config import ConfigError, ModelArgs
+
+log = logging.getLogger("qa_train")
+
+# Families whose position ids start after the padding index (RoBERTa's create_position_ids_from_input_ids),
+# so a window may hold max_position_embeddings - pad_token_id - 1 tokens, not max_position_embeddings.
+OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm",
+                    "data2vec-text", "xmod"}
 
 
 def load_tokenizer(args: ModelArgs):
@@ -20,14 +30,51 @@ def load_tokenizer(args: ModelArgs):
 
 
 def load_config(args: ModelArgs):
+    """The model's config; a family without a QA head or an attention kernel it lacks is refused here,
+    before any data is read."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(args.config_name or args.model_name_or_path)
+    config = AutoConfig.from_pretrained(args.config_name or args.model_name_or_path)
+    resolve_attention(args, config)
+    return config
+
+
+def qa_model_class(config) -> type:
+    """transformers' XxxForQuestionAnswering class for this config."""
+    from transformers import AutoModelForQuestionAnswering
+
+    try:
+        return AutoModelForQuestionAnswering._model_mapping[type(config)]
+    except KeyError:
+        raise ConfigError(f"model type {config.model_type!r} has no question-answering head in transformers "
+                          "(AutoModelForQuestionAnswering does not know it)") from None
+
+
+def resolve_attention(args: ModelArgs, config) -> str:
+    """auto: PyTorch SDPA where the model class supports it (DeBERTa-v2/v3 does not), else eager."""
+    cls = qa_model_class(config)
+    sdpa = bool(getattr(cls, "_supports_sdpa", False))
+    if args.attn_implementation == "auto":
+        return "sdpa" if sdpa else "eager"
+    if args.attn_implementation == "sdpa" and not sdpa:
+        raise ConfigError(f"--attn_implementation sdpa: {cls.__name__} does not support "
+                          "scaled_dot_product_attention; use auto (the default) or eager")
+    return args.attn_implementation
+
+
+def uses_token_types(config, tokenizer) -> bool:
+    """token_type_ids go to the model only when its tokenizer makes them and its forward takes them:
+    RoBERTa's and XLM-R's tokenizers make none, DistilBERT and ModernBERT take none."""
+    takes = "token_type_ids" in inspect.signature(qa_model_class(config).forward).parameters
+    return takes and "token_type_ids" in tokenizer.model_input_names
 
 
 def check_positions(config, tokenizer, max_seq_length: int) -> None:
     """Refuse windows longer than the model can embed, before featurisation rather than at the first long batch."""
-    limits = {"position embeddings": getattr(config, "max_position_embeddings", None)}
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and config.model_type in OFFSET_POSITIONS:
+        positions -= (config.pad_token_id or 0) + 1
+    limits = {"position embeddings": positions}
     if 0 < tokenizer.model_max_length < 1_000_000:  # unset lengths are stored as a huge sentinel
         limits["tokenizer model_max_length"] = tokenizer.model_max_length
     for what, limit in limits.items():
@@ -46,14 +93,16 @@ def load_model(args: ModelArgs, tokenizer, config):
     import torch
     from transformers import AutoModelForQuestionAnswering
 
+    attention = resolve_attention(args, config)
+    if args.attn_implementation == "auto":
+        why = "" if attention == "sdpa" else f": {qa_model_class(config).__name__} does not support SDPA"
+        log.info("attention: %s (auto%s)", attention, why)
     if args.config_name:
         config.vocab_size = max(config.vocab_size, len(tokenizer))
-        model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=args.attn_implementation,
-                                                          dtype=torch.float32)
+        model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=attention, dtype=torch.float32)
     else:
         model = AutoModelForQuestionAnswering.from_pretrained(
-            args.model_name_or_path, config=config, attn_implementation=args.attn_implementation,
-            dtype=torch.float32,
+            args.model_name_or_path, config=config, attn_implementation=attention, dtype=torch.float32,
         )
     if model.config.vocab_size < len(tokenizer):
         raise ConfigError(f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "

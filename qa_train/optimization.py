@@ -32,15 +32,33 @@ def plan_steps(optim: OptimArgs, batches_per_epoch: int) -> Plan:
     return Plan(per_epoch, total, math.ceil(total / per_epoch) if total else 0, warmup)
 
 
-def _no_decay(name: str) -> bool:
-    return name.endswith(".bias") or "LayerNorm" in name or "layer_norm" in name
+# torch's normalisation layers by type; RMSNorm (absent before torch 2.4) and the families' own norms
+# (T5LayerNorm, LlamaRMSNorm, ...) by their class name ending in "Norm".
+NORM_TYPES = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.LocalResponseNorm,
+              torch.nn.modules.batchnorm._NormBase)
+
+
+def is_norm(module: torch.nn.Module) -> bool:
+    return isinstance(module, NORM_TYPES) or type(module).__name__.endswith("Norm")
+
+
+def no_decay_names(model: torch.nn.Module) -> set[str]:
+    """Every parameter of a normalisation layer and every bias, found by module type rather than by
+    parameter name: ModernBERT's norms are `...attn_norm.weight`, DistilBERT's `...sa_layer_norm.weight`."""
+    names: set[str] = set()
+    for prefix, module in model.named_modules():
+        for name, _ in module.named_parameters(prefix=prefix, recurse=False):
+            if is_norm(module) or name.rsplit(".", 1)[-1] == "bias":
+                names.add(name)
+    return names
 
 
 def param_groups(model, weight_decay: float) -> list[dict]:
-    """Weight decay on weights; none on biases and LayerNorm weights (BERT's recipe)."""
+    """Weight decay on weights; none on biases and normalisation layers (BERT's recipe)."""
     named = list(model.named_parameters())
-    return [{"params": [p for n, p in named if not _no_decay(n)], "weight_decay": weight_decay},
-            {"params": [p for n, p in named if _no_decay(n)], "weight_decay": 0.0}]
+    skip = no_decay_names(model)
+    return [{"params": [p for n, p in named if n not in skip], "weight_decay": weight_decay},
+            {"params": [p for n, p in named if n in skip], "weight_decay": 0.0}]
 
 
 def build_optimizer(accelerator, model, args: TrainArgs, plan: Plan):

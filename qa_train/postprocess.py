@@ -3,13 +3,24 @@
 Standard BERT SQuAD post-processing, vectorized over all features at once:
 
 1. per feature, keep the ``n_best_size`` highest start positions and the
-   ``n_best_size`` highest end positions (over the whole row, as the reference
-   BERT code does -- question or padding tokens may take some of those slots);
-2. a pair (s, e) of those is a candidate when both tokens lie in the context,
-   e >= s and the span is at most ``max_answer_length`` tokens;
+   ``n_best_size`` highest end positions among the window's *context* tokens;
+2. a pair (s, e) of those is a candidate when e >= s and the span is at most
+   ``max_answer_length`` tokens;
 3. its score is ``start_logits[s] + end_logits[e]``; each question takes the
    best candidate over all of its windows and reads the text from the
    character offsets of s and e.
+
+Step 1 differs from the reference BERT code and transformers' utils_qa, which
+take the top n over the whole padded row and drop out-of-context positions
+afterwards: there padding and question tokens use up candidate slots, and how
+many padding tokens a window has depends on the batch it was evaluated in, so
+the answers changed with the evaluation batch size. Masking first makes them a
+function of the weights alone.
+
+SQuAD v2.0 (``SpanRules.null_score_diff_threshold`` set): the null answer scores
+``start_logits[cls] + end_logits[cls]``, its lowest value over the question's
+windows is compared with the best span, and the question gets "" when the null
+score beats the span by more than the threshold (transformers' run_qa rule).
 
 Ties are broken deterministically: among equal logits the lower position is
 kept in the top-k, and among equal scores the earlier feature, then the lower
@@ -18,10 +29,15 @@ start, then the lower end wins.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+# The null odds of a question none of whose windows offers a span: the null answer is its only
+# candidate. Finite, so the odds file stays strict JSON, and above any threshold a user can set.
+NO_SPAN_ODDS = sys.float_info.max
 
 
 @dataclass(frozen=True)
@@ -31,14 +47,28 @@ class Questions:
     feature_example_index: np.ndarray  # [F]: index into example_ids/contexts
     example_ids: Sequence[str]
     contexts: Sequence[str]
+    null_index: np.ndarray | None = None  # [F]: where each window's null answer (CLS) sits; SQuAD v2.0 only
 
 
 @dataclass(frozen=True)
 class SpanRules:
-    """How many start/end candidates a window offers, and the longest answer in tokens."""
+    """How many start/end candidates a window offers, the longest answer in tokens, and for SQuAD v2.0
+    how far the null score must beat the best span for the answer to be "" (None: v1.1, always a span)."""
 
     n_best_size: int = 20
     max_answer_length: int = 30
+    null_score_diff_threshold: float | None = None
+
+
+@dataclass
+class Answers:
+    """Post-processing's conclusion for every question."""
+
+    predictions: dict[str, str]  # the answer text; "" for no answer
+    # Up to n_best_size entries per question, best first: text, probability (softmax over the listed
+    # scores, as transformers' utils_qa), score, start_logit, end_logit, start and end (character offsets).
+    nbest: dict[str, list[dict]]
+    null_odds: dict[str, float] | None = None  # v2.0: null score minus the best span's score
 
 
 def _check_inputs(
@@ -82,6 +112,16 @@ def _check_inputs(
         raise ValueError(
             f"n_best_size ({n_best_size}) and max_answer_length ({max_answer_length}) must both be >= 1"
         )
+    if questions.null_index is not None:
+        _check_null_index(np.asarray(questions.null_index), num_features, seq_len)
+
+
+def _check_null_index(null_index: np.ndarray, num_features: int, seq_len: int) -> None:
+    if null_index.shape != (num_features,) or not np.issubdtype(null_index.dtype, np.integer):
+        raise ValueError(f"null_index must be an integer array of shape {(num_features,)}, "
+                         f"got {null_index.dtype} {null_index.shape}")
+    if num_features and (null_index.min() < 0 or null_index.max() >= seq_len):
+        raise ValueError(f"null_index must lie in [0, {seq_len}), got values in [{null_index.min()}, {null_index.max()}]")
 
 
 def _top_k_positions(logits: np.ndarray, k: int) -> np.ndarray:
@@ -109,14 +149,16 @@ def _candidates(
     invalid and nothing else.
     """
     k = min(rules.n_best_size, start_logits.shape[1])
+    # Masked before the top-k (see the module docstring): candidates never depend on how much
+    # padding or question the row holds.
+    start_logits = np.where(in_context, start_logits, -np.inf)
+    end_logits = np.where(in_context, end_logits, -np.inf)
     starts = _top_k_positions(start_logits, k)
     ends = _top_k_positions(end_logits, k)
     # float64 so that the sum of two float32/float16 logits is exact and the
     # ranking matches adding them as Python floats.
     start_vals = np.take_along_axis(start_logits, starts, axis=1).astype(np.float64)
     end_vals = np.take_along_axis(end_logits, ends, axis=1).astype(np.float64)
-    start_vals[~np.take_along_axis(in_context, starts, axis=1)] = -np.inf
-    end_vals[~np.take_along_axis(in_context, ends, axis=1)] = -np.inf
     scores = start_vals[:, :, None] + end_vals[:, None, :]
     # int32 keeps the [F, k, k] span grid at half the size of intp.
     span = ends.astype(np.int32)[:, None, :] - starts.astype(np.int32)[:, :, None]
@@ -152,7 +194,11 @@ def _best_spans(
 
 
 def _nbest(
-    candidates: tuple[np.ndarray, np.ndarray, np.ndarray], offsets: np.ndarray, questions: Questions, n_best_size: int
+    candidates: tuple[np.ndarray, np.ndarray, np.ndarray],
+    logits: tuple[np.ndarray, np.ndarray],
+    offsets: np.ndarray,
+    questions: Questions,
+    n_best_size: int,
 ) -> dict[str, list[dict]]:
     """Up to n_best_size valid candidates per example, best first, same tie order as the answer."""
     starts, ends, scores = candidates
@@ -172,6 +218,8 @@ def _nbest(
     ex = ex.tolist()
     char_start = offsets[feat, s_pos, 0].tolist()
     char_end = offsets[feat, e_pos, 1].tolist()
+    start_logit = logits[0][feat, s_pos].tolist()
+    end_logit = logits[1][feat, e_pos].tolist()
     cand_scores = cand_scores[order].tolist()
     nbest: dict[str, list[dict]] = {qid: [] for qid in example_ids}
     # Building ~200k dicts dominates here; one list comprehension per example
@@ -181,8 +229,9 @@ def _nbest(
         context = contexts[i]
         top = slice(lo, min(hi, lo + n_best_size))
         nbest[example_ids[i]] = [
-            {"text": context[a:b], "score": sc, "start": a, "end": b}
-            for a, b, sc in zip(char_start[top], char_end[top], cand_scores[top])
+            {"text": context[a:b], "score": sc, "start_logit": sl, "end_logit": el, "start": a, "end": b}
+            for a, b, sc, sl, el in zip(char_start[top], char_end[top], cand_scores[top], start_logit[top],
+                                        end_logit[top])
         ]
     return nbest
 
@@ -200,14 +249,16 @@ def postprocess_predictions(
     ``offsets[f, t]`` holds the character span of token t of feature f within
     ``questions.contexts[questions.feature_example_index[f]]``, or (-1, -1) for
     question, special and padding tokens. With ``return_nbest`` also returns, per
-    example id, up to ``rules.n_best_size`` candidates ``{"text", "score", "start",
-    "end"}`` (start and end are character offsets), best first; the same span seen
-    from overlapping windows may appear more than once.
+    example id, up to ``rules.n_best_size`` candidates ``{"text", "score",
+    "start_logit", "end_logit", "start", "end"}`` (start and end are character
+    offsets), best first; the same span seen from overlapping windows may appear
+    more than once. Spans only: ``answer_questions`` adds SQuAD v2.0's null answer.
     """
     start_logits = np.asarray(start_logits)
     end_logits = np.asarray(end_logits)
     offsets = np.asarray(offsets)
-    questions = Questions(np.asarray(questions.feature_example_index), questions.example_ids, questions.contexts)
+    questions = Questions(np.asarray(questions.feature_example_index), questions.example_ids, questions.contexts,
+                          questions.null_index)
     _check_inputs(start_logits, end_logits, offsets, questions, rules)
     ids, contexts = questions.example_ids, questions.contexts
     predictions = {qid: "" for qid in ids}
@@ -223,4 +274,62 @@ def postprocess_predictions(
         predictions[ids[i]] = contexts[i][a:b]
     if not return_nbest:
         return predictions
-    return predictions, _nbest(candidates, offsets, questions, rules.n_best_size)
+    return predictions, _nbest(candidates, (start_logits, end_logits), offsets, questions, rules.n_best_size)
+
+
+def _null_answers(start_logits: np.ndarray, end_logits: np.ndarray, questions: Questions) -> list[dict | None]:
+    """Per example, the null answer of its window with the lowest null score (None without windows)."""
+    fei = np.asarray(questions.feature_example_index)
+    if questions.null_index is None:
+        raise ValueError("SQuAD v2.0 post-processing needs Questions.null_index (where each window's CLS sits)")
+    rows = np.arange(len(fei))
+    null_index = np.asarray(questions.null_index)
+    s = start_logits[rows, null_index].astype(np.float64)
+    e = end_logits[rows, null_index].astype(np.float64)
+    # The lowest null score over the windows, as transformers' utils_qa and BERT's run_squad take it;
+    # lexsort is stable, so a tie goes to the earlier window.
+    order = np.lexsort((s + e, fei))
+    first = order[_first_per_group(fei[order])]
+    out: list[dict | None] = [None] * len(questions.example_ids)
+    for f in first.tolist():
+        out[int(fei[f])] = {"text": "", "score": float(s[f] + e[f]), "start_logit": float(s[f]),
+                            "end_logit": float(e[f]), "start": 0, "end": 0}
+    return out
+
+
+def _with_probabilities(entries: list[dict]) -> list[dict]:
+    """Softmax over the listed scores, as transformers' utils_qa reports it; `probability` after `text`."""
+    if not entries:
+        return entries
+    scores = np.asarray([e["score"] for e in entries], dtype=np.float64)
+    p = np.exp(scores - scores.max())
+    p /= p.sum()
+    return [{"text": e["text"], "probability": float(q), **{k: v for k, v in e.items() if k != "text"}}
+            for e, q in zip(entries, p.tolist())]
+
+
+def answer_questions(
+    start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndarray, questions: Questions,
+    rules: SpanRules = SpanRules(),
+) -> Answers:
+    """Every question's answer and n-best list with probabilities; SQuAD v2.0's null answer and odds when
+    ``rules.null_score_diff_threshold`` is set (a question gets "" when null - best span > threshold)."""
+    start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
+    predictions, nbest = postprocess_predictions(start_logits, end_logits, offsets, questions, rules, return_nbest=True)
+    if rules.null_score_diff_threshold is None:
+        return Answers(predictions, {qid: _with_probabilities(v) for qid, v in nbest.items()})
+    nulls = _null_answers(start_logits, end_logits, questions) if len(start_logits) else [None] * len(nbest)
+    odds: dict[str, float] = {}
+    for qid, null in zip(questions.example_ids, nulls):
+        spans = nbest[qid]
+        if null is None:  # no window at all: nothing to say but ""
+            odds[qid], predictions[qid] = NO_SPAN_ODDS, ""
+            continue
+        odds[qid] = null["score"] - spans[0]["score"] if spans else NO_SPAN_ODDS
+        if odds[qid] > rules.null_score_diff_threshold:
+            predictions[qid] = ""
+        # As utils_qa: the null joins the spans (after those of equal score: the sort is stable) and
+        # stays in the list even when n_best_size spans beat it.
+        ranked = sorted([*spans, null], key=lambda c: -c["score"])[: rules.n_best_size]
+        nbest[qid] = ranked if null in ranked else [*ranked, null]
+    return Answers(predictions, {qid: _with_probabilities(v) for qid, v in nbest.items()}, odds)

@@ -1,59 +1,160 @@
-"""Answer questions with an exported model: `python -m qa_train.predict MODEL_DIR -q QUESTION -c CONTEXT`.
+"""Answer questions with an exported model, in batches, on a GPU or the CPU.
+
+    python -m qa_train.predict MODEL_DIR -q QUESTION -c CONTEXT
+    python -m qa_train.predict MODEL_DIR --test_file questions.json --output_dir out/ [--version_2_with_negative]
 
 transformers 5 removed the "question-answering" pipeline; this gives the same answer-from-context
-call on any exported `final/` directory (and on the pipeline's own models), using the training
-code's windowing and n-best post-processing so answers match evaluation exactly.
+call on any exported `final/` directory (and on the hub's QA models). It takes the training code's
+path end to end: the tokenizer, model and attention choice of modeling.py, the windows of features.py,
+the batches of batching.py, evaluation's inference (accelerate places the model: CUDA when there is
+one) and post-processing, so its answers are evaluation's answers. A file of questions (SQuAD JSON or
+JSON lines; answers may be absent) gives `predict_predictions.json` and `predict_nbest_predictions.json`,
+as `--do_predict` writes them; `accelerate launch -m qa_train.predict ...` shares the windows over GPUs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
-import numpy as np
-import torch
+from qa_train.config import ConfigError, DataArgs, ModelArgs
+from qa_train.data import DataError, Examples, load_file
+from qa_train.postprocess import Answers, SpanRules
 
-from qa_train.data import Examples
-from qa_train.features import featurize, window_offsets
-from qa_train.postprocess import Questions, SpanRules, postprocess_predictions
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class Predictor:
+    """An exported model ready to answer: load once, then `predict` as many questions as needed."""
+
+    def __init__(self, model_dir: str, data: DataArgs | None = None, rules: SpanRules = SpanRules(),
+                 device: str = "auto", mixed_precision: str = "auto") -> None:
+        import torch
+        from accelerate import Accelerator
+
+        from qa_train.distributed import resolve_mixed_precision
+        from qa_train.modeling import check_positions, load_config, load_model, load_tokenizer, uses_token_types
+
+        if device not in DEVICES:
+            raise ConfigError(f"--device: {device!r} is not one of {', '.join(DEVICES)}")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is available (auto picks the CPU then)")
+        self.data = data or DataArgs(dataset_name=None)
+        self.rules = rules
+        model_args = ModelArgs(model_name_or_path=model_dir)
+        self.tokenizer = load_tokenizer(model_args)
+        config = load_config(model_args)
+        check_positions(config, self.tokenizer, self.data.max_seq_length)
+        on_cuda = device != "cpu" and torch.cuda.is_available()
+        precision = resolve_mixed_precision(mixed_precision, dict(os.environ), on_cuda and torch.cuda.is_bf16_supported())
+        self.accelerator = Accelerator(cpu=not on_cuda, mixed_precision=precision)
+        model = load_model(model_args, self.tokenizer, config)
+        self.model = self.accelerator.prepare_model(model, evaluation_mode=True)
+        self.token_types = uses_token_types(config, self.tokenizer)
+
+    def predict(self, examples: Examples) -> Answers | None:
+        """Every question's answer and n-best; None on processes other than the main one."""
+        from qa_train.evaluation import EvalSet, answer, predict_logits
+        from qa_train.features import featurize
+        from qa_train.inputs import collator, inference_loader
+
+        data = self.data
+        features = featurize(examples, self.tokenizer, data.max_seq_length, data.doc_stride, with_offsets=True)
+        loader = inference_loader(features, collator(self.tokenizer, data, self.token_types), data,
+                                  self.accelerator.device.type == "cuda")
+        logits = predict_logits(self.accelerator, self.model, self.accelerator.prepare_data_loader(loader),
+                                data.max_seq_length)
+        if not self.accelerator.is_main_process:
+            return None
+        return answer(EvalSet.build(examples, features, data.max_seq_length), logits, self.rules)
+
+
+def best_entry(answers: Answers, qid: str) -> dict:
+    """{"answer", "score", "probability", "start", "end"} of the question's answer (start/end: characters)."""
+    text = answers.predictions[qid]
+    # The answer's own n-best entry: under SQuAD v2.0 the null may rank first yet lose to the threshold.
+    entry = next((e for e in answers.nbest[qid] if e["text"] == text), None)
+    if entry is None:
+        return {"answer": text, "score": float("nan"), "probability": 0.0, "start": 0, "end": 0}
+    return {"answer": text, "score": float(entry["score"]), "probability": float(entry["probability"]),
+            "start": int(entry["start"]), "end": int(entry["end"])}
 
 
 def answer(model_dir: str, question: str, context: str, max_seq_length: int = 384, doc_stride: int = 128,
            rules: SpanRules = SpanRules()) -> dict:
-    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForQuestionAnswering.from_pretrained(model_dir).eval()
+    """One question: {"answer", "score", "probability", "start", "end"}; loads the model on every call
+    (use a Predictor for many questions)."""
     examples = Examples(source="<input>")
     examples.append("q", "", context, question, [], [])
-    feats = featurize(examples, tokenizer, max_seq_length, doc_stride, with_offsets=True)
-    starts = np.full((len(feats), max_seq_length), -1e4, dtype=np.float32)
-    ends = starts.copy()
-    with torch.no_grad():
-        for f in range(len(feats)):
-            lo, hi = feats.row_start[f], feats.row_start[f + 1]
-            ids = torch.as_tensor(feats.input_ids[lo:hi], dtype=torch.long)[None]
-            types = torch.as_tensor(feats.token_type_ids[lo:hi], dtype=torch.long)[None]
-            out = model(input_ids=ids, token_type_ids=types, attention_mask=torch.ones_like(ids))
-            starts[f, : hi - lo] = out.start_logits[0].numpy()
-            ends[f, : hi - lo] = out.end_logits[0].numpy()
-    offsets = window_offsets(feats, max_seq_length)
-    questions = Questions(feats.example_index, examples.ids, examples.contexts)
-    _, nbest = postprocess_predictions(starts, ends, offsets, questions, rules,
-                                       return_nbest=True)
-    best = nbest["q"][0] if nbest["q"] else {"text": "", "score": float("nan"), "start": 0, "end": 0}
-    return {"answer": best["text"], "score": float(best["score"]), "start": int(best["start"]),
-            "end": int(best["end"])}
+    data = DataArgs(dataset_name=None, max_seq_length=max_seq_length, doc_stride=doc_stride)
+    return best_entry(Predictor(model_dir, data, rules).predict(examples), "q")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m qa_train.predict", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_dir", help="an exported model (a run's final/) or a hub QA model")
+    p.add_argument("-q", "--question", help="one question (with --context)")
+    p.add_argument("-c", "--context", help="the passage that answers it")
+    p.add_argument("--test_file", help="questions to answer: nested SQuAD JSON or JSON lines, answers optional")
+    p.add_argument("--output_dir", help="write predict_predictions.json and predict_nbest_predictions.json here "
+                                        "(default: print the predictions)")
+    p.add_argument("--max_predict_samples", type=int, help="answer only the first N questions of --test_file")
+    p.add_argument("--max_seq_length", type=int, default=384, help="tokens per window")
+    p.add_argument("--doc_stride", type=int, default=128, help="overlap between windows of a long context")
+    p.add_argument("--per_device_eval_batch_size", type=int, default=64, help="windows per forward pass")
+    p.add_argument("--n_best_size", type=int, default=20, help="start/end candidates per window and n-best size")
+    p.add_argument("--max_answer_length", type=int, default=30, help="longest answer in tokens")
+    p.add_argument("--version_2_with_negative", action="store_true", help='SQuAD v2.0: an answer may be ""')
+    p.add_argument("--null_score_diff_threshold", type=float, default=0.0,
+                   help='v2.0: answer "" when the null score beats the best span by more than this')
+    p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA when available, else CPU")
+    p.add_argument("--mixed_precision", default="auto", choices=("auto", "no", "fp16", "bf16"),
+                   help="auto: bf16 on a GPU that supports it, fp32 on CPU")
+    return p
+
+
+def _settings(args: argparse.Namespace) -> tuple[DataArgs, SpanRules]:
+    """The window and answer settings, validated as training validates them (ConfigError names the flag)."""
+    if (args.test_file is None) == (args.question is None or args.context is None):
+        raise ConfigError("give either --question and --context, or --test_file")
+    data = DataArgs(dataset_name=None, test_file=args.test_file, max_seq_length=args.max_seq_length,
+                    doc_stride=args.doc_stride, per_device_eval_batch_size=args.per_device_eval_batch_size,
+                    max_predict_samples=args.max_predict_samples)
+    for flag in ("n_best_size", "max_answer_length"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag}: must be positive, got {getattr(args, flag)}")
+    threshold = args.null_score_diff_threshold if args.version_2_with_negative else None
+    return data, SpanRules(args.n_best_size, args.max_answer_length, threshold)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("model_dir")
-    p.add_argument("-q", "--question", required=True)
-    p.add_argument("-c", "--context", required=True)
-    args = p.parse_args(argv)
-    print(json.dumps(answer(args.model_dir, args.question, args.context)))
+    args = _parser().parse_args(argv)
+    try:
+        data, rules = _settings(args)
+        if args.test_file:
+            examples = load_file(args.test_file, "optional").head(args.max_predict_samples)
+        else:
+            examples = Examples(source="<command line>")
+            examples.append("q", "", args.context, args.question, [], [])
+        predictor = Predictor(args.model_dir, data, rules, args.device, args.mixed_precision)
+    except (ConfigError, DataError) as err:
+        print(f"qa_train.predict: error: {err}", file=sys.stderr)
+        return 2
+    answers = predictor.predict(examples)
+    if answers is None:  # not the main process
+        return 0
+    if args.output_dir:
+        from qa_train.evaluation import write_answers
+
+        print(write_answers(Path(args.output_dir), "predict", answers))
+    elif args.test_file:
+        print(json.dumps(answers.predictions, ensure_ascii=False, indent=1))
+    else:
+        print(json.dumps(best_entry(answers, "q"), ensure_ascii=False))
     return 0
 
 

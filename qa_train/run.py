@@ -41,7 +41,12 @@ def run(args: TrainArgs) -> RunMetrics | None:
     metrics = trainer.metrics(scores, initial)
     if metrics is not None:
         metrics.total_runtime_s = round(time.perf_counter() - t_start, 3)
+        metrics.squad_v2 = scores.squad_v2 if scores else None
+        if metrics.squad_v2:
+            log.info("SQuAD v2.0: %s", ", ".join(f"{k} {v:.4g}" for k, v in metrics.squad_v2.items()))
     trainer.record(metrics)  # before the export: a full disk there must not lose EM/F1
+    if args.eval.do_predict:
+        trainer.predict()
     trainer.log_model(trainer.export(scores))
     trainer.finish()
     if metrics is not None:

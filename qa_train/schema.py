@@ -95,6 +95,10 @@ class Scores:
     """F1 at best_eval_step."""
     exported_step: int | None = None
     """Step of the model in output_dir/final: the last step, or best_eval_step with --save_best."""
+    squad_v2: dict[str, Any] | None = None
+    """With --version_2_with_negative: the official SQuAD v2.0 metrics of the final evaluation (exact, f1,
+    total, HasAns_*, NoAns_*, best_exact, best_exact_thresh, best_f1, best_f1_thresh); exact_match and f1
+    above are its exact and f1. None for SQuAD v1.1."""
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""SQuAD v1.1 exact-match and F1, with the semantics of the official evaluation.
+"""SQuAD v1.1 and v2.0 exact-match and F1, with the semantics of the official evaluations.
 
-Scores from this module are meant to be comparable with published SQuAD v1.1
+Scores from this module are meant to be comparable with published SQuAD
 numbers, so the metric definitions follow the official v1.1 evaluation exactly:
 
 * answers are compared after normalisation (lower-case, drop punctuation, drop
@@ -9,9 +9,20 @@ numbers, so the metric definitions follow the official v1.1 evaluation exactly:
 * each question takes the best score over its gold answers;
 * a question without a prediction scores 0 and still counts in the total.
 
-Also usable as a drop-in for the official script::
+SQuAD v2.0 (``score_v2``) follows the official v2.0 script: gold answers that
+normalise to empty are dropped and a question left with none is scored against
+"" (F1 1 when both are empty); a question counts as answerable when its file
+lists any answer; ``na_probs`` above ``na_prob_thresh`` turn a prediction into
+"no answer"; ``best_exact``/``best_f1`` are the scores at the best threshold on
+``na_probs``. One deviation: a question without a prediction scores 0 and
+counts in every total (the official script leaves it out of ``total`` and then
+fails on the HasAns/NoAns breakdown).
+
+Also usable as a drop-in for the official scripts (v2.0 when the file says
+version v2.0, has unanswerable questions, or a no-answer file is given)::
 
     python -m qa_train.squad_eval dev-v1.1.json predictions.json
+    python -m qa_train.squad_eval dev-v2.0.json predictions.json --na-prob-file null_odds.json [-t 1.0] [-o eval.json]
 """
 
 from __future__ import annotations
@@ -92,6 +103,100 @@ def score(
     }
 
 
+def f1_v2(prediction: str, ground_truth: str) -> float:
+    """F1 as the official v2.0 script computes it: when either side normalises to empty, 1 if both do."""
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(ground_truth).split()
+    if not pred_tokens or not gold_tokens:
+        return float(pred_tokens == gold_tokens)
+    return f1(prediction, ground_truth)
+
+
+def _raw_scores_v2(
+    references: Mapping[str, Sequence[str]], predictions: Mapping[str, str]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Per question EM and F1 before any no-answer threshold; a missing prediction scores 0."""
+    exact: dict[str, float] = {}
+    f1s: dict[str, float] = {}
+    for qid, golds in references.items():
+        if isinstance(golds, str):
+            raise ValueError(f"score_v2: question {qid}: expected a list of gold answers, got {golds!r}")
+        # As the official v2.0 script: answers that normalise to nothing are dropped, and a question
+        # left without any is scored against "" (what a no-answer prediction reads as).
+        kept = [g for g in golds if normalize_answer(g)] or [""]
+        if qid not in predictions:
+            exact[qid] = f1s[qid] = 0.0
+            continue
+        pred = predictions[qid]
+        exact[qid] = max(exact_match(pred, g) for g in kept)
+        f1s[qid] = max(f1_v2(pred, g) for g in kept)
+    return exact, f1s
+
+
+def _threshold(scores: dict[str, float], na_probs: Mapping[str, float], has_ans: dict[str, bool],
+               thresh: float) -> dict[str, float]:
+    """A question whose no-answer probability exceeds `thresh` counts as answered "no answer"."""
+    return {qid: float(not has_ans[qid]) if qid in na_probs and na_probs[qid] > thresh else s
+            for qid, s in scores.items()}
+
+
+def _summary(exact: dict[str, float], f1s: dict[str, float], qids: Sequence[str]) -> dict[str, float | int]:
+    total = len(qids)
+    return {"exact": 100.0 * sum(exact[q] for q in qids) / total, "f1": 100.0 * sum(f1s[q] for q in qids) / total,
+            "total": total}
+
+
+def _best_threshold(predictions: Mapping[str, str], scores: dict[str, float], na_probs: Mapping[str, float],
+                    has_ans: dict[str, bool]) -> tuple[float, float]:
+    """The official find_best_thresh: start from "every question answered no-answer" and let questions
+    in rising na_prob order answer, one at a time; the best score seen and the na_prob where it was."""
+    current = best = sum(1 for v in has_ans.values() if not v)
+    best_thresh = 0.0
+    for qid in sorted(na_probs, key=lambda q: na_probs[q]):  # stable: file order among equal values
+        if qid not in scores:
+            continue
+        if has_ans[qid]:
+            current += scores[qid]
+        elif predictions.get(qid, ""):
+            current -= 1
+        if current > best:
+            best, best_thresh = current, na_probs[qid]
+    return 100.0 * best / len(scores), best_thresh
+
+
+def score_v2(
+    references: Mapping[str, Sequence[str]],
+    predictions: Mapping[str, str],
+    na_probs: Mapping[str, float] | None = None,
+    na_prob_thresh: float = 1.0,
+) -> dict[str, float | int]:
+    """The official SQuAD v2.0 metrics (in percent) over every question in ``references``.
+
+    ``references`` maps id -> gold answers, an empty list for an unanswerable question. Keys, in the
+    official order: exact, f1, total, HasAns_{exact,f1,total} and NoAns_{exact,f1,total} (each when
+    such questions exist), and with ``na_probs`` best_exact, best_exact_thresh, best_f1, best_f1_thresh.
+    """
+    if not references:
+        raise ValueError("score_v2: references are empty; there is nothing to evaluate")
+    has_ans = {qid: bool(golds) for qid, golds in references.items()}
+    absent = [qid for qid in predictions if qid in references and na_probs is not None and qid not in na_probs]
+    if absent:
+        raise ValueError(f"score_v2: question {absent[0]}: a prediction without a no-answer probability")
+    exact_raw, f1_raw = _raw_scores_v2(references, predictions)
+    probs = na_probs if na_probs is not None else {qid: 0.0 for qid in predictions}
+    exact = _threshold(exact_raw, probs, has_ans, na_prob_thresh)
+    f1s = _threshold(f1_raw, probs, has_ans, na_prob_thresh)
+    result = _summary(exact, f1s, list(references))
+    for prefix, wanted in (("HasAns", True), ("NoAns", False)):
+        qids = [qid for qid, has in has_ans.items() if has == wanted]
+        if qids:
+            result.update({f"{prefix}_{k}": v for k, v in _summary(exact, f1s, qids).items()})
+    if na_probs is not None:
+        result["best_exact"], result["best_exact_thresh"] = _best_threshold(predictions, exact_raw, na_probs, has_ans)
+        result["best_f1"], result["best_f1_thresh"] = _best_threshold(predictions, f1_raw, na_probs, has_ans)
+    return result
+
+
 def _read_json(path: Path) -> object:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -100,7 +205,8 @@ def _read_json(path: Path) -> object:
 
 
 def _answer_texts(path: Path, qid: str, texts: object) -> list[str]:
-    if not isinstance(texts, list) or not texts:
+    """A list of answer texts; empty (unanswerable) is refused later unless the caller allows it."""
+    if not isinstance(texts, list):
         raise ValueError(f"{path}: question {qid}: expected a non-empty list of answers, got {texts!r}")
     if not all(isinstance(t, str) for t in texts):
         raise ValueError(f"{path}: question {qid}: every answer text must be a string, got {texts!r}")
@@ -160,16 +266,17 @@ def _jsonl_references(path: Path, lines: list[str]) -> dict[str, list[str]]:
     return refs
 
 
-def load_references(path: str | Path) -> dict[str, list[str]]:
-    """Map question id -> gold answer texts from official SQuAD JSON or JSON lines."""
-    path = Path(path)
+def _load(path: Path) -> tuple[dict[str, list[str]], str | None]:
+    """(id -> gold answer texts, the file's "version") from official SQuAD JSON or JSON lines."""
     text = path.read_text(encoding="utf-8")
     try:
         whole = json.loads(text)
     except json.JSONDecodeError:
         whole = None  # not a single document: try one record per line
+    version = None
     if isinstance(whole, dict) and "data" in whole:
         refs = _nested_references(path, whole["data"])
+        version = str(whole["version"]) if "version" in whole else None
     elif whole is not None and "\n" in text.strip():
         # One multi-line JSON document that is not SQuAD-shaped; reading it
         # line by line would only report a confusing "line 1: not valid JSON".
@@ -181,45 +288,93 @@ def load_references(path: str | Path) -> dict[str, list[str]]:
         refs = _jsonl_references(path, text.splitlines())
     if not refs:
         raise ValueError(f"{path}: contains no questions")
+    return refs, version
+
+
+def load_references(path: str | Path, allow_empty: bool = False) -> dict[str, list[str]]:
+    """Map question id -> gold answer texts from official SQuAD JSON or JSON lines.
+
+    SQuAD v1.1 questions are all answerable, so an empty answer list is refused unless
+    ``allow_empty`` (SQuAD v2.0, where it marks an unanswerable question).
+    """
+    path = Path(path)
+    refs, _ = _load(path)
+    if not allow_empty:
+        for qid, texts in refs.items():
+            if not texts:
+                raise ValueError(f"{path}: question {qid}: expected a non-empty list of answers, got []")
     return refs
+
+
+def _load_mapping(path: str | Path, numbers: bool) -> dict:
+    """A ``{question_id: answer text}`` JSON object, or with `numbers` ``{question_id: number}``."""
+    path = Path(path)
+    mapping = _read_json(path)
+    if not isinstance(mapping, dict):
+        what = "a no-answer probability" if numbers else "answer text"
+        raise ValueError(f"{path}: expected a JSON object mapping question id to {what}")
+    for qid, v in mapping.items():
+        if numbers and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"{path}: question {qid}: no-answer probability must be a number, got {v!r}")
+        if not numbers and not isinstance(v, str):
+            raise ValueError(f"{path}: question {qid}: prediction must be a string, got {v!r}")
+    return mapping
+
+
+def load_na_probs(path: str | Path) -> dict[str, float]:
+    """Read a ``{question_id: no-answer probability or odds}`` JSON file (the official --na-prob-file)."""
+    return {qid: float(v) for qid, v in _load_mapping(path, numbers=True).items()}
 
 
 def load_predictions(path: str | Path) -> dict[str, str]:
     """Read a ``{question_id: answer_text}`` JSON file."""
-    path = Path(path)
-    preds = _read_json(path)
-    if not isinstance(preds, dict):
-        raise ValueError(f"{path}: expected a JSON object mapping question id to answer text")
-    for qid, answer in preds.items():
-        if not isinstance(answer, str):
-            raise ValueError(f"{path}: question {qid}: prediction must be a string, got {answer!r}")
-    return preds
+    return _load_mapping(path, numbers=False)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m qa_train.squad_eval",
-        description="Evaluation for SQuAD v1.1 (official EM/F1 semantics).",
+        description="Evaluation for SQuAD v1.1 and v2.0 (the official scripts' semantics). v2.0 when the file "
+        "says version v2.0, has unanswerable questions, or --na-prob-file is given.",
     )
     parser.add_argument("dataset_file", help="SQuAD JSON (official nested layout) or JSON lines")
     parser.add_argument("prediction_file", help="JSON object {question_id: answer_text}")
-    args = parser.parse_args(argv)
+    parser.add_argument("--na-prob-file", "-n", help="v2.0: JSON object {question_id: no-answer probability}")
+    parser.add_argument("--na-prob-thresh", "-t", type=float, default=1.0,
+                        help='v2.0: predict "" if the no-answer probability exceeds this')
+    parser.add_argument("--out-file", "-o", help="v2.0: write the metrics to this file instead of stdout")
+    return parser
+
+
+def _warn_missing(references: Mapping[str, object], predictions: Mapping[str, str]) -> None:
+    unanswered = [qid for qid in references if qid not in predictions]
+    if unanswered:
+        shown = ", ".join(unanswered[:5]) + (", ..." if len(unanswered) > 5 else "")
+        print(f"{len(unanswered)} of {len(references)} questions have no prediction and score 0: {shown}",
+              file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     try:
-        references = load_references(args.dataset_file)
+        references, version = _load(Path(args.dataset_file))
         predictions = load_predictions(args.prediction_file)
+        na_probs = load_na_probs(args.na_prob_file) if args.na_prob_file else None
+        v2 = (version or "").lstrip("v").startswith("2") or na_probs is not None or not all(references.values())
+        if not v2:
+            result = score(references, predictions)  # v1.1: refuses what a v1.1 file cannot hold
+        else:
+            result = score_v2(references, predictions, na_probs, args.na_prob_thresh)
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    result = score(references, predictions)
-    if result["missing"]:
-        unanswered = [qid for qid in references if qid not in predictions]
-        shown = ", ".join(unanswered[:5]) + (", ..." if len(unanswered) > 5 else "")
-        print(
-            f"{result['missing']} of {result['total']} questions have no prediction "
-            f"and score 0: {shown}",
-            file=sys.stderr,
-        )
-    print(json.dumps({"exact_match": result["exact_match"], "f1": result["f1"]}))
+    _warn_missing(references, predictions)
+    if not v2:
+        print(json.dumps({"exact_match": result["exact_match"], "f1": result["f1"]}))
+    elif args.out_file:
+        Path(args.out_file).write_text(json.dumps(result), encoding="utf-8")
+    else:
+        print(json.dumps(result, indent=2))
     return 0
 
 

@@ -20,17 +20,16 @@ import torch
 
 from qa_train import __version__, best, checkpoint, distributed
 from qa_train.config import TrainArgs
-from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer_and_score, predict_logits, sample_rows,
-                                 write_predictions)
+from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer, answer_and_score, predict_logits,
+                                 sample_rows, span_rules, write_answers, write_predictions)
 from qa_train.hostmem import HostMemory
-from qa_train.inputs import Splits, build_loaders, featurize_splits, load_splits
+from qa_train.inputs import Splits, build_loaders, collator, featurize_splits, inference_loader, load_splits
 from qa_train.metrics import (DeviceMemory, RankFigures, ThroughputMeter, device_name, gather_figures,
                               lifetime_rss_gib, peak_tflops, summarize)
 from qa_train.modeling import (check_positions, flops_per_token, import_model_code, load_config, load_model,
-                               load_tokenizer)
+                               load_tokenizer, uses_token_types)
 from qa_train.monitor import IntervalMonitor, ModelCost, interval_log
 from qa_train.optimization import batches_per_rank, build_optimizer, plan_steps
-from qa_train.postprocess import SpanRules
 from qa_train.preemption import StopRequest
 from qa_train.profiling import start_profiler
 from qa_train.progress import Progress
@@ -110,8 +109,9 @@ class Trainer:
 
     def _build_inputs(self, splits: Splits) -> None:
         self.inputs = featurize_splits(self.accelerator, splits, self.args.data, self.tokenizer)
+        self.token_types = uses_token_types(self.model_config, self.tokenizer)
         self.train_dl, self.eval_dl = build_loaders(self.inputs, self.tokenizer, self.args.data, self.args.system.seed,
-                                                    self.on_cuda)
+                                                    self.on_cuda, self.token_types)
         log.info("%s", self.inputs.describe())
         self.host_memory.trim()  # featurisation's transient Python objects
         self.eval_set = None
@@ -129,6 +129,7 @@ class Trainer:
         self.plan = plan_steps(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
         optimizer, scheduler = build_optimizer(accelerator, model, args, self.plan)
         distributed.reconcile_with_flags(accelerator, args, self.mixed_precision)
+        distributed.fit_fsdp_wrap(accelerator, model)
         loaders = [self.train_dl] + ([self.eval_dl] if self.eval_dl is not None else [])
         self.model, self.optimizer, self.scheduler, *prepared = accelerator.prepare(model, optimizer, scheduler,
                                                                                     *loaders)
@@ -358,12 +359,26 @@ class Trainer:
         self.host_memory.trim()  # evaluation's transient logits and batches
         if self.eval_set is None:
             return None
-        rules = SpanRules(self.args.eval.n_best_size, self.args.eval.max_answer_length)
-        predictions, result = answer_and_score(self.eval_set, logits, rules)
+        answers, result = answer_and_score(self.eval_set, logits, span_rules(self.args))
         if predictions_path is not None:
-            write_predictions(predictions_path, predictions)
+            write_predictions(predictions_path, answers)
         result.runtime_s = round(time.perf_counter() - t0, 3)
         return result
+
+    def predict(self) -> Path | None:
+        """Answer --test_file (every rank must call it): predict_predictions.json and
+        predict_nbest_predictions.json on the main process, which returns the predictions file."""
+        data, inputs = self.args.data, self.inputs
+        loader = self.accelerator.prepare_data_loader(
+            inference_loader(inputs.test_features, collator(self.tokenizer, data, self.token_types), data, self.on_cuda))
+        logits = predict_logits(self.accelerator, self.model, loader, data.max_seq_length, self.host_memory)
+        self.host_memory.trim()
+        if not self.is_main:
+            return None
+        test_set = EvalSet.build(inputs.test_examples, inputs.test_features, data.max_seq_length)
+        path = write_answers(self.output_dir, "predict", answer(test_set, logits, span_rules(self.args)))
+        log.info("predict: %d questions answered -> %s", len(inputs.test_examples), path)
+        return path
 
     def export(self, final_scores: EvalResult | None) -> Path | None:
         """The consolidated model and tokenizer in output_dir/final (every rank must call it): with --save_best

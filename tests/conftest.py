@@ -61,3 +61,23 @@ PY = sys.executable
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     return base_env(tmp_path)
+
+
+def high_padding_model(out: Path) -> Path:
+    """The bundled tiny BERT, randomly initialised, with padding logits above every real token's: the
+    [PAD] embedding is one large feature that the QA head reads. With candidates picked over the whole
+    padded row, padding would take the top-n slots, and answers would depend on how much of it a batch has."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, BertForQuestionAnswering
+
+    tokenizer = AutoTokenizer.from_pretrained(TINY)
+    torch.manual_seed(0)
+    model = BertForQuestionAnswering(AutoConfig.from_pretrained(TINY))
+    with torch.no_grad():
+        pad = model.bert.embeddings.word_embeddings.weight[tokenizer.pad_token_id]
+        pad.zero_()
+        pad[0] = 50.0
+        model.qa_outputs.weight[:, 0] = 3.0
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

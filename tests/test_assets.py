@@ -19,12 +19,12 @@ MODEL_DIR = ASSETS / "tiny-bert"
 SPLITS = ("train", "dev")
 
 
-def load(split: str) -> dict:
-    return json.loads((ASSETS / "demo" / f"{split}.json").read_text(encoding="utf-8"))
+def load(split: str, folder: str = "demo") -> dict:
+    return json.loads((ASSETS / folder / f"{split}.json").read_text(encoding="utf-8"))
 
 
-def examples(split: str):
-    for article in load(split)["data"]:
+def examples(split: str, folder: str = "demo"):
+    for article in load(split, folder)["data"]:
         for para in article["paragraphs"]:
             for qa in para["qas"]:
                 yield article["title"], para["context"], qa
@@ -153,4 +153,76 @@ def test_generator_reproduces_the_bundled_json(tmp_path, monkeypatch):
     for split in SPLITS:
         name = f"demo/{split}.json"
         stale = f"{name} is stale: rerun python tools/make_assets.py"
+        assert (tmp_path / name).read_bytes() == (ASSETS / name).read_bytes(), stale
+
+
+# --- the SQuAD v2.0 demo (tools/make_v2_assets.py) ----------------------------
+
+V2_GENERATOR = GENERATOR.with_name("make_v2_assets.py")
+
+
+def load_v2(split: str) -> dict:
+    return load(split, "demo-v2")
+
+
+def v2_questions(split: str):
+    return examples(split, "demo-v2")
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_v2_layout_answerable_and_unanswerable(split):
+    data = load_v2(split)
+    assert data["version"] == "v2.0"
+    qas = list(v2_questions(split))
+    impossible = [qa for _, _, qa in qas if qa["is_impossible"]]
+    assert all(not qa["answers"] for qa in impossible)
+    assert all(qa["answers"] for _, _, qa in qas if not qa["is_impossible"])
+    # Over a quarter unanswerable in train, nearly half in dev (SQuAD 2.0: a third, a half).
+    assert 0.25 <= len(impossible) / len(qas) <= 0.55, f"{split}: {len(impossible)} of {len(qas)} unanswerable"
+    assert 3000 <= len(qas) <= 4500 if split == "train" else 200 <= len(qas) <= 300
+    for _, context, qa in qas:
+        for ans in qa["answers"]:
+            s, text = ans["answer_start"], ans["text"]
+            assert context[s:s + len(text)] == text, f"{split}: {qa['id']}: {s} does not point at {text!r}"
+
+
+def test_v2_unanswerable_questions_ask_about_the_paragraphs_own_entity():
+    """Not trivially unanswerable: the question names the paragraph's entity (the title's first word), only the
+    fact is missing. The v2 files load with qa_train's own validation under --version_2_with_negative, and are
+    refused without it."""
+    from qa_train.data import DataError, load_file
+
+    for split in SPLITS:
+        for title, _, qa in v2_questions(split):
+            if qa["is_impossible"]:
+                assert title.split("_")[0] in qa["question"], f"{split}: {qa['question']!r} ({title})"
+    path = ASSETS / "demo-v2" / "dev.json"
+    assert len(load_file(path, "may_be_empty")) == len(list(v2_questions("dev")))
+    with pytest.raises(DataError, match="no answers .*--version_2_with_negative"):
+        load_file(path)
+
+
+def test_v2_ids_unique_and_dev_entities_unseen():
+    ids = [qa["id"] for split in SPLITS for _, _, qa in v2_questions(split)]
+    assert len(ids) == len(set(ids))
+    train_titles = {a["title"] for a in load_v2("train")["data"]}
+    assert not train_titles & {a["title"] for a in load_v2("dev")["data"]}
+
+
+def test_v2_text_is_covered_by_the_tiny_bert_vocab(tokenizer):
+    ids = [i for ctx in {c for _, c, _ in v2_questions("dev")} for i in tokenizer(ctx)["input_ids"]]
+    assert ids.count(tokenizer.unk_token_id) / len(ids) < 0.01
+
+
+def test_v2_generator_reproduces_the_bundled_json(tmp_path, monkeypatch):
+    load_generator(monkeypatch)  # make_v2_assets imports make_assets
+    spec = importlib.util.spec_from_file_location("make_v2_assets", V2_GENERATOR)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    assert module.DEFAULT_OUT_DIR == ASSETS
+    module.write_assets(tmp_path)
+    for split in SPLITS:
+        name = f"demo-v2/{split}.json"
+        stale = f"{name} is stale: rerun python tools/make_v2_assets.py"
         assert (tmp_path / name).read_bytes() == (ASSETS / name).read_bytes(), stale

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import PY, run_cmd
+from conftest import DEMO_DEV, PY, run_cmd
 from qa_train.config import ConfigError, parse_args
 
 
@@ -25,6 +25,12 @@ from qa_train.config import ConfigError, parse_args
         (["--checkpointing_steps", "often"], "--checkpointing_steps"),
         (["--resume_from_checkpoint", "/nonexistent/ckpt"], "--resume_from_checkpoint"),
         (["--save_total_limit", "0"], "--save_total_limit"),
+        (["--attn_implementation", "flash"], "--attn_implementation"),
+        (["--do_predict"], "--do_predict.*--test_file"),
+        (["--test_file", str(DEMO_DEV)], "--test_file.*--do_predict"),
+        (["--do_predict", "--test_file", "/nonexistent/test.json"], "--test_file"),
+        (["--max_predict_samples", "-1"], "--max_predict_samples"),
+        (["--null_score_diff_threshold", "nan"], "--null_score_diff_threshold"),
     ],
 )
 def test_impossible_values_name_the_flag(argv: list[str], flag: str) -> None:
@@ -45,6 +51,9 @@ def test_defaults_follow_transformers_examples() -> None:
         "bert-base-uncased", "squad", 384, 128)
     assert (args.optim.learning_rate, args.optim.num_train_epochs, args.eval.n_best_size,
             args.eval.max_answer_length) == (3e-5, 2.0, 20, 30)
+    assert (args.data.version_2_with_negative, args.eval.null_score_diff_threshold, args.eval.do_predict) == (
+        False, 0.0, False)
+    assert args.model.attn_implementation == "auto"  # SDPA where the family supports it, else eager
 
 
 def test_bool_flags_parse_both_ways() -> None:
@@ -69,7 +78,7 @@ def test_every_flag_lives_in_exactly_one_group_and_round_trips() -> None:
     from qa_train.config import GROUPS, TrainArgs, build_parser
 
     names = [f.name for group in GROUPS.values() for f in dataclasses.fields(group)]
-    assert len(names) == len(set(names)) == 56
+    assert len(names) == len(set(names)) == 61
     parser_flags = {a.dest for a in build_parser()._actions if a.dest != "help"}
     assert parser_flags == set(names)
     args = parse_args(["--learning_rate", "1e-4", "--max_seq_length", "256", "--doc_stride", "64", "--no_eval",

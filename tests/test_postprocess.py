@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qa_train.postprocess import Questions, SpanRules, postprocess_predictions
+from qa_train.postprocess import Questions, SpanRules, answer_questions, postprocess_predictions
 
 CONTEXT = "Super Bowl 50 was played at Levi's Stadium in Santa Clara California"
 WORDS = CONTEXT.split()  # 12 words; "Santa" is word 9, "Clara" word 10
@@ -80,13 +80,36 @@ def test_ignores_non_context_tokens_with_highest_logits() -> None:
     assert _run(start, end, offsets) == {"q": "Bowl 50"}
 
 
-def test_empty_answer_when_nothing_valid() -> None:
+def test_question_and_padding_tokens_never_take_candidate_slots() -> None:
+    """The reference BERT code picks the top n over the whole row, so here (n = 1) it would find no valid
+    span; candidates are chosen among context tokens only."""
     offsets = _window(0, 4, 3, 10)[None]
     start = np.zeros((1, 10))
     end = np.zeros((1, 10))
-    start[0, 0] = end[0, 1] = 100  # only question tokens make the top-1
-    assert _run(start, end, offsets, n_best_size=1) == {"q": ""}
-    preds, nbest = _run(start, end, offsets, n_best_size=1, return_nbest=True)
+    start[0, 0] = end[0, 1] = 100  # question tokens have the highest logits
+    start[0, 9] = end[0, 9] = 200  # and so does padding
+    start[0, 5], end[0, 6] = 1, 1  # words 2..3: "50 was"
+    assert _run(start, end, offsets, n_best_size=1) == {"q": "50 was"}
+
+
+def test_answers_do_not_depend_on_padding() -> None:
+    """The same window padded to any width, with any logits on the padding, gives the same n-best."""
+    rng = np.random.default_rng(7)
+    offsets = _window(0, 11, 4, 16)
+    start, end = rng.standard_normal(16), rng.standard_normal(16)
+    want = _run(start[None], end[None], offsets[None], return_nbest=True, n_best_size=5)
+    for width in (16, 17, 24, 64):
+        padded_offsets = np.full((1, width, 2), -1, dtype=np.int32)
+        padded_offsets[0, :16] = offsets
+        s, e = np.full((1, width), 50.0), np.full((1, width), 50.0)  # padding logits above every real one
+        s[0, :16], e[0, :16] = start, end
+        assert _run(s, e, padded_offsets, return_nbest=True, n_best_size=5) == want
+
+
+def test_empty_answer_when_no_window_has_context() -> None:
+    offsets = np.full((1, 10, 2), -1, dtype=np.int32)  # a window of question and special tokens only
+    logits = np.arange(10, dtype=np.float32)[None]
+    preds, nbest = _run(logits, logits, offsets, return_nbest=True)
     assert preds == {"q": ""} and nbest == {"q": []}
 
 
@@ -140,8 +163,8 @@ def _reference(start, end, offsets, fei, ids, contexts, n_best_size, max_answer_
     """Pure-Python double loop with the documented tie rules."""
     candidates: dict[int, list[tuple]] = {i: [] for i in range(len(ids))}
     for f in range(len(start)):
-        positions = range(len(start[f]))
-        # Highest logits first; equal logits -> lower position first.
+        # Context tokens only; highest logits first; equal logits -> lower position first.
+        positions = [t for t in range(len(start[f])) if offsets[f][t][0] != -1]
         top_s = sorted(positions, key=lambda t: (-float(start[f][t]), t))[:n_best_size]
         top_e = sorted(positions, key=lambda t: (-float(end[f][t]), t))[:n_best_size]
         for s in top_s:
@@ -202,3 +225,60 @@ def test_matches_slow_reference(integer_logits: bool) -> None:
         assert preds == want_preds
         got_nbest = {q: [(c["score"], c["text"], c["start"], c["end"]) for c in v] for q, v in nbest.items()}
         assert got_nbest == want_nbest
+
+
+# --- SQuAD v2.0: the null answer, and the n-best with probabilities ---------
+
+
+def _v2(start, end, offsets, null_index, **rules):
+    questions = Questions(np.zeros(len(offsets), dtype=np.int64), ["q"], [CONTEXT], np.asarray(null_index))
+    return answer_questions(np.asarray(start, dtype=np.float32), np.asarray(end, dtype=np.float32), offsets,
+                            questions, SpanRules(**rules))
+
+
+def _cls_window() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CLS at 0, 2 question tokens, words 0..4 at positions 3..7, 2 padding; null 2 + 2 = 4, "Bowl 50" 3 + 3 = 6."""
+    offsets = _window(0, 4, 3, 10)[None]
+    start, end = np.zeros((1, 10)), np.zeros((1, 10))
+    start[0, 0] = end[0, 0] = 2
+    start[0, 4], end[0, 5] = 3, 3
+    return start, end, offsets
+
+
+def test_null_answer_wins_when_it_beats_the_span_by_more_than_the_threshold() -> None:
+    start, end, offsets = _cls_window()
+    kept = _v2(start, end, offsets, [0], null_score_diff_threshold=0.0)
+    assert kept.predictions == {"q": "Bowl 50"} and kept.null_odds == {"q": -2.0}  # 4 - 6
+    assert _v2(start, end, offsets, [0], null_score_diff_threshold=-2.0).predictions == {"q": "Bowl 50"}
+    assert _v2(start, end, offsets, [0], null_score_diff_threshold=-2.5).predictions == {"q": ""}
+    nbest = kept.nbest["q"]
+    assert [e["text"] for e in nbest[:2]] == ["Bowl 50", ""] and nbest[1]["score"] == 4.0
+    assert (nbest[1]["start_logit"], nbest[1]["end_logit"]) == (2.0, 2.0)
+    assert sum(e["probability"] for e in nbest) == pytest.approx(1.0)
+    assert nbest[0]["probability"] / nbest[1]["probability"] == pytest.approx(np.exp(6 - 4))
+
+
+def test_null_score_is_the_lowest_over_the_windows() -> None:
+    start, end, offsets = _cls_window()
+    start2, end2 = start.copy(), end.copy()
+    start2[0, 0], end2[0, 0] = 0.25, 0.5  # the second window's null: 0.75
+    answers = _v2(np.concatenate([start, start2]), np.concatenate([end, end2]), np.concatenate([offsets, offsets]),
+                  [0, 0], null_score_diff_threshold=0.0)
+    assert answers.null_odds == {"q": 0.75 - 6}
+    null = next(e for e in answers.nbest["q"] if e["text"] == "")
+    assert (null["score"], null["start_logit"], null["end_logit"]) == (0.75, 0.25, 0.5)
+
+
+def test_null_stays_in_the_nbest_when_spans_fill_it() -> None:
+    start, end, offsets = _cls_window()
+    answers = _v2(start, end, offsets, [0], null_score_diff_threshold=0.0, n_best_size=1)
+    assert [e["text"] for e in answers.nbest["q"]] == ["Bowl 50", ""]
+
+
+def test_v1_nbest_has_probabilities_and_no_null() -> None:
+    start, end, offsets = _cls_window()
+    answers = answer_questions(start, end, offsets, Questions(np.zeros(1, dtype=np.int64), ["q"], [CONTEXT]))
+    assert answers.null_odds is None and "" not in [e["text"] for e in answers.nbest["q"]]
+    probs = [e["probability"] for e in answers.nbest["q"]]
+    assert sum(probs) == pytest.approx(1.0) and probs == sorted(probs, reverse=True)
+    assert list(answers.nbest["q"][0]) == ["text", "probability", "score", "start_logit", "end_logit", "start", "end"]

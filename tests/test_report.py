@@ -207,15 +207,12 @@ def test_cli_prints_the_table_and_refuses_a_bad_dir(runs: Path, tmp_path: Path) 
     assert proc.returncode == 2 and str(tmp_path / "missing") in proc.stderr
 
 
-def test_wandb_logging_goes_offline_without_credentials(runs: Path, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in base_env(tmp_path).items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
-    monkeypatch.delenv("WANDB_RUN_GROUP", raising=False)
-    report.build_report([runs], tmp_path / "report", wandb_project="qa-train-test")
+def test_wandb_logging_goes_offline_without_credentials(runs: Path, tmp_path: Path) -> None:
+    """`report --wandb` as a user runs it (its own process: no other W&B run in it), without credentials."""
+    env = {k: v for k, v in base_env(tmp_path).items() if k not in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_RUN_GROUP")}
+    env["NETRC"] = str(tmp_path / "no-netrc")
+    run_ok([PY, "-m", "qa_train.report", str(runs), "--output", str(tmp_path / "report"), "--wandb",
+            "--wandb_project", "qa-train-test"], env)
     (run_file,) = list((tmp_path / "report" / "wandb").glob("offline-run-*/run-*.wandb"))
     import wandb_records as w
 

@@ -334,11 +334,13 @@ def filler(namer: Namer, rng: random.Random, values: dict[str, str]) -> str:
     return rng.choice(FILLERS).format(y=y, n=n, p=namer.person(), c=namer.word())
 
 
-def make_paragraph(kind: Kind, namer: Namer, rng: random.Random) -> tuple[str, dict, dict[str, int]]:
+def make_paragraph(kind: Kind, namer: Namer, rng: random.Random,
+                   fact_range: tuple[int, int] = FACTS_PER_PARAGRAPH) -> tuple[str, dict, dict[str, int]]:
+    """One paragraph: the intro, `fact_range` fact sentences in random order, fillers; where each slot lands."""
     values = invent_slots(kind, namer, rng)
     facts = kind.groups[1:]
     rng.shuffle(facts)
-    sentences = [rng.choice(g) for g in facts[: rng.randint(*FACTS_PER_PARAGRAPH)]]
+    sentences = [rng.choice(g) for g in facts[: rng.randint(*fact_range)]]
     for _ in range(rng.choice(FILLERS_PER_PARAGRAPH)):  # distractors anywhere after the intro
         sentences.insert(rng.randint(0, len(sentences)), filler(namer, rng, values))
     spans: dict[str, int] = {}

@@ -1,0 +1,158 @@
+"""Any encoder a user brings: BERT, RoBERTa, DistilBERT, ELECTRA, XLM-R, DeBERTa-v3 and ModernBERT, each a tiny
+random model with a tokenizer trained offline (tests/families.py), through qa_train with default flags.
+
+Per family: the windows and labels are the tokenizer's own overflow encoding; a real run (in this process,
+one family after another) trains a few steps, evaluates, answers a file of unlabelled questions and exports;
+the export reloads with transformers and qa_train.predict gives the run's answers; no normalisation layer or
+bias is decayed, whatever the family calls it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import DEMO_DEV, DEMO_TRAIN
+from families import FAMILIES, corpus, write_family
+from qa_train.data import load_file
+from qa_train.features import featurize, window_offsets
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root, texts = tmp_path_factory.mktemp("families"), corpus()
+    return {family: write_family(family, root / family, texts) for family in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def questions_without_answers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Demo dev questions as JSON lines with no `answers` field: what a user asks to predict."""
+    path = tmp_path_factory.mktemp("test_file") / "test.jsonl"
+    ex = load_file(DEMO_DEV).head(24)
+    path.write_text("".join(json.dumps({"id": i, "title": t, "context": c, "question": q}) + "\n"
+                            for i, t, c, q in zip(ex.ids, ex.titles, ex.contexts, ex.questions)))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerator():
+    """Runs share this process: each family starts from a blank accelerate state."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_windows_and_labels_are_the_tokenizers_own(family: str, family_dirs: dict[str, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(family_dirs[family])
+    ex = load_file(DEMO_DEV).head(40)
+    feats = featurize(ex, tokenizer, max_seq_length=64, doc_stride=16, with_offsets=True)
+    ref = tokenizer([q.lstrip() for q in ex.questions], ex.contexts, truncation="only_second", max_length=64,
+                    stride=16, return_overflowing_tokens=True)
+    assert len(feats) == len(ref["input_ids"]) > len(ex)  # several windows per question
+    assert feats.example_index.tolist() == list(ref["overflow_to_sample_mapping"])
+    for i, ids in enumerate(ref["input_ids"]):
+        assert feats.input_ids[feats.row_start[i]: feats.row_start[i + 1]].tolist() == ids, f"window {i}"
+    offsets = window_offsets(feats, 64)
+    labelled = feats.start_positions != feats.cls_index
+    assert labelled.sum() >= len(ex) and (feats.cls_index == 0).all()  # CLS (<s>) opens every family's pair
+    for f in np.flatnonzero(labelled):
+        i, s, e = feats.example_index[f], feats.start_positions[f], feats.end_positions[f]
+        # SentencePiece offsets (XLM-R, DeBERTa-v3) include the space a "▁" token stands for.
+        assert ex.contexts[i][offsets[f, s, 0]: offsets[f, e, 1]].strip() == ex.answer_texts[i][0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_trains_exports_and_predicts_with_default_flags(family: str, family_dirs: dict[str, Path],
+                                                              questions_without_answers: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import AutoModelForQuestionAnswering
+
+    from qa_train.config import parse_args
+    from qa_train.predict import Predictor
+    from qa_train.run import run
+
+    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
+    out, model_dir = tmp_path / "run", str(family_dirs[family])
+    args = parse_args(["--config_name", model_dir, "--tokenizer_name", model_dir, "--train_file", str(DEMO_TRAIN),
+                       "--validation_file", str(DEMO_DEV), "--max_train_samples", "64", "--max_eval_samples", "16",
+                       "--max_seq_length", "128", "--doc_stride", "32", "--per_device_train_batch_size", "8",
+                       "--max_train_steps", "4", "--learning_rate", "1e-3", "--do_predict", "--test_file",
+                       str(questions_without_answers), "--report_to", "none", "--disable_tqdm",
+                       "--output_dir", str(out)])
+    metrics = run(args)
+    assert metrics is not None and metrics.train_steps == 4 and np.isfinite(metrics.train_loss)
+    assert 0 <= metrics.exact_match <= metrics.f1 <= 100
+    predicted = json.loads((out / "predict_predictions.json").read_text())
+    nbest = json.loads((out / "predict_nbest_predictions.json").read_text())
+    assert sorted(predicted) == sorted(nbest) == sorted(load_file(questions_without_answers, "optional").ids)
+    assert all(abs(sum(e["probability"] for e in v) - 1) < 1e-6 for v in nbest.values())
+
+    model = AutoModelForQuestionAnswering.from_pretrained(out / "final")
+    assert model.config.model_type == family
+    reloaded = Predictor(str(out / "final"), args.data, device="cpu").predict(
+        load_file(questions_without_answers, "optional"))
+    assert reloaded.predictions == predicted, "the export answers as the run did"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_decay_for_every_norm_and_bias(family: str, family_dirs: dict[str, Path]) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForQuestionAnswering
+
+    from qa_train.optimization import param_groups
+
+    model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(family_dirs[family]))
+    decay, no_decay = (set(map(id, g["params"])) for g in param_groups(model, 0.01))
+    assert not decay & no_decay and len(decay | no_decay) == len(list(model.parameters()))
+    for name, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            is_norm = "norm" in type(module).__name__.lower()
+            if is_norm or pname == "bias":
+                assert id(p) in no_decay, f"{name}.{pname} ({type(module).__name__}) is decayed"
+            elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                assert id(p) in decay, f"{name}.{pname} is not decayed"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fsdp_wraps_every_encoder_layer_of_every_family(family: str, family_dirs: dict[str, Path]) -> None:
+    """Through accelerate's own FSDP2 wrap policy (FSDP itself needs GPUs): the shipped fsdp.yaml names no
+    layer class, and each family's encoder layers become FSDP units; a class named in the config still wins,
+    and naming BertLayer fails every other family as it did before."""
+    from types import SimpleNamespace
+
+    import yaml
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+    from transformers import AutoConfig, AutoModelForQuestionAnswering
+
+    from conftest import ROOT
+    from qa_train.distributed import fit_fsdp_wrap
+
+    shipped = yaml.safe_load((ROOT / "accelerate_configs" / "fsdp.yaml").read_text())["fsdp_config"]
+    assert "fsdp_transformer_layer_cls_to_wrap" not in shipped
+    config = AutoConfig.from_pretrained(family_dirs[family])
+    model = AutoModelForQuestionAnswering.from_config(config)
+
+    def wrapped(names: list[str] | None) -> list[str]:
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy=shipped["fsdp_auto_wrap_policy"],
+                                                transformer_cls_names_to_wrap=names)
+        fit_fsdp_wrap(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)), model)
+        policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+        return [type(m).__name__ for m in model.modules() if policy(m)]
+
+    units = wrapped(None)
+    layers = getattr(config, "num_hidden_layers", None) or config.n_layers
+    assert max(units.count(name) for name in set(units)) == layers == 2, units
+    if family != "bert":
+        with pytest.raises(ValueError, match="Could not find the transformer layer class BertLayer"):
+            wrapped(["BertLayer"])
+    else:
+        assert wrapped(["BertLayer"]) == ["BertLayer"] * 2

@@ -1,0 +1,133 @@
+"""SQuAD v2.0 metrics: hand-computed cases with the official script's semantics, and its CLI interface."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qa_train.squad_eval import f1, f1_v2, load_references, score, score_v2
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONTEXT = "Super Bowl 50 was played at Levi's Stadium in Santa Clara, California, in 1990."
+
+# q5's only gold answer is "The", which normalises to nothing: the official script then scores it against ""
+# (so a "" prediction matches), but still counts it as answerable (its file lists an answer).
+GOLD = {
+    "q1": ["Denver Broncos", "the Broncos"],
+    "q2": ["Santa Clara, California"],
+    "q3": [],
+    "q4": [],
+    "q5": ["The"],
+    "q6": ["1990"],
+}
+PREDICTIONS = {"q1": "Broncos", "q2": "Santa Clara", "q3": "", "q4": "Levi's Stadium", "q5": "", "q6": ""}
+NA_PROBS = {"q1": 0.1, "q2": 0.5, "q3": 0.9, "q4": 0.3, "q5": 0.7, "q6": 0.95}
+
+
+def test_f1_when_either_side_is_empty() -> None:
+    assert f1_v2("", "") == 1.0 and f1_v2("the", "") == 1.0  # both normalise to nothing: agreement
+    assert f1_v2("", "1990") == 0.0 and f1_v2("1990", "") == 0.0
+    assert f1("", "") == 0.0  # v1.1 keeps its own rule: no shared token, 0
+    assert f1_v2("Santa Clara", "Santa Clara, California") == pytest.approx(0.8)
+
+
+def test_scores_without_no_answer_probabilities() -> None:
+    # per question EM / F1: q1 1/1 ("the Broncos"), q2 0/0.8, q3 1/1, q4 0/0, q5 1/1 (gold -> ""), q6 0/0
+    result = score_v2(GOLD, PREDICTIONS)
+    assert list(result) == ["exact", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total",
+                            "NoAns_exact", "NoAns_f1", "NoAns_total"]
+    assert result["exact"] == pytest.approx(100 * 3 / 6) and result["f1"] == pytest.approx(100 * 3.8 / 6)
+    assert result["total"] == 6
+    # answerable: q1, q2, q5, q6
+    assert result["HasAns_exact"] == pytest.approx(50.0) and result["HasAns_f1"] == pytest.approx(70.0)
+    assert result["HasAns_total"] == 4
+    assert (result["NoAns_exact"], result["NoAns_f1"], result["NoAns_total"]) == (50.0, 50.0, 2)
+
+
+def test_threshold_turns_predictions_into_no_answer_and_best_thresholds() -> None:
+    result = score_v2(GOLD, PREDICTIONS, NA_PROBS, na_prob_thresh=0.6)
+    # na_prob > 0.6: q3 (no answer: 1), q5 and q6 (answerable: 0; q5 loses the 1 its raw score had);
+    # q4 (0.3) keeps its wrong span. EM: q1 1 + q3 1 = 2 of 6; F1: 1 + 0.8 + 1 = 2.8 of 6.
+    assert result["exact"] == pytest.approx(100 * 2 / 6) and result["f1"] == pytest.approx(100 * 2.8 / 6)
+    assert (result["HasAns_exact"], result["HasAns_f1"]) == (pytest.approx(25.0), pytest.approx(45.0))
+    assert (result["NoAns_exact"], result["NoAns_f1"]) == (50.0, 50.0)
+    # Best threshold, walking questions by rising na_prob from "all no-answer" (2 of 6 right):
+    # EM: q1 +1 -> 3 (best, at 0.1), q4 answered wrongly -1 -> 2, q2 +0, q5 +1 -> 3 (not better), q3 +0, q6 +0.
+    assert result["best_exact"] == pytest.approx(50.0) and result["best_exact_thresh"] == 0.1
+    # F1: q1 -> 3, q4 -> 2, q2 -> 2.8, q5 -> 3.8 (best, at 0.7), q3, q6 -> 3.8.
+    assert result["best_f1"] == pytest.approx(100 * 3.8 / 6) and result["best_f1_thresh"] == 0.7
+    assert list(result)[-4:] == ["best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh"]
+
+
+def test_ties_in_no_answer_probability_follow_the_files_order() -> None:
+    gold = {"a": ["x"], "b": []}
+    preds = {"a": "x", "b": "y"}
+    # Equal probabilities: sorted() is stable, so the official walk follows the file. From 1 of 2 right
+    # ("all no-answer"): "a" then "b" reaches 2 after "a"; "b" then "a" drops to 0 and climbs back to 1.
+    first_a = score_v2(gold, preds, {"a": 0.5, "b": 0.5})
+    assert (first_a["best_exact"], first_a["best_exact_thresh"]) == (100.0, 0.5)
+    first_b = score_v2(gold, preds, {"b": 0.5, "a": 0.5})
+    assert (first_b["best_exact"], first_b["best_exact_thresh"]) == (50.0, 0.0)
+
+
+def test_missing_prediction_scores_zero_and_is_counted() -> None:
+    result = score_v2({"a": ["x"], "b": []}, {"a": "x"})
+    assert result["total"] == 2 and result["exact"] == pytest.approx(50.0) and result["NoAns_exact"] == 0.0
+
+
+def test_v1_data_scores_the_same_as_v11_when_every_prediction_is_a_span() -> None:
+    refs = {"q1": ["Denver Broncos"], "q2": ["Santa Clara, California"]}
+    preds = {"q1": "Broncos", "q2": "Santa Clara"}
+    v1, v2 = score(refs, preds), score_v2(refs, preds)
+    assert (v2["exact"], v2["f1"]) == (pytest.approx(v1["exact_match"]), pytest.approx(v1["f1"]))
+    assert "NoAns_total" not in v2
+
+
+def test_refusals() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        score_v2({}, {})
+    with pytest.raises(ValueError, match="question q2: a prediction without a no-answer probability"):
+        score_v2(GOLD, PREDICTIONS, {"q1": 0.0})
+
+
+def _v2_file(tmp_path: Path) -> Path:
+    qas = [{"id": qid, "question": f"Question {qid}?", "is_impossible": not golds,
+            "answers": [{"text": g, "answer_start": 0} for g in golds]} for qid, golds in GOLD.items()]
+    path = tmp_path / "dev-v2.0.json"
+    path.write_text(json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": [
+        {"context": CONTEXT, "qas": qas}]}]}), encoding="utf-8")
+    return path
+
+
+def _cli(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "qa_train.squad_eval", *map(str, args)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_has_the_official_v2_interface(tmp_path: Path) -> None:
+    data = _v2_file(tmp_path)
+    assert load_references(data, allow_empty=True) == GOLD
+    with pytest.raises(ValueError, match="question q3: expected a non-empty list"):
+        load_references(data)  # v1.1 callers still refuse unanswerable questions
+    preds, probs = tmp_path / "pred.json", tmp_path / "na_prob.json"
+    preds.write_text(json.dumps(PREDICTIONS))
+    probs.write_text(json.dumps(NA_PROBS))
+    proc = _cli(data, preds)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == pytest.approx(score_v2(GOLD, PREDICTIONS))
+    proc = _cli(data, preds, "-n", probs, "-t", "0.6", "-o", tmp_path / "eval.json")
+    assert proc.returncode == 0 and proc.stdout == "", proc.stderr
+    written = json.loads((tmp_path / "eval.json").read_text())
+    assert written == pytest.approx(score_v2(GOLD, PREDICTIONS, NA_PROBS, 0.6)) and written["best_f1_thresh"] == 0.7
+
+
+def test_cli_refuses_bad_no_answer_file(tmp_path: Path) -> None:
+    preds, probs = tmp_path / "pred.json", tmp_path / "na_prob.json"
+    preds.write_text(json.dumps(PREDICTIONS))
+    probs.write_text(json.dumps({**NA_PROBS, "q2": "high"}))
+    proc = _cli(_v2_file(tmp_path), preds, "--na-prob-file", probs)
+    assert proc.returncode == 1 and "na_prob.json: question q2: no-answer probability must be a number" in proc.stderr
