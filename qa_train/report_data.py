@@ -178,13 +178,14 @@ def group_rows(rows: list[Row]) -> list[Group]:
 
 
 def add_scaling(groups: list[Group]) -> None:
-    """Speed-up and efficiency of each point against the same label's smallest point (itself: 1.00x)."""
+    """Speed-up and efficiency of each point against the same label's smallest point (itself: 1.00x); none for
+    a label run at one scale only (`vs_baseline` compares those)."""
     for label in dict.fromkeys(g.label for g in groups):
         mine = [g for g in groups if g.label == label]
         base = min(mine, key=lambda g: (g.processes, g.nodes))
         base_rate = base.figures.samples_per_s
-        if len(mine) < 2 and base.processes != 1:
-            continue  # nothing of this config to scale from
+        if len(mine) < 2:
+            continue
         for g in mine:
             rate = g.figures.samples_per_s
             if rate is None or base_rate is None or not base_rate.median or not base.processes:
