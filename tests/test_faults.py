@@ -31,7 +31,9 @@ def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
 
 
 def steps_in(out: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()]
+    """The training steps logged (evaluations log their eval/* lines at a step too)."""
+    lines = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    return [line["step"] for line in lines if "train/loss" in line]
 
 
 def test_divergence_stops_the_run_and_saves_nothing_non_finite(tmp_path: Path, env: dict[str, str]) -> None:
@@ -198,6 +200,9 @@ def test_preemption_exits_75_and_the_resumed_run_logs_each_step_once(tmp_path: P
     resumed = run_ok([*cmd, "--resume_from_checkpoint", str(out / "checkpoints" / "step_00000002"),
                       "--eval_before_training"], env)
     assert steps_in(out) == [1, 2, 3, 4, 5, 6]
+    evals = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()
+             if "eval/f1" in json.loads(line)]
+    assert evals == [2, 6]  # the resumed model's evaluation at its checkpoint's step, and the final one
     assert "at step 2 (resumed): exact_match" in resumed.stderr + resumed.stdout
     assert json.loads((out / "metrics.json").read_text())["initial_eval_step"] == 2
     assert "(at step 2, resumed: EM" in resumed.stdout and "untrained" not in resumed.stdout
