@@ -443,4 +443,9 @@ class Trainer:
         """Close the tracker, then leave the process group together."""
         self.tracker.close()
         self.accelerator.wait_for_everyone()
+        # DDP's reducer holds the gloo group; left to interpreter shutdown, the group's destructor can wait on
+        # a gloo thread that waits for the GIL (seen once: a hung rank after its summary). Freed here, while
+        # threads still get the GIL.
+        self.model = self.optimizer = self.scheduler = self.train_dl = self.eval_dl = None
+        self.accelerator.free_memory()
         self.accelerator.end_training()
