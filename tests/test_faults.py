@@ -202,7 +202,7 @@ def test_preemption_exits_75_and_the_resumed_run_logs_each_step_once(tmp_path: P
     assert steps_in(out) == [1, 2, 3, 4, 5, 6]
     evals = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()
              if "eval/f1" in json.loads(line)]
-    assert evals == [2, 6]  # the resumed model's evaluation at its checkpoint's step, and the final one
+    assert evals == [2]  # the resumed model's evaluation, at its checkpoint's step (--no_eval: no final one)
     assert "at step 2 (resumed): exact_match" in resumed.stderr + resumed.stdout
     assert json.loads((out / "metrics.json").read_text())["initial_eval_step"] == 2
     assert "(at step 2, resumed: EM" in resumed.stdout and "untrained" not in resumed.stdout

@@ -34,9 +34,10 @@ def launch_cmd(config: str, out: Path, *extra: str) -> list[str]:
 
 
 def step_log(out: Path) -> dict[int, dict]:
-    """Last entry per step: a resumed run re-logs the steps after its checkpoint."""
+    """Last training entry per step: a resumed run re-logs the steps after its checkpoint (evaluations log their
+    own eval/* lines at a step)."""
     entries = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
-    return {e["step"]: e for e in entries}
+    return {e["step"]: e for e in entries if "train/loss" in e}
 
 
 def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
