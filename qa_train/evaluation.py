@@ -18,6 +18,7 @@ from qa_train.features import Features, window_offsets
 from qa_train.hostmem import HostMemory
 from qa_train.postprocess import Answers, Questions, SpanRules, answer_questions
 from qa_train.squad_eval import exact_match, f1, score, score_v2
+from qa_train.tracking import atomic_write_text
 
 # Padding logit: far below any real logit, finite so bf16/fp16 stay well-defined.
 PAD_LOGIT = -1e4
@@ -133,9 +134,7 @@ def answer_and_score(eval_set: EvalSet, logits: tuple[np.ndarray, np.ndarray, np
 def _write_json(path: Path, payload: object) -> None:
     """Atomic: a crash mid-write never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, ensure_ascii=False, indent=1))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(payload, ensure_ascii=False, indent=1))
 
 
 def write_predictions(path: Path, answers: Answers) -> None:

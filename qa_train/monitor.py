@@ -111,7 +111,7 @@ class IntervalMonitor:
         self.grad_norm_sum.zero_()
         self.bad_grad_norms.zero_()
         self._restart()
-        return reduce_ranks([dict(zip(COLUMNS, r)) for r in ranks], self.cost)
+        return reduce_ranks([dict(zip(COLUMNS, r)) for r in ranks])
 
 
 def _max(values: list[float]) -> float:
@@ -119,7 +119,7 @@ def _max(values: list[float]) -> float:
     return max(clean) if clean else math.nan
 
 
-def reduce_ranks(ranks: list[dict[str, float]], cost: ModelCost) -> IntervalFigures:
+def reduce_ranks(ranks: list[dict[str, float]]) -> IntervalFigures:
     """Combine one interval's per-rank counts."""
     total = {k: sum(r[k] for r in ranks) for k in COLUMNS}
     elapsed = max(r["elapsed_s"] for r in ranks)

@@ -281,11 +281,8 @@ class Trainer:
         return figures.stop_requested
 
     def _eval_due(self, step: int) -> bool:
-        """A step evaluation, except at the last step when the final evaluation follows anyway."""
         ev = self.args.eval
-        if ev.eval_strategy != "steps" or (step >= self.plan.total_steps and ev.do_eval):
-            return False
-        return step % (ev.eval_steps or self.args.output.logging_steps) == 0
+        return ev.eval_strategy == "steps" and step % (ev.eval_steps or self.args.output.logging_steps) == 0
 
     @contextlib.contextmanager
     def _not_training(self) -> Iterator[None]:
@@ -302,7 +299,6 @@ class Trainer:
             result = self.evaluate()
             self.log_eval(result)
             self.best.offer(result, self.state.completed_steps, self._export_to)
-        self.model.train()
 
     def log_eval(self, result: EvalResult | None) -> None:
         """eval/* against the current step (main process; None elsewhere)."""

@@ -24,7 +24,7 @@ def test_ranks_combine_mean_loss_global_throughput_and_max_memory() -> None:
              grad_norm_sum=3.0, norms=2, host_rss_gib=1.5)
     b = rank(loss_sum=2.0, micro_batches=2, samples=16, tokens=800, padded_tokens=1200, elapsed_s=4.0,
              grad_norm_sum=3.0, norms=2, host_rss_gib=2.5, stop=1)
-    f = reduce_ranks([a, b], ModelCost(1.0, None))
+    f = reduce_ranks([a, b])
     assert f.loss == 2.0  # (6 + 2) / 4 micro-batches: not the mean of the ranks' means when they differ in count
     assert f.grad_norm == 1.5  # the global norm (the same on every rank), averaged over the interval's updates
     assert f.samples_per_second == 8.0 and f.tokens_per_second == 450.0  # all ranks' work over the slowest rank
@@ -34,21 +34,19 @@ def test_ranks_combine_mean_loss_global_throughput_and_max_memory() -> None:
 
 
 def test_non_finite_norms_are_counted_and_left_out_of_the_mean() -> None:
-    f = reduce_ranks([rank(grad_norm_sum=4.0, norms=3, bad_grad_norms=1, micro_batches=1)], ModelCost(1.0, None))
+    f = reduce_ranks([rank(grad_norm_sum=4.0, norms=3, bad_grad_norms=1, micro_batches=1)])
     assert f.grad_norm == 2.0 and f.bad_grad_norms == 1
-    f = reduce_ranks([rank(norms=1, bad_grad_norms=1, micro_batches=1)], ModelCost(1.0, None))
+    f = reduce_ranks([rank(norms=1, bad_grad_norms=1, micro_batches=1)])
     assert math.isnan(f.grad_norm)
 
 
 def test_cpu_intervals_log_host_memory_and_gpu_intervals_add_cuda_memory_and_mfu() -> None:
-    cpu = reduce_ranks([rank(loss_sum=1.0, micro_batches=1, norms=1, grad_norm_sum=0.5, host_rss_gib=1.0)],
-                       ModelCost(1e9, None))
+    cpu = reduce_ranks([rank(loss_sum=1.0, micro_batches=1, norms=1, grad_norm_sum=0.5, host_rss_gib=1.0)])
     assert list(interval_log(cpu, ModelCost(1e9, None), lr=1e-3, epoch=0.25)) == [
         "train/loss", "train/lr", "train/epoch", "train/grad_norm", "throughput/samples_per_second",
         "throughput/tokens_per_second", "memory/host_rss_gib"]
     gpu = reduce_ranks([rank(micro_batches=1, padded_tokens=4e5, cuda_allocated_gib=3.0, cuda_reserved_gib=4.0),
-                        rank(micro_batches=1, padded_tokens=4e5, cuda_allocated_gib=5.0, cuda_reserved_gib=6.0)],
-                       ModelCost(1e9, 989.0))
+                        rank(micro_batches=1, padded_tokens=4e5, cuda_allocated_gib=5.0, cuda_reserved_gib=6.0)])
     values = interval_log(gpu, ModelCost(1e9, 989.0), lr=1e-3, epoch=1.0)
     assert values["memory/peak_allocated_gib"] == 5.0 and values["memory/peak_reserved_gib"] == 6.0
     assert values["throughput/mfu"] == round(4e5 * 1e9 / 1e12 / 989.0, 4)
