@@ -208,8 +208,14 @@ def fsdp_layer_classes(model) -> list[str]:
     ModuleList, for families that declare none (DistilBERT, ELECTRA, DeBERTa-v2 in transformers 5)."""
     import torch
 
+    # accelerate's FSDP2 preparation shards the input embedding module itself after the auto-wrap; a declared
+    # class that holds it (BertEmbeddings in transformers 5.17) would shard it twice, which fully_shard rejects.
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    holds_embeddings = {type(m).__name__ for m in model.modules() if embeddings is not None
+                        and any(c is embeddings for c in m.modules()) and m is not model}
     present = {type(m).__name__ for m in model.modules()}
-    declared = [name for name in (getattr(model, "_no_split_modules", None) or []) if name in present]
+    declared = [name for name in (getattr(model, "_no_split_modules", None) or [])
+                if name in present and name not in holds_embeddings]
     if declared:
         return sorted(declared)
     stacks = [m for m in model.modules()
@@ -247,6 +253,8 @@ def global_grad_norm(accelerator, model, clip_result: Any) -> Any:
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
         norm = model.get_global_grad_norm()
         return None if norm is None or (isinstance(norm, float) and norm < 0) else norm
+    if hasattr(clip_result, "full_tensor"):  # FSDP2: a DTensor of per-shard partial norms; every rank calls this
+        return clip_result.full_tensor()
     return clip_result
 
 

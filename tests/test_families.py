@@ -156,3 +156,17 @@ def test_fsdp_wraps_every_encoder_layer_of_every_family(family: str, family_dirs
             wrapped(["BertLayer"])
     else:
         assert wrapped(["BertLayer"]) == ["BertLayer"] * 2
+
+
+def test_fsdp_leaves_the_input_embeddings_to_accelerate(family_dirs: dict[str, Path],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers 5.17 declares BertEmbeddings no-split; accelerate's FSDP2 preparation shards the input
+    embedding itself after the wrap, and sharding it inside an already-sharded BertEmbeddings failed on an
+    H100 (fully_shard: "Invariant encountered: value was None"). The class holding it is not wrapped."""
+    from transformers import AutoConfig, AutoModelForQuestionAnswering
+
+    from qa_train.distributed import fsdp_layer_classes
+
+    model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(family_dirs["bert"]))
+    monkeypatch.setattr(type(model), "_no_split_modules", ["BertEmbeddings", "BertLayer"], raising=False)
+    assert fsdp_layer_classes(model) == ["BertLayer"]

@@ -90,7 +90,8 @@ def test_device_memory_on_cpu_is_nan() -> None:
     assert all(math.isnan(v) for v in memory.take_interval_peaks() + memory.peaks_gib())
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run by the GPU session's script)")
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (pytest -m gpu on a GPU machine)")
 def test_cuda_peaks_reset_per_interval_but_not_overall() -> None:
     device = torch.device("cuda")
     memory = DeviceMemory(device)
@@ -99,5 +100,46 @@ def test_cuda_peaks_reset_per_interval_but_not_overall() -> None:
     first = memory.take_interval_peaks()
     del big
     torch.cuda.empty_cache()
+    # A reset restarts the peak at what is allocated then: the second interval began with `big` alive.
     second = memory.take_interval_peaks()
-    assert first[0] >= 0.25 > second[0] and memory.peaks_gib()[0] >= 0.25
+    third = memory.take_interval_peaks()
+    assert first[0] >= 0.25 and second[0] >= 0.25 > third[0] and memory.peaks_gib()[0] >= 0.25
+
+
+FSDP2_NORM = r"""
+import sys, types
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial
+from accelerate.utils import DistributedType
+from qa_train.distributed import global_grad_norm
+from qa_train.hostmem import HostMemory
+from qa_train.metrics import DeviceMemory
+from qa_train.monitor import IntervalMonitor, ModelCost
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+try:
+    mesh = init_device_mesh("cpu", (1,))
+    # What clip_grad_norm_ returns under FSDP2: the norm as a DTensor of per-shard partial results.
+    norm = DTensor.from_local(torch.tensor(5.0), mesh, [Partial("sum")])
+    accelerator = types.SimpleNamespace(distributed_type=DistributedType.FSDP, device=torch.device("cpu"),
+                                        gather=lambda t: t)
+    monitor = IntervalMonitor(accelerator, DeviceMemory(torch.device("cpu")), HostMemory(trim=False), ModelCost(1.0, None))
+    monitor.micro_batch(torch.tensor(1.0), 4, (10, 12))
+    monitor.update(global_grad_norm(accelerator, None, norm))
+    print("grad_norm", monitor.collect(stop_requested=False).grad_norm)
+finally:
+    dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_dtensor_grad_norm_reaches_the_interval_log(tmp_path) -> None:
+    """Under FSDP2 the clipping norm is a DTensor; mixing it into the monitor's plain tensors failed on an H100
+    (DTensor dispatch assertion at the first step). It is made whole first: one all-reduce, every rank."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", FSDP2_NORM, str(tmp_path / "store")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "grad_norm 5.0" in proc.stdout
