@@ -121,7 +121,8 @@ def _kill_tree(proc: subprocess.Popen) -> list[psutil.Process]:
     torchrun starts its ranks in sessions of their own, so killing the launcher's process group is not enough.
     Returns the ranks (the processes running qa_train's entry point)."""
     tree = psutil.Process(proc.pid).children(recursive=True)
-    ranks = [p for p in tree if runs_module(p, "qa_train")]  # not torchrun, whose arguments name it too
+    # Not torchrun, whose arguments name qa_train too, nor a rank's dataloader workers (forks of the rank).
+    ranks = [p for p in tree if runs_module(p, "qa_train") and not _parent_is_rank(p)]
     for p in [psutil.Process(proc.pid), *tree]:
         try:
             p.kill()
@@ -132,6 +133,14 @@ def _kill_tree(proc: subprocess.Popen) -> list[psutil.Process]:
     return ranks
 
 
+def _parent_is_rank(p: psutil.Process) -> bool:
+    try:
+        parent = p.parent()
+    except psutil.Error:
+        return False
+    return parent is not None and runs_module(parent, "qa_train")
+
+
 def _alive(p: psutil.Process) -> bool:
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
@@ -139,21 +148,21 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
-def _kill_after_checkpoint(cmd: list[str], env: dict[str, str], out: Path) -> None:
-    """SIGKILL the run once both ranks hold after step 6: past the step-4 checkpoint, so the resume must redo steps."""
+def kill_after_checkpoint(cmd: list[str], env: dict[str, str], out: Path, ranks: int = 2) -> None:
+    """SIGKILL the run once every rank holds after step 6: past the step-4 checkpoint, so the resume must redo steps."""
     env = {**env, "QA_TRAIN_TEST_HOLD_AT_STEP": "6"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 400
     try:
-        while not all((out / f"HOLDING-rank{r}").exists() for r in (0, 1)):
+        while not all((out / f"HOLDING-rank{r}").exists() for r in range(ranks)):
             assert proc.poll() is None, "run ended before it reached step 6"
             assert time.monotonic() < deadline, "step 6 not reached in time"
             time.sleep(0.1)
     finally:
-        ranks = _kill_tree(proc)
-    assert len(ranks) == 2, [p.pid for p in ranks]
-    assert not any(_alive(p) for p in ranks), "a rank outlived the kill"
+        killed = _kill_tree(proc)
+    assert len(killed) == ranks, [p.pid for p in killed]
+    assert not any(_alive(p) for p in killed), "a rank outlived the kill"
     assert (out / "checkpoints" / "step_00000004" / "trainer_state.json").is_file()
     assert not (out / "metrics.json").exists()
 
@@ -165,7 +174,7 @@ def test_kill_and_resume_matches_uninterrupted(config: str, tol: float, uninterr
     out = tmp_path / "killed"
     cmd = launch_cmd(config, out)
     reference = uninterrupted(config)  # the same strategy: the same reduction order
-    _kill_after_checkpoint(cmd, env, out)
+    kill_after_checkpoint(cmd, env, out)
     run_ok([*cmd, "--resume_from_checkpoint", "latest"], env)
     ours, ref = step_log(out), step_log(reference)
     assert sorted(ours) == list(range(1, STEPS + 1))
