@@ -24,7 +24,10 @@ def start_profiler(output_dir: Path, warmup_steps: int, rank: int, is_main: bool
         write(prof)
         if is_main:
             sort = "self_cuda_time_total" if on_cuda else "self_cpu_time_total"
-            print(prof.key_averages().table(sort_by=sort, row_limit=15), flush=True)
+            table = prof.key_averages()
+            print(table.table(sort_by=sort, row_limit=15), flush=True)
+            if on_cuda:  # the host's side too: a step whose launches outlast its kernels is host-bound
+                print(table.table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
             log.info("profiler trace written to %s", where)
 
     profiler = torch.profiler.profile(

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# The GPU evidence of docs/benchmarks.md, in parts that each fit one device command:
+#
+#   bash tools/gpu_session.sh PART... [--out DIR]
+#
+#   tests       pytest -m gpu (every config in bf16, FSDP/ZeRO-3 kill+resume, bf16 vs fp32, offload memory)
+#   strategies  every config on one GPU: BERT-base shape, 384 tokens, batch 32, bf16, fixed length; report + planner check
+#   speed       two epochs of SQuAD v1.1 (all 87,599 questions) with the BERT-base shape; then the fixed-length MFU run
+#   ablation    each speed feature flipped alone, BERT-base shape on SQuAD windows
+#   accuracy    MiniLM (all-MiniLM-L6-v2) fine-tuned 2 epochs on SQuAD minus its last 40 articles, scored on those
+#   hf          transformers' run_qa_no_trainer.py on the same model, data and hyper-parameters (tools/hf_example.sh)
+#   profile     --profile of the fixed-length BERT-base step: the top kernels and host operators
+#
+# DEADLINE_S=N stops the parts still running N seconds from the start (a device command has 10 minutes) and
+# skips the rest; TESTS_K reruns some tests. Results: runs/gpu/<run>/ and, per part, a summary in --out.
+#
+# Needs: .device/ from `bash ../shared/device/prepare.sh --with-data --with-minilm` (SQuAD train set, MiniLM),
+# set up with `bash .device/setup.sh && . .device/env.sh`. DRY=1 runs every part a few steps on CPU data
+# sizes, to check the commands before spending GPU time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${OUT:-runs/gpu}
+parts=() inner=
+while (($#)); do
+  case $1 in --out) OUT_DIR=$2; shift 2 ;; --inner) inner=$2; shift 2 ;; *) parts+=("$1"); shift ;; esac
+done
+mkdir -p "$OUT_DIR"
+RUNS=${RUNS:-runs/gpu}
+DATA=${DATA:-/tmp/squad}
+MINILM=.device/minilm
+BASE=qa_train/assets/bert-base-shape
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+export QA_TRAIN_CACHE=${QA_TRAIN_CACHE:-/tmp/qa_train_cache}
+
+# A dry run shrinks every run (the flags go last, so they win) and runs on CPU.
+small=() bench_small=() cpu=() strategy_steps=30 ablation_steps=100
+if [[ ${DRY:-0} == 1 ]]; then
+  small=(--max_train_samples 300 --max_eval_samples 40 --max_train_steps 3 --per_device_train_batch_size 4
+         --per_device_eval_batch_size 8)
+  bench_small=(--max_train_samples 300 --per_device_train_batch_size 2 --max_seq_length 128 --doc_stride 32
+               --throughput_warmup_steps 0)
+  cpu=(--cpu) strategy_steps=2 ablation_steps=2
+fi
+
+log() { echo "== $(date -u +%FT%TZ) $*" | tee -a "$OUT_DIR/session.log"; }
+
+data() {
+  [[ -f $DATA/train-full.json && -f $DATA/train.json && -f $DATA/dev.json ]] && return
+  mkdir -p "$DATA"
+  xz -dc .device/squad-train-v1.1-reconstructed.json.xz > "$DATA/train-full.json"
+  $PY tools/squad_split.py .device/squad-train-v1.1-reconstructed.json.xz --holdout_articles 40 --out_dir "$DATA"
+}
+
+summary() {  # the figures of one run, from its metrics.json
+  $PY - "$@" <<'PY'
+import json, sys
+for d in sys.argv[1:]:
+    m = json.load(open(f"{d}/metrics.json"))
+    keys = ("train_runtime_s", "train_steps", "num_train_features", "train_samples_per_second", "train_tokens_per_second",
+            "train_padded_tokens_per_second", "mfu", "tflops_per_device", "exact_match", "f1", "eval_runtime_s")
+    print(d, {k: m.get(k) for k in keys}, "peak GiB", m["peak_memory_gb"]["max"], "device", m.get("device"))
+PY
+}
+
+cpu_adam() {  # DeepSpeed JIT-builds its CPU Adam for the offload configs at first use (~1 min): not inside a timed run
+  [[ ${DRY:-0} == 1 ]] || $PY -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
+    > /dev/null 2>&1 || log "CPU Adam build failed (offload runs will try again)"
+}
+
+part_tests() {  # TESTS_K: a pytest -k expression, to rerun some
+  log "tests"
+  cpu_adam
+  local k=()
+  [[ -n ${TESTS_K:-} ]] && k=(-k "$TESTS_K")
+  timeout ${TESTS_TIMEOUT_S:-360} $PY -m pytest -m gpu tests/test_gpu.py tests/test_monitor.py -n 4 -v -rA \
+    -p no:cacheprovider "${k[@]}" 2>&1 | tee "$OUT_DIR/pytest-gpu.log" | grep -E "PASSED|FAILED|ERROR|answers equal|weight difference|loss gap|CUDA peak|passed|failed" || true
+}
+
+part_strategies() {
+  log "strategies"
+  data
+  cpu_adam
+  $PY -m qa_train.bench "${cpu[@]}" --configs single ddp fsdp zero1 zero2 zero3 zero2_offload zero3_offload \
+    --timeout_s 240 --num_processes 1 --max_train_steps $strategy_steps --output_dir "$RUNS/strategies" -- \
+    --config_name $BASE --tokenizer_name $MINILM --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" \
+    --max_train_samples 3000 --no_eval --max_seq_length 384 --doc_stride 128 --pad_to_max_length \
+    --per_device_train_batch_size 32 --learning_rate 3e-5 --mixed_precision bf16 --throughput_warmup_steps 10 \
+    "${bench_small[@]}" 2>&1 | tail -n 30 || true
+  cp "$RUNS/strategies/report/report.md" "$OUT_DIR/strategies-report.md" 2>/dev/null || true
+  $PY -m qa_train.plan --check "$RUNS"/strategies/*-p1-r1 2>&1 | tee "$OUT_DIR/plan-check.txt" | tail -n 20 || true
+}
+
+speed_flags=(--config_name $BASE --tokenizer_name $MINILM --max_seq_length 384 --doc_stride 128
+             --learning_rate 5e-5 --mixed_precision bf16 --save_final_model false --report_to none
+             --logging_steps 100 --disable_tqdm --overwrite_output_dir)
+
+part_speed() {
+  log "speed: two epochs of SQuAD v1.1, BERT-base shape"
+  data
+  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- "${speed_flags[@]}" \
+    --train_file "$DATA/train-full.json" --no_eval --num_train_epochs 2 --per_device_train_batch_size 64 \
+    --group_by_length --output_dir "$RUNS/speed-2ep" "${small[@]}" 2>&1 | tail -n 5
+  summary "$RUNS/speed-2ep" | tee -a "$OUT_DIR/speed.txt"
+  log "speed: fixed length (MFU), BERT-base shape"
+  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- "${speed_flags[@]}" \
+    --train_file "$DATA/train.json" --max_train_samples 20000 --no_eval --pad_to_max_length \
+    --per_device_train_batch_size 64 --max_train_steps 150 --throughput_warmup_steps 20 \
+    --output_dir "$RUNS/speed-fixed" "${small[@]}" 2>&1 | tail -n 5
+  summary "$RUNS/speed-fixed" | tee -a "$OUT_DIR/speed.txt"
+}
+
+part_profile() {  # where a fixed-length BERT-base step spends its time
+  log "profile: fixed length, BERT-base shape"
+  data
+  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- "${speed_flags[@]}" \
+    --train_file "$DATA/train.json" --max_train_samples 4000 --no_eval --pad_to_max_length \
+    --per_device_train_batch_size 64 --max_train_steps 30 --throughput_warmup_steps 10 --profile \
+    --output_dir "$RUNS/profile" "${small[@]}" 2>&1 | tail -n 90 | tee "$OUT_DIR/profile.txt"
+}
+
+part_ablation() {
+  log "ablation"
+  data
+  $PY -m qa_train.bench "${cpu[@]}" --ablation --timeout_s 180 --max_train_steps $ablation_steps --output_dir "$RUNS/ablation" -- \
+    --config_name $BASE --tokenizer_name $MINILM --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" \
+    --max_train_samples 20000 --no_eval --per_device_train_batch_size 32 --learning_rate 3e-5 \
+    --throughput_warmup_steps 20 "${bench_small[@]}" 2>&1 | tail -n 30 || true
+  cp "$RUNS/ablation/report/report.md" "$OUT_DIR/ablation-report.md" 2>/dev/null || true
+}
+
+# The hyper-parameters both accuracy runs share (transformers' example has no clipping: none here either).
+ACC_HP=(--max_seq_length 384 --doc_stride 128 --per_device_train_batch_size 32 --learning_rate 1e-4
+        --num_train_epochs 2 --num_warmup_steps 500 --weight_decay 0.01 --seed 42)
+
+part_accuracy() {
+  log "accuracy: MiniLM, 2 epochs, last 40 articles held out"
+  data
+  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --model_name_or_path $MINILM \
+    --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" "${ACC_HP[@]}" --max_grad_norm 0 \
+    --mixed_precision bf16 --eval_strategy epoch --report_to tensorboard --logging_steps 100 --disable_tqdm \
+    --per_device_eval_batch_size 64 --overwrite_output_dir --output_dir "$RUNS/minilm" "${small[@]}" 2>&1 | tail -n 8
+  summary "$RUNS/minilm" | tee -a "$OUT_DIR/accuracy.txt"
+  cp "$RUNS/minilm/metrics.json" "$OUT_DIR/minilm-metrics.json"
+  cp "$RUNS/minilm/train_log.jsonl" "$OUT_DIR/minilm-train_log.jsonl"
+}
+
+part_hf() {
+  log "hf: transformers' run_qa_no_trainer.py, same model, data and hyper-parameters"
+  data
+  for split in train dev; do bash tools/hf_example.sh --flatten "$DATA/$split.json" "$DATA/flat-$split.json"; done
+  local hp=("${ACC_HP[@]}")
+  [[ ${DRY:-0} == 1 ]] && hp+=(--max_train_steps 3 --per_device_train_batch_size 4)
+  bash tools/hf_example.sh --model_name_or_path $MINILM --train_file "$DATA/flat-train.json" \
+    --validation_file "$DATA/flat-dev.json" "${hp[@]}" --per_device_eval_batch_size 64 \
+    --output_dir "$RUNS/hf-minilm" 2>&1 | tee "$OUT_DIR/hf.log" | grep -vE "it/s|s/it" | tail -n 15
+}
+
+if [[ -n $inner ]]; then "part_$inner"; exit; fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | tee -a "$OUT_DIR/session.log" || true
+# DEADLINE_S: stop every part by then (seconds from now), so that one device command returns with its files.
+deadline=$((SECONDS + ${DEADLINE_S:-100000}))
+for part in "${parts[@]}"; do
+  start=$SECONDS left=$((deadline - SECONDS))
+  ((left > 20)) || { log "$part skipped: no time left"; continue; }
+  timeout "$left" bash "$0" --inner "$part" --out "$OUT_DIR" || log "$part failed or stopped ($?)"
+  log "$part took $((SECONDS - start)) s"
+done

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Run transformers' own example run_qa_no_trainer.py offline, to compare against qa-train on the same
+# model, data and hyper-parameters. Needs the git-ignored .hfex/ folder at the repo root: whl/ (datasets,
+# evaluate, dill, multiprocess for CPython 3.12), run_qa_no_trainer.py + utils_qa.py (upstream, patched
+# only where they need the network; see .hfex/PATCH.md).
+#
+#   tools/hf_example.sh --flatten IN.json OUT.json   nested SQuAD JSON -> the flat layout the example reads
+#   tools/hf_example.sh EXAMPLE_ARGS...              install the wheels to $HFSITE, run the example
+#
+# .hfex/ is made once by hand (it holds upstream code, so it stays out of the repository): .hfex/PATCH.md says
+# where the two files came from, the three network-only edits, and which wheels whl/ holds.
+#
+# The example reads --train_file/--validation_file with datasets' json loader and field="data", so it needs
+# {"data": [{"id", "title", "context", "question", "answers": {"text": [...], "answer_start": [...]}}, ...]}
+# (the file name must end in .json), not the official nested {"data": [{"title", "paragraphs": [...]}]}.
+#
+# Environment: PYTHON (default python3), HFSITE (default /tmp/hfsite), MIXED_PRECISION (default bf16),
+# HFWHL (default .hfex/whl; another folder of wheels for another Python, e.g. a CPU test under 3.11).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+HFSITE="${HFSITE:-/tmp/hfsite}"
+HFWHL="${HFWHL:-$ROOT/.hfex/whl}"
+
+if [[ "${1:-}" == "--flatten" ]]; then
+    [[ $# -eq 3 ]] || { echo "usage: $0 --flatten IN.json OUT.json" >&2; exit 2; }
+    exec "$PYTHON" - "$2" "$3" <<'PY'
+import json
+import sys
+from typing import Any
+
+
+def flatten(squad: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record per question, as the hub's "squad" dataset rows (unanswerable: empty answer lists)."""
+    rows: list[dict[str, Any]] = []
+    for article in squad["data"]:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                answers = qa.get("answers", [])
+                rows.append({
+                    "id": qa["id"],
+                    "title": article.get("title", ""),
+                    "context": paragraph["context"],
+                    "question": qa["question"],
+                    "answers": {
+                        "text": [a["text"] for a in answers],
+                        "answer_start": [int(a["answer_start"]) for a in answers],
+                    },
+                })
+    return rows
+
+
+src, dst = sys.argv[1], sys.argv[2]
+with open(src, encoding="utf-8") as f:
+    rows = flatten(json.load(f))
+with open(dst, "w", encoding="utf-8") as f:
+    json.dump({"data": rows}, f, ensure_ascii=False)
+print(f"hf_example: {src} -> {dst}: {len(rows)} questions")
+PY
+fi
+
+shopt -s nullglob
+wheels=("$HFWHL"/*.whl)
+[[ ${#wheels[@]} -gt 0 && -f "$ROOT/.hfex/run_qa_no_trainer.py" ]] || {
+    echo "hf_example: no $HFWHL/*.whl or no $ROOT/.hfex/run_qa_no_trainer.py" >&2; exit 2; }
+
+"$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$HFSITE" "${wheels[@]}"
+# The wheels' datasets/evaluate first; the repo root for `qa_train` (the offline squad metric imports it).
+export PYTHONPATH="$HFSITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_EVALUATE_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
+
+rc=0
+start=$(date +%s.%N)  # the example's own run (launcher, data, training, eval), not the install above
+"$PYTHON" -m accelerate.commands.launch --num_processes 1 --num_machines 1 \
+    --mixed_precision "${MIXED_PRECISION:-bf16}" --dynamo_backend no \
+    "$ROOT/.hfex/run_qa_no_trainer.py" "$@" || rc=$?
+end=$(date +%s.%N)
+awk -v s="$start" -v e="$end" -v rc="$rc" 'BEGIN { printf "hf_example: wall_s=%.1f rc=%d\n", e - s, rc }'
+exit "$rc"
