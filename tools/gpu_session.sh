@@ -10,6 +10,7 @@
 #   accuracy    MiniLM (all-MiniLM-L6-v2) fine-tuned 2 epochs on SQuAD minus its last 40 articles, scored on those
 #   hf          transformers' run_qa_no_trainer.py on the same model, data and hyper-parameters (tools/hf_example.sh)
 #   profile     --profile of the fixed-length BERT-base step: the top kernels and host operators
+#   compiled    the speed part's two runs with --torch_compile
 #
 # DEADLINE_S=N stops the parts still running N seconds from the start (a device command has 10 minutes) and
 # skips the rest; TESTS_K reruns some tests. Results: runs/gpu/<run>/ and, per part, a summary in --out.
@@ -117,6 +118,21 @@ part_profile() {  # where a fixed-length BERT-base step spends its time
     --train_file "$DATA/train.json" --max_train_samples 4000 --no_eval --pad_to_max_length \
     --per_device_train_batch_size 64 --max_train_steps 30 --throughput_warmup_steps 10 --profile \
     --output_dir "$RUNS/profile" "${small[@]}" 2>&1 | tail -n 90 | tee "$OUT_DIR/profile.txt"
+}
+
+part_compiled() {  # the levers the profile points at: compiled kernels, and a larger batch for fewer launches
+  log "compiled: two epochs of SQuAD v1.1, BERT-base shape, --torch_compile"
+  data
+  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- "${speed_flags[@]}" \
+    --train_file "$DATA/train-full.json" --no_eval --num_train_epochs 2 --per_device_train_batch_size 64 \
+    --group_by_length --torch_compile --output_dir "$RUNS/speed-2ep-compiled" "${small[@]}" 2>&1 | tail -n 5
+  summary "$RUNS/speed-2ep-compiled" | tee -a "$OUT_DIR/speed.txt"
+  log "compiled: fixed length (MFU), BERT-base shape"
+  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- "${speed_flags[@]}" \
+    --train_file "$DATA/train.json" --max_train_samples 20000 --no_eval --pad_to_max_length \
+    --per_device_train_batch_size 64 --max_train_steps 150 --throughput_warmup_steps 20 --torch_compile \
+    --output_dir "$RUNS/speed-fixed-compiled" "${small[@]}" 2>&1 | tail -n 5
+  summary "$RUNS/speed-fixed-compiled" | tee -a "$OUT_DIR/speed.txt"
 }
 
 part_ablation() {
