@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qa_train.config import ConfigError, TrainArgs
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("qa_train")
 
@@ -238,6 +241,19 @@ def fit_fsdp_wrap(accelerator, model) -> None:
     plugin.transformer_cls_names_to_wrap = fsdp_layer_classes(model)
     log.info("FSDP wraps %s (set fsdp_transformer_layer_cls_to_wrap in the accelerate config to choose)",
              ", ".join(plugin.transformer_cls_names_to_wrap) or "the whole model only")
+
+
+def nonfinite_tensors(params: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """How many of the tensors this rank holds have a NaN or Inf, as a tensor on `device` (no host sync)."""
+    import torch
+
+    bad = torch.zeros((), device=device)
+    with torch.no_grad():
+        for p in params:
+            local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2: this rank's shard of a DTensor
+            if local.numel():  # ZeRO-3 leaves empty placeholders outside its gather
+                bad += (~torch.isfinite(local)).any().to(bad.dtype)
+    return bad
 
 
 def num_parameters(model) -> int:

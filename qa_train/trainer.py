@@ -325,11 +325,7 @@ class Trainer:
 
     def _check_weights(self) -> None:
         """Non-finite weights are never checkpointed or exported (each rank checks what it holds)."""
-        bad = torch.zeros((), device=self.accelerator.device)
-        with torch.no_grad():
-            for p in self.model.parameters():
-                if p.numel():  # ZeRO-3 leaves empty placeholders outside its gather
-                    bad += (~torch.isfinite(p)).any().to(bad.dtype)
+        bad = distributed.nonfinite_tensors(self.model.parameters(), self.accelerator.device)
         if self.accelerator.reduce(bad, reduction="sum").item() > 0:
             raise TrainingDiverged(self._diverged("the weights hold NaN or Inf values"))
 

@@ -110,9 +110,9 @@ FSDP2_NORM = r"""
 import sys, types
 import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Partial
+from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
 from accelerate.utils import DistributedType
-from qa_train.distributed import global_grad_norm
+from qa_train.distributed import global_grad_norm, nonfinite_tensors
 from qa_train.hostmem import HostMemory
 from qa_train.metrics import DeviceMemory
 from qa_train.monitor import IntervalMonitor, ModelCost
@@ -128,18 +128,23 @@ try:
     monitor.micro_batch(torch.tensor(1.0), 4, (10, 12))
     monitor.update(global_grad_norm(accelerator, None, norm))
     print("grad_norm", monitor.collect(stop_requested=False).grad_norm)
+    # The export's weight check on FSDP2's DTensor parameters: each rank counts its own shard.
+    weights = [distribute_tensor(torch.tensor([1.0, float("nan")]), mesh, [Shard(0)]),
+               distribute_tensor(torch.ones(3), mesh, [Shard(0)])]
+    print("nonfinite", int(nonfinite_tensors(weights, torch.device("cpu"))))
 finally:
     dist.destroy_process_group()
 """
 
 
-def test_fsdp2_dtensor_grad_norm_reaches_the_interval_log(tmp_path) -> None:
+def test_fsdp2_dtensors_reach_the_interval_log_and_the_weight_check(tmp_path) -> None:
     """Under FSDP2 the clipping norm is a DTensor; mixing it into the monitor's plain tensors failed on an H100
-    (DTensor dispatch assertion at the first step). It is made whole first: one all-reduce, every rank."""
+    (DTensor dispatch assertion at the first step). It is made whole first: one all-reduce, every rank. The
+    weight check before a checkpoint or export mixed DTensor parameters the same way; it reads local shards."""
     import subprocess
     import sys
 
     proc = subprocess.run([sys.executable, "-c", FSDP2_NORM, str(tmp_path / "store")], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "grad_norm 5.0" in proc.stdout
+    assert "grad_norm 5.0" in proc.stdout and "nonfinite 1" in proc.stdout
