@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qa_train.data import Examples
+from qa_train.data import DataError, Examples
 
 # As in the original BERT SQuAD recipe: a longer question is cut so the context keeps its room.
 MAX_QUERY_LENGTH = 64
@@ -170,7 +170,7 @@ def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: in
         c, off = ctx_ids[ctx_index[i]], ctx_offs[ctx_index[i]]
         max_ctx = max_seq_length - len(q) - tpl.num_special
         if max_ctx <= doc_stride:
-            raise ValueError(f"{examples.source}: question {examples.ids[i]}: --max_seq_length {max_seq_length} "
+            raise DataError(f"{examples.source}: question {examples.ids[i]}: --max_seq_length {max_seq_length} "
                              f"leaves {max_ctx} context tokens per window, not more than --doc_stride {doc_stride}")
         head = np.concatenate([tpl.prefix, q, tpl.middle])
         head_types = np.full(len(head), tpl.type_question, dtype=np.int8)

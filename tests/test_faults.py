@@ -206,3 +206,14 @@ def test_preemption_exits_75_and_the_resumed_run_logs_each_step_once(tmp_path: P
     assert "at step 2 (resumed): exact_match" in resumed.stderr + resumed.stdout
     assert json.loads((out / "metrics.json").read_text())["initial_eval_step"] == 2
     assert "(at step 2, resumed: EM" in resumed.stdout and "untrained" not in resumed.stdout
+
+
+def test_windows_too_short_for_the_stride_are_one_line(tmp_path: Path, env: dict[str, str]) -> None:
+    """Found by a GPU-session dry run: a --max_seq_length that leaves no more context than --doc_stride after a
+    question came out as a traceback; it names the file, the question and both flags, before any training."""
+    out = tmp_path / "out"
+    proc = run_cmd(qa_train(out, "--max_seq_length", "24", "--doc_stride", "16"), env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    [line] = error_lines(proc)
+    assert "train.json: question" in line and "--max_seq_length 24" in line and "--doc_stride 16" in line
+    assert not (out / "metrics.json").exists()
