@@ -11,6 +11,7 @@
 #   hf          transformers' run_qa_no_trainer.py on the same model, data and hyper-parameters (tools/hf_example.sh)
 #   profile     --profile of the fixed-length BERT-base step: the top kernels and host operators
 #   compiled    the speed part's two runs with --torch_compile
+#   overhead    qa_train's step against tools/bare_loop.py's on MiniLM: how much of a host-bound step is ours
 #
 # DEADLINE_S=N stops the parts still running N seconds from the start (a device command has 10 minutes) and
 # skips the rest; TESTS_K reruns some tests. Results: runs/gpu/<run>/ and, per part, a summary in --out.
@@ -133,6 +134,21 @@ part_compiled() {  # the levers the profile points at: compiled kernels, and a l
     --per_device_train_batch_size 64 --max_train_steps 150 --throughput_warmup_steps 20 --torch_compile \
     --output_dir "$RUNS/speed-fixed-compiled" "${small[@]}" 2>&1 | tail -n 5
   summary "$RUNS/speed-fixed-compiled" | tee -a "$OUT_DIR/speed.txt"
+}
+
+part_overhead() {  # qa_train's step against the bare step (tools/bare_loop.py), MiniLM at 32 x 384: the harness's share
+  log "overhead: MiniLM 32 x 384, bare loop then qa_train"
+  data
+  local steps=300 batch=32 length=384 warmup=20
+  [[ ${DRY:-0} == 1 ]] && steps=3 batch=2 length=128 warmup=1
+  $PY tools/bare_loop.py --model $MINILM --batch $batch --length $length --steps $steps --warmup $warmup 2>&1 \
+    | tee -a "$OUT_DIR/overhead.txt"
+  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --model_name_or_path $MINILM \
+    --train_file "$DATA/train.json" --max_train_samples 12000 --no_eval --pad_to_max_length \
+    --max_seq_length $length --doc_stride $((length / 4)) --per_device_train_batch_size $batch \
+    --max_train_steps $((steps + warmup)) --throughput_warmup_steps $warmup --mixed_precision bf16 --report_to none \
+    --save_final_model false --disable_tqdm --overwrite_output_dir --output_dir "$RUNS/overhead" 2>&1 \
+    | grep -E "throughput|step time" | tee -a "$OUT_DIR/overhead.txt"
 }
 
 part_ablation() {
