@@ -171,7 +171,7 @@ def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: in
         max_ctx = max_seq_length - len(q) - tpl.num_special
         if max_ctx <= doc_stride:
             raise DataError(f"{examples.source}: question {examples.ids[i]}: --max_seq_length {max_seq_length} "
-                             f"leaves {max_ctx} context tokens per window, not more than --doc_stride {doc_stride}")
+                            f"leaves {max_ctx} context tokens per window, not more than --doc_stride {doc_stride}")
         head = np.concatenate([tpl.prefix, q, tpl.middle])
         head_types = np.full(len(head), tpl.type_question, dtype=np.int8)
         tail_types = np.full(max_ctx + len(tpl.suffix), tpl.type_context, dtype=np.int8)
