@@ -61,26 +61,7 @@ class Squad(evaluate.Metric):
     """The hub's "squad" metric, computed offline by qa_train.squad_eval.score."""
 
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_INPUTS,
-            features=datasets.Features(
-                {
-                    "predictions": {
-                        "id": datasets.Value("string"),
-                        "prediction_text": datasets.Value("string"),
-                    },
-                    "references": {
-                        "id": datasets.Value("string"),
-                        "answers": datasets.Sequence(
-                            {"text": datasets.Value("string"), "answer_start": datasets.Value("int32")}
-                        ),
-                    },
-                }
-            ),
-            reference_urls=["https://rajpurkar.github.io/SQuAD-explorer/"],
-        )
+        return squad_info(_DESCRIPTION, _CITATION, _INPUTS)
 
     def _compute(self, predictions: list[dict], references: list[dict]) -> dict[str, float]:
         golds = _by_id("references", references, lambda r: list(r["answers"]["text"]))
@@ -96,6 +77,29 @@ class Squad(evaluate.Metric):
                 stacklevel=2,
             )
         return {"exact_match": result["exact_match"], "f1": result["f1"]}
+
+
+def squad_info(description: str, citation: str, inputs: str, **prediction_fields: Any) -> evaluate.MetricInfo:
+    """The hub SQuAD metrics' input layout: predictions by id (plus `prediction_fields`), references as the
+    hub dataset's rows."""
+    return evaluate.MetricInfo(
+        description=description,
+        citation=citation,
+        inputs_description=inputs,
+        features=datasets.Features(
+            {
+                "predictions": {"id": datasets.Value("string"), "prediction_text": datasets.Value("string"),
+                                **prediction_fields},
+                "references": {
+                    "id": datasets.Value("string"),
+                    "answers": datasets.Sequence(
+                        {"text": datasets.Value("string"), "answer_start": datasets.Value("int32")}
+                    ),
+                },
+            }
+        ),
+        reference_urls=["https://rajpurkar.github.io/SQuAD-explorer/"],
+    )
 
 
 def _by_id(what: str, rows: list[dict], value: Callable[[dict], Any]) -> dict[str, Any]:

@@ -148,3 +148,34 @@ def test_qa_train_does_not_import_evaluate() -> None:
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'evaluate'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+V2_REFERENCES = [*REFERENCES, {"id": "none1", "answers": {"text": [], "answer_start": []}},
+                 {"id": "none2", "answers": {"text": [], "answer_start": []}}]
+V2_PREDICTIONS = [{**p, "no_answer_probability": prob} for p, prob in zip(PREDICTIONS, (0.1, 0.2, 0.9, 0.3))] + [
+    {"id": "none1", "prediction_text": "", "no_answer_probability": 0.8},
+    {"id": "none2", "prediction_text": "Rome", "no_answer_probability": 0.6}]
+
+
+def test_v2_metric_gives_the_official_v2_numbers_offline(squad_metric: ModuleType) -> None:
+    """The hub's "squad_v2" inputs and outputs (transformers' examples with --version_2_with_negative),
+    scored by squad_eval.score_v2; a threshold turns confident no-answers into ""."""
+    import evaluate
+
+    from qa_train import squad_v2_metric
+    from qa_train.squad_eval import score_v2
+
+    metric = evaluate.load(squad_v2_metric.SCRIPT)
+    assert metric.name == "squad_v2"
+    for threshold in (1.0, 0.5):
+        got = metric.compute(predictions=V2_PREDICTIONS, references=V2_REFERENCES, no_answer_threshold=threshold)
+        expected = score_v2({r["id"]: r["answers"]["text"] for r in V2_REFERENCES},
+                            {p["id"]: p["prediction_text"] for p in V2_PREDICTIONS},
+                            {p["id"]: p["no_answer_probability"] for p in V2_PREDICTIONS}, threshold)
+        assert got == pytest.approx(expected)
+        assert (got["total"], got["HasAns_total"], got["NoAns_total"]) == (6, 4, 2)
+    # At 1.0 nothing is thresholded: none1 ("" for no answer) is right, none2 ("Rome") wrong.
+    assert metric.compute(predictions=V2_PREDICTIONS, references=V2_REFERENCES)["NoAns_exact"] == 50.0
+    # At 0.5 "partial" (0.9) and both no-answers (0.8, 0.6) become "": NoAns all right, "partial" lost.
+    at_half = metric.compute(predictions=V2_PREDICTIONS, references=V2_REFERENCES, no_answer_threshold=0.5)
+    assert at_half["NoAns_exact"] == 100.0 and at_half["HasAns_f1"] == pytest.approx(100 * (1 + 1 + 0 + 0) / 4)
