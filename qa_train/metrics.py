@@ -151,13 +151,21 @@ def gather_figures(accelerator, mine: RankFigures) -> list[RankFigures]:
     return [RankFigures.from_row(r) for r in accelerator.gather(row).cpu().tolist()]
 
 
+def achieved(padded_tokens_per_second_per_device: float, flops_per_token_padded: float,
+             peak: float | None) -> tuple[float, float | None]:
+    """(TFLOP/s per device, MFU or None): padded tokens computed per second x FLOPs per token, against the
+    device's dense 16-bit peak. The one definition the run summary and the interval log share."""
+    tflops = padded_tokens_per_second_per_device * flops_per_token_padded / 1e12
+    return tflops, (round(tflops / peak, 4) if peak else None)
+
+
 def summarize(ranks: list[RankFigures], flops_per_token_padded: float, peak: float | None,
               on_cuda: bool) -> TrainFigures:
     """Combine the ranks' figures: throughput summed over ranks, timed by the slowest; memory per rank."""
     elapsed = max(r.elapsed_s for r in ranks)
     steps = max(r.timed_steps for r in ranks)
     padded_per_s = sum(r.padded_tokens for r in ranks) / elapsed
-    tflops = padded_per_s * flops_per_token_padded / len(ranks) / 1e12
+    tflops, mfu = achieved(padded_per_s / len(ranks), flops_per_token_padded, peak)
     train_memory = [r.cuda_allocated_gib if on_cuda else r.train_rss_gib for r in ranks]
     return TrainFigures(
         train_samples_per_second=round(sum(r.samples for r in ranks) / elapsed, 3),
@@ -166,7 +174,7 @@ def summarize(ranks: list[RankFigures], flops_per_token_padded: float, peak: flo
         train_step_time_s_mean=round(elapsed / steps, 5) if steps else None,
         timed_steps=int(steps),
         tflops_per_device=round(tflops, 3),
-        mfu=round(tflops / peak, 4) if peak else None,
+        mfu=mfu,
         peak_memory_source="cuda_max_allocated" if on_cuda else "host_rss_during_training",
         peak_memory_gb=PerRank.of(train_memory),
         peak_memory_reserved_gb=PerRank.of([r.cuda_reserved_gib for r in ranks]),

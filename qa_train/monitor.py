@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from qa_train.hostmem import HostMemory
-from qa_train.metrics import GIB, DeviceMemory
+from qa_train.metrics import GIB, DeviceMemory, achieved
 
 # One float row per rank: the order of Interval.gather's columns.
 COLUMNS = ("loss_sum", "micro_batches", "stop", "bad_grad_norms", "grad_norm_sum", "norms", "samples", "tokens",
@@ -145,9 +145,9 @@ def interval_log(figures: IntervalFigures, cost: ModelCost, lr: float, epoch: fl
         values["train/grad_norm"] = figures.grad_norm
     values["throughput/samples_per_second"] = round(figures.samples_per_second, 3)
     values["throughput/tokens_per_second"] = round(figures.tokens_per_second, 1)
-    if cost.peak_tflops:
-        tflops = figures.padded_tokens_per_second_per_device * cost.flops_per_token / 1e12
-        values["throughput/mfu"] = round(tflops / cost.peak_tflops, 4)
+    _, mfu = achieved(figures.padded_tokens_per_second_per_device, cost.flops_per_token, cost.peak_tflops)
+    if mfu is not None:
+        values["throughput/mfu"] = mfu
     if not math.isnan(figures.peak_allocated_gib):
         values["memory/peak_allocated_gib"] = round(figures.peak_allocated_gib, 4)
         values["memory/peak_reserved_gib"] = round(figures.peak_reserved_gib, 4)
