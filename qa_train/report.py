@@ -115,16 +115,16 @@ def wandb_group(run_dirs: list[str | Path]) -> str:
 
 
 def log_to_wandb(groups: list[Group], paths: dict[str, Path], project: str, group: str) -> None:
-    """Table and plots to W&B, in the bench's group beside its runs; offline without credentials, and a
-    failure only warns."""
-    from qa_train.trackers import has_wandb_credentials
+    """Table and plots to W&B, in the bench's group beside its runs, started as training runs start theirs
+    (offline without credentials or an answering server); a failure only warns."""
+    from qa_train.trackers import start_wandb_run
 
-    mode = os.environ.get("WANDB_MODE") or ("online" if has_wandb_credentials() else "offline")
+    out = paths["markdown"].parent
     try:
         import wandb
 
-        run = wandb.init(project=project, name="strategy-report", job_type="report", group=group, mode=mode,
-                         dir=str(paths["markdown"].parent))
+        run = start_wandb_run(out, project=project, name="strategy-report", job_type="report", group=group,
+                              dir=str(out))
         table = wandb.Table(columns=list(COLUMNS), data=[cells(g) for g in groups])
         images = {f"report/{name}": wandb.Image(str(paths[name])) for name in ("throughput", "memory", "speedup")
                   if name in paths}

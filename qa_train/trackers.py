@@ -37,9 +37,40 @@ def has_wandb_credentials() -> bool:
         return False
 
 
+def start_wandb_run(output_dir: Path, **init_kwargs: Any) -> Any:
+    """wandb.init as qa-train starts every run: offline without credentials; online with a short init timeout,
+    falling back to offline (one log line) so that nothing waits 90 s on an unreachable server."""
+    import wandb
+
+    mode = os.environ.get("WANDB_MODE") or ("online" if has_wandb_credentials() else "offline")
+    run = _start_online(wandb, output_dir, init_kwargs) if mode == "online" else None
+    if mode == "online" and run is None:
+        mode = "offline"
+    if run is None:
+        run = wandb.init(mode=mode, **init_kwargs)
+    log.info("W&B run %s (mode=%s)", getattr(run, "name", "?"), mode)
+    return run
+
+
+def _start_online(wandb: Any, output_dir: Path, kwargs: dict[str, Any]) -> Any:
+    timeout = float(os.environ.get("WANDB_INIT_TIMEOUT") or WANDB_INIT_TIMEOUT_S)
+    # Before init's own timeout even starts, its "logged in as" line asks the server who the key belongs to
+    # (5 s a try, and it tries twice). Only that line needs the answer, so the question is not asked.
+    with contextlib.suppress(Exception):
+        wandb.setup(settings=wandb.Settings(x_disable_viewer=True))
+    try:
+        return wandb.init(mode="online", settings=wandb.Settings(init_timeout=timeout), **kwargs)
+    except Exception as err:  # noqa: BLE001 - CommError on timeout, AuthenticationError, ...
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        log.warning("W&B online run did not start (%s: %s; init timeout %g s): logging offline to %s, "
+                    "upload later with `wandb sync %s`", type(err).__name__, reason, timeout,
+                    output_dir / "wandb", output_dir / "wandb" / "offline-run-*")
+        return None
+
+
 class SafeWandB(WandBTracker):
-    """accelerate's W&B tracker, started offline without credentials and falling back to offline (one log line)
-    when the online run cannot start in time; its files then wait in output_dir/wandb for `wandb sync`."""
+    """accelerate's W&B tracker, started by `start_wandb_run`; its files wait in output_dir/wandb for
+    `wandb sync` when the run is offline."""
 
     main_process_only = True
 
@@ -50,31 +81,7 @@ class SafeWandB(WandBTracker):
 
     @on_main_process
     def start(self) -> None:
-        import wandb
-
-        mode = os.environ.get("WANDB_MODE") or ("online" if has_wandb_credentials() else "offline")
-        kwargs = {"project": self.run_name, **self.init_kwargs}
-        if mode == "online":
-            self.run = self._start_online(wandb, kwargs)
-            mode = "online" if self.run is not None else "offline"
-        if self.run is None:
-            self.run = wandb.init(mode=mode, **kwargs)
-        log.info("W&B run %s (mode=%s)", getattr(self.run, "name", "?"), mode)
-
-    def _start_online(self, wandb: Any, kwargs: dict[str, Any]) -> Any:
-        timeout = float(os.environ.get("WANDB_INIT_TIMEOUT") or WANDB_INIT_TIMEOUT_S)
-        # Before init's own timeout even starts, its "logged in as" line asks the server who the key belongs to
-        # (5 s a try, and it tries twice). Only that line needs the answer, so the question is not asked.
-        with contextlib.suppress(Exception):
-            wandb.setup(settings=wandb.Settings(x_disable_viewer=True))
-        try:
-            return wandb.init(mode="online", settings=wandb.Settings(init_timeout=timeout), **kwargs)
-        except Exception as err:  # noqa: BLE001 - CommError on timeout, AuthenticationError, ...
-            reason = (str(err).strip().splitlines() or [""])[0][:200]
-            log.warning("W&B online run did not start (%s: %s; init timeout %g s): logging offline to %s, "
-                        "upload later with `wandb sync %s`", type(err).__name__, reason, timeout,
-                        self.output_dir / "wandb", self.output_dir / "wandb" / "offline-run-*")
-            return None
+        self.run = start_wandb_run(self.output_dir, project=self.run_name, **self.init_kwargs)
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
