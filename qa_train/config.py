@@ -274,7 +274,7 @@ class OutputArgs:
     def __post_init__(self) -> None:
         _positive(self, "logging_steps")
         _not_negative(self, "progress_interval_s")
-        names = [n.strip() for n in self.report_to.split(",") if n.strip()]
+        names = self._report_names
         unknown = [n for n in names if n not in (*TRACKERS, "all", "none")]
         _require(bool(names) and not unknown, "report_to",
                  f"{self.report_to!r}: {', '.join(unknown) or 'empty'} is not a tracker "
@@ -292,8 +292,12 @@ class OutputArgs:
         _require(not Path(self.output_dir).is_file(), "output_dir", f"{self.output_dir!r} is a file")
 
     @property
+    def _report_names(self) -> list[str]:
+        return [n.strip() for n in self.report_to.split(",") if n.strip()]
+
+    @property
     def trackers(self) -> list[str]:
-        names = [n.strip() for n in self.report_to.split(",") if n.strip()]
+        names = self._report_names
         if names == ["all"]:
             return list(TRACKERS_ALL)
         return [] if names == ["none"] else list(dict.fromkeys(names))
