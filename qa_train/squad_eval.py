@@ -60,8 +60,10 @@ def f1(prediction: str, ground_truth: str) -> float:
     As in the official v1.1 script, no shared token means 0 -- including the
     case where both strings normalise to empty.
     """
-    pred_tokens = normalize_answer(prediction).split()
-    gold_tokens = normalize_answer(ground_truth).split()
+    return _token_f1(normalize_answer(prediction).split(), normalize_answer(ground_truth).split())
+
+
+def _token_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
     num_same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
     if num_same == 0:
         return 0.0
@@ -109,7 +111,7 @@ def f1_v2(prediction: str, ground_truth: str) -> float:
     gold_tokens = normalize_answer(ground_truth).split()
     if not pred_tokens or not gold_tokens:
         return float(pred_tokens == gold_tokens)
-    return f1(prediction, ground_truth)
+    return _token_f1(pred_tokens, gold_tokens)
 
 
 def _raw_scores_v2(
