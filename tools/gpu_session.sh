@@ -97,19 +97,26 @@ speed_flags=(--config_name $BASE --tokenizer_name $MINILM --max_seq_length 384 -
              --learning_rate 5e-5 --mixed_precision bf16 --save_final_model false --report_to none
              --logging_steps 100 --disable_tqdm --overwrite_output_dir)
 
+single() {  # one single-GPU BERT-base run into $RUNS/$1, its figures appended to speed.txt
+  local name=$1; shift
+  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- "${speed_flags[@]}" "$@" \
+    --output_dir "$RUNS/$name" "${small[@]}" 2>&1 | tail -n 5
+  summary "$RUNS/$name" | tee -a "$OUT_DIR/speed.txt"
+}
+
+speed_runs() {  # the two speed runs; $1 names them, the rest (e.g. --torch_compile) goes to both
+  local suffix=$1; shift
+  log "speed$suffix: two epochs of SQuAD v1.1, BERT-base shape $*"
+  single "speed-2ep$suffix" --train_file "$DATA/train-full.json" --no_eval --num_train_epochs 2 \
+    --per_device_train_batch_size 64 --group_by_length "$@"
+  log "speed$suffix: fixed length (MFU), BERT-base shape $*"
+  single "speed-fixed$suffix" --train_file "$DATA/train.json" --max_train_samples 20000 --no_eval \
+    --pad_to_max_length --per_device_train_batch_size 64 --max_train_steps 150 --throughput_warmup_steps 20 "$@"
+}
+
 part_speed() {
-  log "speed: two epochs of SQuAD v1.1, BERT-base shape"
   data
-  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- "${speed_flags[@]}" \
-    --train_file "$DATA/train-full.json" --no_eval --num_train_epochs 2 --per_device_train_batch_size 64 \
-    --group_by_length --output_dir "$RUNS/speed-2ep" "${small[@]}" 2>&1 | tail -n 5
-  summary "$RUNS/speed-2ep" | tee -a "$OUT_DIR/speed.txt"
-  log "speed: fixed length (MFU), BERT-base shape"
-  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- "${speed_flags[@]}" \
-    --train_file "$DATA/train.json" --max_train_samples 20000 --no_eval --pad_to_max_length \
-    --per_device_train_batch_size 64 --max_train_steps 150 --throughput_warmup_steps 20 \
-    --output_dir "$RUNS/speed-fixed" "${small[@]}" 2>&1 | tail -n 5
-  summary "$RUNS/speed-fixed" | tee -a "$OUT_DIR/speed.txt"
+  speed_runs ""
 }
 
 part_profile() {  # where a fixed-length BERT-base step spends its time
@@ -122,18 +129,8 @@ part_profile() {  # where a fixed-length BERT-base step spends its time
 }
 
 part_compiled() {  # the levers the profile points at: compiled kernels, and a larger batch for fewer launches
-  log "compiled: two epochs of SQuAD v1.1, BERT-base shape, --torch_compile"
   data
-  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- "${speed_flags[@]}" \
-    --train_file "$DATA/train-full.json" --no_eval --num_train_epochs 2 --per_device_train_batch_size 64 \
-    --group_by_length --torch_compile --output_dir "$RUNS/speed-2ep-compiled" "${small[@]}" 2>&1 | tail -n 5
-  summary "$RUNS/speed-2ep-compiled" | tee -a "$OUT_DIR/speed.txt"
-  log "compiled: fixed length (MFU), BERT-base shape"
-  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- "${speed_flags[@]}" \
-    --train_file "$DATA/train.json" --max_train_samples 20000 --no_eval --pad_to_max_length \
-    --per_device_train_batch_size 64 --max_train_steps 150 --throughput_warmup_steps 20 --torch_compile \
-    --output_dir "$RUNS/speed-fixed-compiled" "${small[@]}" 2>&1 | tail -n 5
-  summary "$RUNS/speed-fixed-compiled" | tee -a "$OUT_DIR/speed.txt"
+  speed_runs -compiled --torch_compile
 }
 
 part_overhead() {  # qa_train's step against the bare step (tools/bare_loop.py), MiniLM at 32 x 384: the harness's share
