@@ -125,7 +125,9 @@ class Trainer:
         self.host_memory.mark_baseline()  # training memory is what the run adds above this
         model = load_model(args.model, self.tokenizer, self.model_config)
         if args.system.torch_compile:
-            model = torch.compile(model, dynamic=not args.data.pad_to_max_length)
+            # In place, not torch.compile(model): its wrapper prefixes every weight name with `_orig_mod.`, so
+            # the export loaded as a fresh model and checkpoints would not resume without compiling.
+            model.compile(dynamic=not args.data.pad_to_max_length)
         self.plan = plan_steps(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
         optimizer, scheduler = build_optimizer(accelerator, model, args, self.plan)
         distributed.reconcile_with_flags(accelerator, args, self.mixed_precision)
