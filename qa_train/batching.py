@@ -51,7 +51,7 @@ class Collator:
             return self.max_length
         return min(self.max_length, -(-longest // self.multiple) * self.multiple)
 
-    def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
+    def __call__(self, items: list[dict]) -> dict[str, torch.Tensor | tuple[int, int]]:
         lengths = np.fromiter((len(x["input_ids"]) for x in items), dtype=np.int64, count=len(items))
         width = self.width(int(lengths.max()))
         ids = np.full((len(items), width), self.pad_token_id, dtype=np.int64)
@@ -62,8 +62,9 @@ class Collator:
         mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
         batch = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask),
                  "feature_index": torch.tensor([x["feature_index"] for x in items], dtype=torch.long),
-                 # Counted here on the host so the train loop never syncs with the device for them.
-                 "num_tokens": torch.tensor([int(lengths.sum()), len(items) * width], dtype=torch.long)}
+                 # Python ints, not a tensor: the prepared loader moves every tensor to the device, and reading
+                 # one back there would wait for the whole queued step, every micro-batch.
+                 "num_tokens": (int(lengths.sum()), len(items) * width)}
         if self.token_types:
             batch["token_type_ids"] = torch.from_numpy(types)
         if "start_positions" in items[0]:

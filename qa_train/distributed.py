@@ -53,7 +53,9 @@ def make_accelerator(args: TrainArgs, log_with: list[Any]) -> tuple[Any, str]:
         kwargs_handlers=handlers,
         log_with=log_with or None,
         # Seeded per-epoch shuffling: a resumed run sees the batches the interrupted one would have.
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        # non_blocking: accelerate's default copy of each (pinned) batch waits for the GPU to finish the queued
+        # step, so the host could not prepare the next one meanwhile.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=on_cuda),
     )
     return accelerator, mixed_precision
 

@@ -239,8 +239,8 @@ class Trainer:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.state.batches_in_epoch += 1
-        self.monitor.micro_batch(loss, len(batch["input_ids"]), (int(real), int(padded)))
-        self.meter.micro_batch(len(batch["input_ids"]), int(real), int(padded))
+        self.monitor.micro_batch(loss, len(batch["input_ids"]), (real, padded))
+        self.meter.micro_batch(len(batch["input_ids"]), real, padded)
         self.host_memory.step()
 
     def _after_update(self, profiler) -> bool:

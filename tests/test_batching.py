@@ -29,6 +29,20 @@ def test_batch_is_padded_to_longest_rounded_to_eight() -> None:
     assert full["input_ids"].shape[1] == 384
 
 
+def test_token_counts_stay_on_the_host_when_the_batch_moves() -> None:
+    """The loop reads the counts every micro-batch: had the prepared loader moved them to the GPU with the
+    tensors, each read would wait for the queued step. accelerate's own device move is applied here."""
+    from accelerate.utils import send_to_device
+
+    tok, feats = _features()
+    ds = WindowDataset(feats, with_labels=True)
+    batch = Collator(tok.pad_token_id, 384, pad_to_max_length=False)([ds[i] for i in range(6)])
+    moved = send_to_device(batch, torch.device("meta"), non_blocking=True)
+    assert moved["input_ids"].device.type == "meta"
+    assert moved["num_tokens"] == (int(feats.lengths[:6].sum()), 6 * batch["input_ids"].shape[1])
+    assert all(type(n) is int for n in moved["num_tokens"])
+
+
 def test_dynamic_padding_keeps_logits() -> None:
     """The same window padded to 384 and to its batch's length gives the same logits (fp32, eval mode)."""
     tok, feats = _features()

@@ -130,3 +130,18 @@ def test_offload_configs_hold_less_cuda_memory_than_single(tmp_path: Path) -> No
     print("CUDA peak GiB:", peaks)
     assert peaks["single"] * 2**30 >= 16 * params, "single must hold 16 bytes of model states per parameter"
     assert peaks["zero3_offload"] < peaks["zero2_offload"] < peaks["single"]
+
+
+def test_training_steps_do_not_wait_for_the_gpu(tmp_path: Path) -> None:
+    """Between logging steps nothing of qa_train's or accelerate's makes the host wait for the GPU: the next
+    batch is copied without blocking and the token counts are read on the host. tools/sync_sites.py records
+    every synchronizing CUDA operation of the loop (torch.cuda.set_sync_debug_mode) with its step, phase and
+    line; those of transformers' models are printed, not asserted."""
+    out, sites_file = tmp_path / "run", tmp_path / "sites.json"
+    flags = tiny_gpu_flags(out, 40, "--logging_steps", "10", "--no_eval", "--save_final_model", "false")
+    proc = run_ok([PY, "tools/sync_sites.py", str(sites_file), "--", *flags], base_env(tmp_path))
+    print(proc.stdout[proc.stdout.find("synchronizing operations"):])
+    sites = json.loads(sites_file.read_text())
+    ours = [s for s in sites if s[1] in ("loader", "step") and ("/qa_train/" in s[2] or "/accelerate/" in s[2])]
+    assert not ours, f"the step waits for the GPU at: {sorted({f'{f}:{n}' for _, _, f, n in ours})}"
+    assert {step for step, phase, *_ in sites if phase == "after"} <= {10, 20, 30, 40}

@@ -1,0 +1,86 @@
+"""Where does a qa_train run make the host wait for the GPU? Runs one training in this process under
+torch.cuda.set_sync_debug_mode("warn") and records each synchronizing CUDA operation of the training loop
+with the step and phase it fell in and the Python line that caused it.
+
+    python tools/sync_sites.py SITES.json -- [qa_train flags]      # one process, on a CUDA GPU
+
+Phases: "loader" (fetching and placing the next batch), "step" (forward, backward, optimizer), "after" (the
+update's bookkeeping: logging, checkpoints). A sync inside "loader" or "step" stalls every step: the host
+cannot queue the next step's work while the GPU finishes this one. Setup, evaluation and export are not
+recorded. Writes [[step, phase, file, line], ...] and prints the sites by count. Without CUDA nothing syncs
+and the list is empty.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+import warnings
+
+import torch
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2 or argv[1] != "--":
+        raise SystemExit(__doc__)
+    out, flags = argv[0], argv[2:]
+    from qa_train import trainer
+
+    sites: list[list[object]] = []
+    where: dict[str, object] = {"phase": None, "trainer": None}
+
+    def phase(name: str, method):
+        def wrapped(self, *args, **kwargs):
+            where["phase"], where["trainer"] = name, self
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                where["phase"] = "loader"  # the loop's next action is fetching a batch
+        return wrapped
+
+    fit = trainer.Trainer.fit
+
+    def fit_wrapped(self, *args, **kwargs):
+        where["phase"] = "loader"
+        try:
+            return fit(self, *args, **kwargs)
+        finally:
+            where["phase"] = None
+
+    trainer.Trainer.fit = fit_wrapped
+    trainer.Trainer._micro_step = phase("step", trainer.Trainer._micro_step)
+    trainer.Trainer._after_update = phase("after", trainer.Trainer._after_update)
+    trainer.Trainer._evaluate_during_training = phase("eval", trainer.Trainer._evaluate_during_training)
+
+    show = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return show(message, category, filename, lineno, file, line)
+        if where["phase"] not in (None, "eval"):
+            step = where["trainer"].state.completed_steps if where["trainer"] is not None else -1
+            sites.append([step, where["phase"], filename, lineno])
+
+    warnings.showwarning = record
+    warnings.simplefilter("always")
+    if torch.cuda.is_available():
+        torch.cuda.set_sync_debug_mode("warn")
+    from qa_train.__main__ import main as qa_train_main
+
+    try:
+        code = qa_train_main(flags)
+    finally:
+        with open(out, "w") as f:
+            json.dump(sites, f)
+        counts = collections.Counter((p, f"{f}:{n}") for _, p, f, n in sites)
+        steps = len({s for s, *_ in sites})
+        print(f"{len(sites)} synchronizing operations in the training loop, over {steps} step(s):")
+        for (p, site), n in counts.most_common():
+            print(f"  {n:6d}  {p:6s}  {site}")
+    if code:
+        raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
