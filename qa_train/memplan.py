@@ -46,6 +46,9 @@ CPU_DDP_RUNTIME_BYTES = 85 * 2**20
 # CUDA: the tensor count as it stands. Checked on one H100 (docs/benchmarks.md): estimate / CUDA max allocated
 # 0.99-1.10 over 8 runs (BERT-base shape and MiniLM; single, DDP, ZeRO-1/2/3): slightly high, which a
 # "will it fit" answer can afford, so no scale is fitted from one GPU's runs.
+# ZeRO-1/2's gradient reduce bucket, in elements: what ds_configs/zero1.json and zero2.json set (a test holds
+# them equal). DeepSpeed keeps two of them (overlap_comm) in the gradients' dtype.
+ZERO_REDUCE_BUCKET = 50_000_000
 CUDA_CALIBRATION = Calibration(1.0, 0.0, "the count unscaled: 0.99-1.10x the CUDA peak of 8 runs on one H100")
 
 
@@ -124,15 +127,18 @@ def model_states(config: str, shape: ModelShape, setup: Setup) -> tuple[float, s
         runtime, on_cpu = (CPU_DDP_RUNTIME_BYTES, " + 85 MiB gloo/DDP runtime") if setup.device == "cpu" else (0, "")
         return (20.0 * p + copies + runtime,
                 f"20P{plus}{on_cpu} (fp32 weights 4 + gradients 4 + DDP buckets 4 + Adam 8{why})", None)
+    buckets = reduce_buckets(config, shape, setup)
     if config == "zero1":
         per = FP32 + FP32 + ADAM_BYTES
-        return (2 * w * p + per * p / n,
-                f"{2 * w}P + {per}P/N (weights and gradients whole; fp32 gradients, master and Adam split)", None)
+        return (2 * w * p + per * p / n + buckets,
+                f"{2 * w}P + {per}P/N + 2B (weights and gradients whole; fp32 gradients, master and Adam split; "
+                f"two reduce buckets)", None)
     if config == "zero2":
-        # DeepSpeed's estimate_zero2_model_states_mem_needs: 2P + 18P/N, host 4P per GPU x 1.5.
+        # DeepSpeed's estimate_zero2_model_states_mem_needs: 2P + 18P/N, host 4P per GPU x 1.5; plus the buckets.
         per = w + FP32 + FP32 + ADAM_BYTES
         host = p * FP32 * setup.gpus_per_node * DS_BUFFER_FACTOR
-        return w * p + per * p / n, f"{w}P + {per}P/N (weights whole; gradients, master and Adam split)", host
+        return (w * p + per * p / n + buckets,
+                f"{w}P + {per}P/N + 2B (weights whole; gradients, master and Adam split; two reduce buckets)", host)
     if config == "zero2_offload":
         host = p * max(4 * n, 16) * DS_BUFFER_FACTOR
         return w * p, f"{w}P (weights only; master, gradients and Adam on the host)", host
@@ -150,6 +156,15 @@ def model_states(config: str, shape: ModelShape, setup: Setup) -> tuple[float, s
         # measured (FSDP needs GPUs): DeepSpeed's ZeRO-3 allowance for the gathered unit.
         return 16.0 * p / n + FP32 * big, "16P/N + 4L (fp32 shards; L = largest unit, gathered)", None
     raise ValueError(f"unknown config {config!r}; one of single, {', '.join(CONFIGS)}")
+
+
+def reduce_buckets(config: str, shape: ModelShape, setup: Setup) -> float:
+    """Bytes of ZeRO-1/2's two gradient reduce buckets: allocated whole on CUDA; on CPU only the elements the
+    gradients fill are ever touched, so the host's resident memory sees at most the parameter count."""
+    if config not in ("zero1", "zero2"):
+        return 0.0
+    elements = ZERO_REDUCE_BUCKET if setup.device == "cuda" else min(ZERO_REDUCE_BUCKET, shape.num_parameters)
+    return 2.0 * elements * (2 if setup.half else FP32)
 
 
 # --- activations -------------------------------------------------------------------------------
