@@ -319,6 +319,11 @@ class SystemArgs:
                   "supports it and fp32 on CPU."},
     )
     torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
+    torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = field(
+        default="default",
+        metadata={"help": "torch.compile's mode; any but default implies --torch_compile. reduce-overhead "
+                  "replays CUDA graphs: for --pad_to_max_length, where every batch has one shape."},
+    )
     seed: int = field(default=42, metadata={"help": "Seed for weights init, dropout and shuffling."})
     throughput_warmup_steps: int = field(
         default=2, metadata={"help": "First optimizer steps left out of throughput figures."}
@@ -327,6 +332,8 @@ class SystemArgs:
 
     def __post_init__(self) -> None:
         _not_negative(self, "throughput_warmup_steps")
+        if self.torch_compile_mode != "default":  # as transformers' Trainer: naming a mode asks for compiling
+            self.torch_compile = True
 
 
 GROUPS: dict[str, type] = {"model": ModelArgs, "data": DataArgs, "optim": OptimArgs, "eval": EvalArgs,

@@ -127,7 +127,8 @@ class Trainer:
         if args.system.torch_compile:
             # In place, not torch.compile(model): its wrapper prefixes every weight name with `_orig_mod.`, so
             # the export loaded as a fresh model and checkpoints would not resume without compiling.
-            model.compile(dynamic=not args.data.pad_to_max_length)
+            mode = args.system.torch_compile_mode
+            model.compile(dynamic=not args.data.pad_to_max_length, mode=None if mode == "default" else mode)
         self.plan = plan_steps(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
         optimizer, scheduler = build_optimizer(accelerator, model, args, self.plan)
         distributed.reconcile_with_flags(accelerator, args, self.mixed_precision)

@@ -56,6 +56,15 @@ def test_defaults_follow_transformers_examples() -> None:
     assert args.model.attn_implementation == "auto"  # SDPA where the family supports it, else eager
 
 
+def test_a_compile_mode_asks_for_compiling(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_args([]).system.torch_compile is False
+    assert parse_args(["--torch_compile"]).system.torch_compile_mode == "default"
+    assert parse_args(["--torch_compile_mode", "reduce-overhead"]).system.torch_compile is True
+    with pytest.raises(SystemExit):
+        parse_args(["--torch_compile_mode", "fastest"])
+    assert "--torch_compile_mode" in capsys.readouterr().err
+
+
 def test_bool_flags_parse_both_ways() -> None:
     assert parse_args(["--pad_to_max_length"]).data.pad_to_max_length is True
     assert parse_args(["--pad_to_max_length", "false"]).data.pad_to_max_length is False
@@ -78,7 +87,7 @@ def test_every_flag_lives_in_exactly_one_group_and_round_trips() -> None:
     from qa_train.config import GROUPS, TrainArgs, build_parser
 
     names = [f.name for group in GROUPS.values() for f in dataclasses.fields(group)]
-    assert len(names) == len(set(names)) == 61
+    assert len(names) == len(set(names)) == 62
     parser_flags = {a.dest for a in build_parser()._actions if a.dest != "help"}
     assert parser_flags == set(names)
     args = parse_args(["--learning_rate", "1e-4", "--max_seq_length", "256", "--doc_stride", "64", "--no_eval",

@@ -10,11 +10,12 @@
 #   accuracy    MiniLM (all-MiniLM-L6-v2) fine-tuned 2 epochs on SQuAD minus its last 40 articles, scored on those
 #   hf          transformers' run_qa_no_trainer.py on the same model, data and hyper-parameters (tools/hf_example.sh)
 #   profile     --profile of the fixed-length BERT-base step: the top kernels and host operators
+#   zeroprofile the same under ZeRO-2 and single at batch 32 (the strategy table's step)
 #   compiled    the speed part's two runs with --torch_compile
 #   overhead    qa_train's step against tools/bare_loop.py's on MiniLM: how much of a host-bound step is ours
 #
 # DEADLINE_S=N stops the parts still running N seconds from the start (a device command has 10 minutes) and
-# skips the rest; TESTS_K reruns some tests. Results: runs/gpu/<run>/ and, per part, a summary in --out.
+# skips the rest; TESTS_K reruns some tests, STRATEGIES some configs. Results: runs/gpu/<run>/ and, per part, a summary in --out.
 #
 # Needs: .device/ from `bash ../shared/device/prepare.sh --with-data --with-minilm` (SQuAD train set, MiniLM),
 # set up with `bash .device/setup.sh && . .device/env.sh`. DRY=1 runs every part a few steps on CPU data
@@ -83,7 +84,8 @@ part_strategies() {
   log "strategies"
   data
   cpu_adam
-  $PY -m qa_train.bench "${cpu[@]}" --configs single ddp fsdp zero1 zero2 zero3 zero2_offload zero3_offload \
+  # shellcheck disable=SC2086 # STRATEGIES: a space-separated subset of the configs, to rerun some
+  $PY -m qa_train.bench "${cpu[@]}" --configs ${STRATEGIES:-single ddp fsdp zero1 zero2 zero3 zero2_offload zero3_offload} \
     --timeout_s 240 --num_processes 1 --max_train_steps $strategy_steps --output_dir "$RUNS/strategies" -- \
     --config_name $BASE --tokenizer_name $MINILM --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" \
     --max_train_samples 3000 --no_eval --max_seq_length 384 --doc_stride 128 --pad_to_max_length \
@@ -119,18 +121,31 @@ part_speed() {
   speed_runs ""
 }
 
-part_profile() {  # where a fixed-length BERT-base step spends its time
-  log "profile: fixed length, BERT-base shape"
+profile_run() {  # $1 the config, $2 the batch: --profile of a fixed-length BERT-base step, into profile-$1-$2.txt
+  log "profile: $1, fixed length, BERT-base shape, batch $2"
   data
-  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- "${speed_flags[@]}" \
-    --train_file "$DATA/train.json" --max_train_samples 4000 --no_eval --pad_to_max_length \
-    --per_device_train_batch_size 64 --max_train_steps 30 --throughput_warmup_steps 10 --profile \
-    --output_dir "$RUNS/profile" "${small[@]}" 2>&1 | tail -n 90 | tee "$OUT_DIR/profile.txt"
+  $PY -m qa_train.launch "${cpu[@]}" --config_file "accelerate_configs/$1.yaml" --num_processes 1 -- \
+    "${speed_flags[@]}" --train_file "$DATA/train.json" --max_train_samples 4000 --no_eval --pad_to_max_length \
+    --per_device_train_batch_size "$2" --max_train_steps 30 --throughput_warmup_steps 10 --profile \
+    --output_dir "$RUNS/profile-$1-$2" "${small[@]}" 2>&1 | tail -n 90 | tee "$OUT_DIR/profile-$1-$2.txt"
 }
 
-part_compiled() {  # the levers the profile points at: compiled kernels, and a larger batch for fewer launches
+part_profile() {  # where a fixed-length BERT-base step spends its time
+  profile_run single 64
+}
+
+part_zeroprofile() {  # ZeRO-1/2 ran 3.7-4x slower than single on one GPU: where does its step go?
+  profile_run zero2 32
+  profile_run single 32
+}
+
+part_compiled() {  # the levers the profile points at: compiled kernels, and CUDA graphs for the launches
   data
   speed_runs -compiled --torch_compile
+  log "compiled: fixed length with CUDA graphs (--torch_compile_mode reduce-overhead)"
+  single speed-fixed-graphs --train_file "$DATA/train.json" --max_train_samples 20000 --no_eval \
+    --pad_to_max_length --per_device_train_batch_size 64 --max_train_steps 150 --throughput_warmup_steps 20 \
+    --torch_compile_mode reduce-overhead
 }
 
 part_overhead() {  # qa_train's step against the bare step (tools/bare_loop.py), MiniLM at 32 x 384: the harness's share
