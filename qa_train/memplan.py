@@ -46,9 +46,10 @@ CPU_DDP_RUNTIME_BYTES = 85 * 2**20
 # CUDA: the tensor count as it stands. Checked on one H100 (docs/benchmarks.md): estimate / CUDA max allocated
 # 0.99-1.10 over 8 runs (BERT-base shape and MiniLM; single, DDP, ZeRO-1/2/3): slightly high, which a
 # "will it fit" answer can afford, so no scale is fitted from one GPU's runs.
-# ZeRO-1/2's gradient reduce bucket, in elements: what ds_configs/zero1.json and zero2.json set (a test holds
-# them equal). DeepSpeed keeps two of them (overlap_comm) in the gradients' dtype.
+# ZeRO's gradient reduce bucket, in elements: what ds_configs' zero1, zero2, zero3 and zero3_offload set (a test
+# holds them equal). In the gradients' dtype: two for ZeRO-1/2 (overlap_comm), one for ZeRO-3.
 ZERO_REDUCE_BUCKET = 50_000_000
+REDUCE_BUCKETS = {"zero1": 2, "zero2": 2, "zero3": 1, "zero3_offload": 1}
 CUDA_CALIBRATION = Calibration(1.0, 0.0, "the count unscaled: 0.99-1.10x the CUDA peak of 8 runs on one H100")
 
 
@@ -147,10 +148,12 @@ def model_states(config: str, shape: ModelShape, setup: Setup) -> tuple[float, s
         # YAMLs): 18P/N + 4L, host 4P per GPU x 1.5 (each process builds the whole model before partitioning).
         per = w + FP32 + FP32 + ADAM_BYTES
         host = p * FP32 * setup.gpus_per_node * DS_BUFFER_FACTOR
-        return per * p / n + FP32 * big, f"{per}P/N + 4L (everything split; L = largest layer, gathered)", host
+        return (per * p / n + FP32 * big + buckets,
+                f"{per}P/N + 4L + B (everything split; L = largest layer, gathered; one reduce bucket)", host)
     if config == "zero3_offload":
         host = p * max(4 * setup.gpus_per_node, 18 / setup.num_nodes) * DS_BUFFER_FACTOR
-        return FP32 * big, "4L (only the layer being computed; the rest on the host)", host
+        return (FP32 * big + buckets,
+                "4L + B (only the layer being computed and one reduce bucket; the rest on the host)", host)
     if config == "fsdp":
         # FSDP2 keeps fp32 shards of weights, gradients and Adam state and gathers one unit at a time; not yet
         # measured (FSDP needs GPUs): DeepSpeed's ZeRO-3 allowance for the gathered unit.
@@ -159,12 +162,10 @@ def model_states(config: str, shape: ModelShape, setup: Setup) -> tuple[float, s
 
 
 def reduce_buckets(config: str, shape: ModelShape, setup: Setup) -> float:
-    """Bytes of ZeRO-1/2's two gradient reduce buckets: allocated whole on CUDA; on CPU only the elements the
-    gradients fill are ever touched, so the host's resident memory sees at most the parameter count."""
-    if config not in ("zero1", "zero2"):
-        return 0.0
+    """Bytes of ZeRO's gradient reduce buckets on the device: allocated whole on CUDA; on CPU only the elements
+    the gradients fill are ever touched, so the host's resident memory sees at most the parameter count."""
     elements = ZERO_REDUCE_BUCKET if setup.device == "cuda" else min(ZERO_REDUCE_BUCKET, shape.num_parameters)
-    return 2.0 * elements * (2 if setup.half else FP32)
+    return REDUCE_BUCKETS.get(config, 0) * float(elements) * (2 if setup.half else FP32)
 
 
 # --- activations -------------------------------------------------------------------------------
