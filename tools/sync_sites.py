@@ -48,6 +48,8 @@ def main(argv: list[str]) -> None:
         finally:
             where["phase"] = None
 
+    originals = {name: getattr(trainer.Trainer, name)
+                 for name in ("fit", "_micro_step", "_after_update", "_evaluate_during_training")}
     trainer.Trainer.fit = fit_wrapped
     trainer.Trainer._micro_step = phase("step", trainer.Trainer._micro_step)
     trainer.Trainer._after_update = phase("after", trainer.Trainer._after_update)
@@ -71,6 +73,9 @@ def main(argv: list[str]) -> None:
     try:
         code = qa_train_main(flags)
     finally:
+        warnings.showwarning = show
+        for name, method in originals.items():
+            setattr(trainer.Trainer, name, method)
         with open(out, "w") as f:
             json.dump(sites, f)
         counts = collections.Counter((p, f"{f}:{n}") for _, p, f, n in sites)

@@ -1,0 +1,37 @@
+"""tools/sync_sites.py (the GPU test's witness) records each synchronising operation of the loop with the step
+and phase it fell in: checked on CPU by making the monitor's per-micro-batch call warn as a CUDA sync would."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, tiny_flags
+
+
+def test_sites_are_recorded_by_step_and_phase(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qa_train import monitor
+
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
+    import sync_sites
+
+    micro_batch = monitor.IntervalMonitor.micro_batch
+
+    def syncing(self, *args):
+        warnings.warn("called a synchronizing CUDA operation")
+        return micro_batch(self, *args)
+
+    monkeypatch.setattr(monitor.IntervalMonitor, "micro_batch", syncing)
+    sites_file = tmp_path / "sites.json"
+    sync_sites.main([str(sites_file), "--", *tiny_flags(tmp_path / "run", "--max_train_steps", "4", "--no_eval",
+                                                         "--disable_tqdm", "--save_final_model", "false")])
+    sites = json.loads(sites_file.read_text())
+    assert [(step, phase) for step, phase, *_ in sites] == [(0, "step"), (1, "step"), (2, "step"), (3, "step")]
+    assert all(Path(f).name == "test_sync_sites.py" for _, _, f, _ in sites)
+    from qa_train.trainer import Trainer
+
+    assert (Trainer.fit.__name__, Trainer._micro_step.__name__) == ("fit", "_micro_step"), "the tool's hooks stayed"
