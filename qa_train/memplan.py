@@ -46,11 +46,11 @@ CPU_DDP_RUNTIME_BYTES = 85 * 2**20
 # CUDA: the tensor count as it stands. Checked on one H100 (docs/benchmarks.md): estimate / CUDA max allocated
 # 0.99-1.10 over 8 runs (BERT-base shape and MiniLM; single, DDP, ZeRO-1/2/3): slightly high, which a
 # "will it fit" answer can afford, so no scale is fitted from one GPU's runs.
+CUDA_CALIBRATION = Calibration(1.0, 0.0, "the count unscaled: 0.99-1.10x the CUDA peak of 8 runs on one H100")
 # ZeRO's gradient reduce bucket, in elements: what ds_configs' zero1, zero2, zero3 and zero3_offload set (a test
 # holds them equal). In the gradients' dtype: two for ZeRO-1/2 (overlap_comm), one for ZeRO-3.
 ZERO_REDUCE_BUCKET = 50_000_000
 REDUCE_BUCKETS = {"zero1": 2, "zero2": 2, "zero3": 1, "zero3_offload": 1}
-CUDA_CALIBRATION = Calibration(1.0, 0.0, "the count unscaled: 0.99-1.10x the CUDA peak of 8 runs on one H100")
 
 
 @dataclass(frozen=True)
