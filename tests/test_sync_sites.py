@@ -35,3 +35,26 @@ def test_sites_are_recorded_by_step_and_phase(tmp_path: Path, monkeypatch: pytes
     from qa_train.trainer import Trainer
 
     assert (Trainer.fit.__name__, Trainer._micro_step.__name__) == ("fit", "_micro_step"), "the tool's hooks stayed"
+
+
+def test_work_after_an_evaluation_stays_in_the_update_phase(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evaluation runs inside the update's bookkeeping; a checkpoint written after it is still that phase's."""
+    from qa_train.trainer import Trainer
+
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
+    import sync_sites
+
+    save = Trainer._save_checkpoint
+
+    def syncing(self):
+        warnings.warn("called a synchronizing CUDA operation")
+        return save(self)
+
+    monkeypatch.setattr(Trainer, "_save_checkpoint", syncing)
+    sites_file = tmp_path / "sites.json"
+    sync_sites.main([str(sites_file), "--", *tiny_flags(
+        tmp_path / "run", "--max_train_steps", "4", "--eval_strategy", "steps", "--eval_steps", "2",
+        "--checkpointing_steps", "2", "--max_eval_samples", "16", "--disable_tqdm", "--save_final_model", "false")])
+    sites = json.loads(sites_file.read_text())
+    assert [(step, phase) for step, phase, *_ in sites] == [(2, "after"), (4, "after")]

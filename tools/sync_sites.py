@@ -32,28 +32,20 @@ def main(argv: list[str]) -> None:
 
     def phase(name: str, method):
         def wrapped(self, *args, **kwargs):
+            # Restored, not reset: evaluation runs inside the update's bookkeeping, which goes on after it.
+            before = where["phase"]
             where["phase"], where["trainer"] = name, self
             try:
                 return method(self, *args, **kwargs)
             finally:
-                where["phase"] = "loader"  # the loop's next action is fetching a batch
+                where["phase"] = before
         return wrapped
 
-    fit = trainer.Trainer.fit
-
-    def fit_wrapped(self, *args, **kwargs):
-        where["phase"] = "loader"
-        try:
-            return fit(self, *args, **kwargs)
-        finally:
-            where["phase"] = None
-
-    originals = {name: getattr(trainer.Trainer, name)
-                 for name in ("fit", "_micro_step", "_after_update", "_evaluate_during_training")}
-    trainer.Trainer.fit = fit_wrapped
-    trainer.Trainer._micro_step = phase("step", trainer.Trainer._micro_step)
-    trainer.Trainer._after_update = phase("after", trainer.Trainer._after_update)
-    trainer.Trainer._evaluate_during_training = phase("eval", trainer.Trainer._evaluate_during_training)
+    # Inside fit, outside the step and the bookkeeping, the loop is fetching and placing the next batch.
+    phases = {"fit": "loader", "_micro_step": "step", "_after_update": "after", "_evaluate_during_training": "eval"}
+    originals = {name: getattr(trainer.Trainer, name) for name in phases}
+    for name, method in originals.items():
+        setattr(trainer.Trainer, name, phase(phases[name], method))
 
     show = warnings.showwarning
 
@@ -61,8 +53,7 @@ def main(argv: list[str]) -> None:
         if "synchroniz" not in str(message):
             return show(message, category, filename, lineno, file, line)
         if where["phase"] not in (None, "eval"):
-            step = where["trainer"].state.completed_steps if where["trainer"] is not None else -1
-            sites.append([step, where["phase"], filename, lineno])
+            sites.append([where["trainer"].state.completed_steps, where["phase"], filename, lineno])
 
     warnings.showwarning = record
     warnings.simplefilter("always")
