@@ -17,6 +17,18 @@ DEMO_TRAIN = ASSETS / "demo" / "train.json"
 DEMO_DEV = ASSETS / "demo" / "dev.json"
 
 
+def export_answers(model_dir: Path, questions: int | None = None, **predictor: str) -> dict[str, str]:
+    """An exported model's answers to the demo dev set (its first `questions`), in tiny_flags' windows."""
+    from qa_train.config import DataArgs
+    from qa_train.data import load_file
+    from qa_train.predict import Predictor
+
+    data = DataArgs(dataset_name=None, max_seq_length=192, doc_stride=64, per_device_eval_batch_size=32)
+    examples = load_file(str(DEMO_DEV), "required")
+    return Predictor(str(model_dir), data, **predictor).predict(
+        examples if questions is None else examples.head(questions)).predictions
+
+
 def tiny_flags(output_dir: Path, *extra: str) -> list[str]:
     """A short real run of the bundled tiny BERT on the bundled demo data."""
     return [

@@ -9,14 +9,10 @@ from pathlib import Path
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForQuestionAnswering
 
-from conftest import DEMO_DEV, TINY, base_env, run_ok, PY, tiny_flags
-from qa_train.data import load_file as load_examples
+from conftest import PY, TINY, base_env, export_answers, run_ok, tiny_flags
 
 
 def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: Path) -> None:
-    from qa_train.config import DataArgs
-    from qa_train.predict import Predictor
-
     env, out = base_env(tmp_path), tmp_path / "compiled"
     flags = tiny_flags(out, "--max_train_steps", "4", "--checkpointing_steps", "2", "--max_eval_samples", "40",
                        "--disable_tqdm")
@@ -27,10 +23,7 @@ def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: P
     assert set(load_file(out / "checkpoints" / "step_00000002" / "model.safetensors")) == names
 
     evaluated = json.loads((out / "eval_predictions.json").read_text())
-    data = DataArgs(dataset_name=None, max_seq_length=192, doc_stride=64, per_device_eval_batch_size=32)
-    reloaded = Predictor(str(out / "final"), data, device="cpu").predict(
-        load_examples(str(DEMO_DEV), "required").head(40))
-    assert reloaded.predictions == evaluated, "the export answers as the compiled run did"
+    assert export_answers(out / "final", 40, device="cpu") == evaluated, "the export answers as the compiled run did"
 
     # A compiled run's checkpoint resumes without compiling.
     run_ok([PY, "-m", "qa_train", *flags, "--max_train_steps", "6", "--resume_from_checkpoint", "latest"], env)

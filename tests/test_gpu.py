@@ -18,9 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 from qa_train.bench import free_port
-from qa_train.data import load_file as load_examples
 
-from conftest import ASSETS, DEMO_DEV, PY, base_env, read_metrics, run_ok, tiny_flags
+from conftest import ASSETS, PY, base_env, export_answers, read_metrics, run_ok, tiny_flags
 from test_strategies import STEPS, kill_after_checkpoint, step_log
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -50,9 +49,6 @@ def tiny_gpu_flags(out: Path, steps: int, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_config_trains_in_bf16_and_export_answers_like_evaluation(config: str, tmp_path: Path) -> None:
-    from qa_train.config import DataArgs
-    from qa_train.predict import Predictor
-
     out = tmp_path / "run"
     run_ok(gpu_cmd(config, out, *tiny_gpu_flags(out, 30)), base_env(tmp_path))
     m = read_metrics(out)
@@ -64,11 +60,9 @@ def test_config_trains_in_bf16_and_export_answers_like_evaluation(config: str, t
     assert losses[30]["train/loss"] < losses[1]["train/loss"], "bf16 training did not learn"
 
     evaluated = json.loads((out / "eval_predictions.json").read_text())
-    data = DataArgs(dataset_name=None, max_seq_length=192, doc_stride=64, per_device_eval_batch_size=32)
-    reloaded = Predictor(str(out / "final"), data, device="cuda", mixed_precision="bf16").predict(
-        load_examples(str(DEMO_DEV), "required"))
-    assert sorted(reloaded.predictions) == sorted(evaluated)
-    same = sum(reloaded.predictions[q] == evaluated[q] for q in evaluated) / len(evaluated)
+    reloaded = export_answers(out / "final", device="cuda", mixed_precision="bf16")
+    assert sorted(reloaded) == sorted(evaluated)
+    same = sum(reloaded[q] == evaluated[q] for q in evaluated) / len(evaluated)
     print(f"{config}: {same:.1%} of {len(evaluated)} answers equal after reload")
     assert same >= SAME_ANSWER_SHARE, f"{config}: only {same:.1%} of answers equal after reload"
 
