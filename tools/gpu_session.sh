@@ -51,7 +51,9 @@ log() { echo "== $(date -u +%FT%TZ) $*" | tee -a "$OUT_DIR/session.log"; }
 data() {
   [[ -f $DATA/train-full.json && -f $DATA/train.json && -f $DATA/dev.json ]] && return
   mkdir -p "$DATA"
-  xz -dc .device/squad-train-v1.1-reconstructed.json.xz > "$DATA/train-full.json"
+  # Through a temporary name: a part stopped by its deadline must not leave a half file the next one trusts.
+  xz -dc .device/squad-train-v1.1-reconstructed.json.xz > "$DATA/.train-full.json.tmp"
+  mv "$DATA/.train-full.json.tmp" "$DATA/train-full.json"
   $PY tools/squad_split.py .device/squad-train-v1.1-reconstructed.json.xz --holdout_articles 40 --out_dir "$DATA"
 }
 

@@ -17,6 +17,8 @@ import lzma
 from pathlib import Path
 from typing import Any
 
+from qa_train.tracking import atomic_write_text
+
 
 def read_squad(path: Path) -> dict[str, Any]:
     opener = lzma.open if path.suffix == ".xz" else open
@@ -49,7 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     train, dev = split(read_squad(opts.source), opts.holdout_articles)
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     for name, doc in (("train", train), ("dev", dev)):
-        (opts.out_dir / f"{name}.json").write_text(json.dumps(doc), encoding="utf-8")
+        # Whole or not at all: a rerun skips the split when both files exist (tools/gpu_session.sh).
+        atomic_write_text(opts.out_dir / f"{name}.json", json.dumps(doc))
         print(f"{opts.out_dir / name}.json: {len(doc['data'])} articles, {count_questions(doc)} questions")
 
 
