@@ -25,35 +25,18 @@ HFWHL="${HFWHL:-$ROOT/.hfex/whl}"
 
 if [[ "${1:-}" == "--flatten" ]]; then
     [[ $# -eq 3 ]] || { echo "usage: $0 --flatten IN.json OUT.json" >&2; exit 2; }
-    exec "$PYTHON" - "$2" "$3" <<'PY'
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" - "$2" "$3" <<'PY'
 import json
 import sys
-from typing import Any
 
+from qa_train.data import load_file
 
-def flatten(squad: dict[str, Any]) -> list[dict[str, Any]]:
-    """One record per question, as the hub's "squad" dataset rows (unanswerable: empty answer lists)."""
-    rows: list[dict[str, Any]] = []
-    for article in squad["data"]:
-        for paragraph in article["paragraphs"]:
-            for qa in paragraph["qas"]:
-                answers = qa.get("answers", [])
-                rows.append({
-                    "id": qa["id"],
-                    "title": article.get("title", ""),
-                    "context": paragraph["context"],
-                    "question": qa["question"],
-                    "answers": {
-                        "text": [a["text"] for a in answers],
-                        "answer_start": [int(a["answer_start"]) for a in answers],
-                    },
-                })
-    return rows
-
-
+# qa_train's own reader walks the nesting (a malformed file is a DataError naming the record); rows as the hub's
+# "squad" dataset has them, unanswerable questions with empty answer lists.
 src, dst = sys.argv[1], sys.argv[2]
-with open(src, encoding="utf-8") as f:
-    rows = flatten(json.load(f))
+ex = load_file(src, "optional")
+rows = [{"id": i, "title": t, "context": c, "question": q, "answers": {"text": a, "answer_start": s}}
+        for i, t, c, q, a, s in zip(ex.ids, ex.titles, ex.contexts, ex.questions, ex.answer_texts, ex.answer_starts)]
 with open(dst, "w", encoding="utf-8") as f:
     json.dump({"data": rows}, f, ensure_ascii=False)
 print(f"hf_example: {src} -> {dst}: {len(rows)} questions")
