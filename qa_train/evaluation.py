@@ -74,6 +74,12 @@ def sample_rows(examples: Examples, predictions: dict[str, str], limit: int) -> 
     return rows
 
 
+# Gathered logits wait on the device for this many batches before one copy to the host: a .cpu() per batch
+# would make the host wait for each forward before it can queue the next (64 x 384 x 2 fp32 logits a batch,
+# so 32 batches hold ~6 MB).
+DRAIN_EVERY = 32
+
+
 @torch.no_grad()
 def predict_logits(accelerator, model, dataloader, width: int,
                    host_memory: HostMemory | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -84,7 +90,14 @@ def predict_logits(accelerator, model, dataloader, width: int,
     `host_memory` (None outside a training run) trims the heap between batches.
     """
     model.eval()
-    starts, ends, index = [], [], []
+    pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    host: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def drain() -> None:
+        if pending:
+            host.append(tuple(torch.cat(parts).cpu() for parts in zip(*pending)))
+            pending.clear()
+
     for batch in dataloader:
         feature_index = batch.pop("feature_index")
         batch.pop("num_tokens")
@@ -94,13 +107,14 @@ def predict_logits(accelerator, model, dataloader, width: int,
         pad = width - out.start_logits.shape[1]
         s = F.pad(out.start_logits.float(), (0, pad), value=PAD_LOGIT)
         e = F.pad(out.end_logits.float(), (0, pad), value=PAD_LOGIT)
-        s, e, feature_index = accelerator.gather_for_metrics((s, e, feature_index))
-        starts.append(s.cpu())
-        ends.append(e.cpu())
-        index.append(feature_index.cpu())
+        pending.append(accelerator.gather_for_metrics((s, e, feature_index)))
+        if len(pending) == DRAIN_EVERY:
+            drain()
         if host_memory is not None:
             host_memory.step()
+    drain()
     model.train()
+    starts, ends, index = zip(*host)
     order = torch.cat(index).numpy()
     start_logits = np.empty((len(order), width), dtype=np.float32)
     end_logits = np.empty_like(start_logits)

@@ -128,14 +128,25 @@ def test_offload_configs_hold_less_cuda_memory_than_single(tmp_path: Path) -> No
 
 def test_training_steps_do_not_wait_for_the_gpu(tmp_path: Path) -> None:
     """Between logging steps nothing of qa_train's or accelerate's makes the host wait for the GPU: the next
-    batch is copied without blocking and the token counts are read on the host. tools/sync_sites.py records
-    every synchronizing CUDA operation of the loop (torch.cuda.set_sync_debug_mode) with its step, phase and
-    line; those of transformers' models are printed, not asserted."""
+    batch is copied without blocking and the token counts are read on the host; evaluation copies its logits
+    to the host once every DRAIN_EVERY batches, not each batch. tools/sync_sites.py records every
+    synchronizing CUDA operation of the loop (torch.cuda.set_sync_debug_mode) with its step, phase and line;
+    those of transformers' models are printed, not asserted."""
+    from qa_train.evaluation import DRAIN_EVERY
+
     out, sites_file = tmp_path / "run", tmp_path / "sites.json"
-    flags = tiny_gpu_flags(out, 40, "--logging_steps", "10", "--no_eval", "--save_final_model", "false")
+    # 250 demo questions, one window a batch: one evaluation at step 20 of more than 4 x DRAIN_EVERY batches.
+    flags = tiny_gpu_flags(out, 40, "--logging_steps", "10", "--eval_strategy", "steps", "--eval_steps", "20",
+                           "--per_device_eval_batch_size", "1", "--save_final_model", "false")
     proc = run_ok([PY, "tools/sync_sites.py", str(sites_file), "--", *flags], base_env(tmp_path))
     print(proc.stdout[proc.stdout.find("synchronizing operations"):])
     sites = json.loads(sites_file.read_text())
-    ours = [s for s in sites if s[1] in ("loader", "step") and ("/qa_train/" in s[2] or "/accelerate/" in s[2])]
-    assert not ours, f"the step waits for the GPU at: {sorted({f'{f}:{n}' for _, _, f, n in ours})}"
+    ours = [s for s in sites if "/qa_train/" in s[2] or "/accelerate/" in s[2]]
+    in_step = [s for s in ours if s[1] in ("loader", "step")]
+    assert not in_step, f"the step waits for the GPU at: {sorted({f'{f}:{n}' for _, _, f, n in in_step})}"
     assert {step for step, phase, *_ in sites if phase == "after"} <= {10, 20, 30, 40}
+    in_eval = [s for s in ours if s[1] == "eval"]
+    batches = json.loads((out / "metrics.json").read_text())["num_eval_features"]
+    assert batches > 4 * DRAIN_EVERY
+    # Three copies (start, end, feature index) per drain, and a few of the evaluation's own.
+    assert len(in_eval) <= 3 * -(-batches // DRAIN_EVERY) + 8, f"{len(in_eval)} waits in {batches} batches"

@@ -37,24 +37,27 @@ def test_sites_are_recorded_by_step_and_phase(tmp_path: Path, monkeypatch: pytes
     assert (Trainer.fit.__name__, Trainer._micro_step.__name__) == ("fit", "_micro_step"), "the tool's hooks stayed"
 
 
-def test_work_after_an_evaluation_stays_in_the_update_phase(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Evaluation runs inside the update's bookkeeping; a checkpoint written after it is still that phase's."""
+def test_evaluation_is_its_own_phase_and_work_after_it_the_update_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evaluation runs inside the update's bookkeeping and is recorded as "eval"; a checkpoint written after
+    it is still the update's."""
     from qa_train.trainer import Trainer
 
     monkeypatch.syspath_prepend(str(ROOT / "tools"))
     monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
     import sync_sites
 
-    save = Trainer._save_checkpoint
+    def syncing(method):
+        def wrapped(self, *args, **kwargs):
+            warnings.warn("called a synchronizing CUDA operation")
+            return method(self, *args, **kwargs)
+        return wrapped
 
-    def syncing(self):
-        warnings.warn("called a synchronizing CUDA operation")
-        return save(self)
-
-    monkeypatch.setattr(Trainer, "_save_checkpoint", syncing)
+    monkeypatch.setattr(Trainer, "_save_checkpoint", syncing(Trainer._save_checkpoint))
+    monkeypatch.setattr(Trainer, "evaluate", syncing(Trainer.evaluate))
     sites_file = tmp_path / "sites.json"
     sync_sites.main([str(sites_file), "--", *tiny_flags(
         tmp_path / "run", "--max_train_steps", "4", "--eval_strategy", "steps", "--eval_steps", "2",
         "--checkpointing_steps", "2", "--max_eval_samples", "16", "--disable_tqdm", "--save_final_model", "false")])
     sites = json.loads(sites_file.read_text())
-    assert [(step, phase) for step, phase, *_ in sites] == [(2, "after"), (4, "after")]
+    # The evaluation at step 2 is its own phase; the final one (after step 4) is outside the loop.
+    assert [(step, phase) for step, phase, *_ in sites] == [(2, "eval"), (2, "after"), (4, "after")]

@@ -5,9 +5,9 @@ with the step and phase it fell in and the Python line that caused it.
     python tools/sync_sites.py SITES.json -- [qa_train flags]      # one process, on a CUDA GPU
 
 Phases: "loader" (fetching and placing the next batch), "step" (forward, backward, optimizer), "after" (the
-update's bookkeeping: logging, checkpoints). A sync inside "loader" or "step" stalls every step: the host
-cannot queue the next step's work while the GPU finishes this one. Setup, evaluation and export are not
-recorded. Writes [[step, phase, file, line], ...] and prints the sites by count. Without CUDA nothing syncs
+update's bookkeeping: logging, checkpoints), "eval" (evaluation during training). A sync inside "loader" or
+"step" stalls every step: the host cannot queue the next step's work while the GPU finishes this one; one in
+every evaluation batch stalls evaluation likewise. Setup, the final evaluation and export are not recorded. Writes [[step, phase, file, line], ...] and prints the sites by count. Without CUDA nothing syncs
 and the list is empty.
 """
 
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
     def record(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" not in str(message):
             return show(message, category, filename, lineno, file, line)
-        if where["phase"] not in (None, "eval"):
+        if where["phase"] is not None:
             sites.append([where["trainer"].state.completed_steps, where["phase"], filename, lineno])
 
     warnings.showwarning = record
