@@ -28,13 +28,14 @@ def _say(message: str, rank: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from qa_train.config import ConfigError, parse_args
+    from qa_train.config import ConfigError
+    from qa_train.flags import parse_args
     from qa_train.outputdir import claim
 
     rank = _rank()
     try:
         args = parse_args(argv)
-        claim(args.output, is_main=rank == 0)
+        claim(args.output)
     except ConfigError as err:
         _say(str(err), rank)
         return REFUSED

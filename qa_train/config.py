@@ -1,20 +1,20 @@
-"""Typed command-line arguments in groups, validated before anything heavy is imported or loaded.
+"""Typed settings in groups, validated before anything heavy is imported or loaded (the command line that
+fills them is qa_train/flags.py).
 
-Flag names follow transformers' question-answering examples (run_qa_no_trainer.py) where they
+Names follow transformers' question-answering examples (run_qa_no_trainer.py) and Trainer where they
 overlap, so users coming from there feel at home. The flags stay flat (`--learning_rate`); in code
 they live in groups (`args.optim.learning_rate`) so each function takes the group it needs.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+DEFAULT_MODEL = "bert-base-uncased"
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEMO_MODEL_DIR = ASSETS / "tiny-bert"
 DEMO_TRAIN_FILE = ASSETS / "demo" / "train.json"
@@ -27,7 +27,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "train_file": str(DEMO_TRAIN_FILE), "validation_file": str(DEMO_VALIDATION_FILE),
     "max_seq_length": 256, "doc_stride": 64, "per_device_train_batch_size": 16, "learning_rate": 1e-3,
     "weight_decay": 0.01, "warmup_ratio": 0.1, "num_train_epochs": 6.0, "logging_steps": 20,
-    "eval_before_training": True, "eval_strategy": "epoch",
+    "eval_on_start": True, "eval_strategy": "epoch",
 }
 
 # accelerate's tracker names (accelerate.tracking.LOGGER_TYPE_TO_CLASS; a test keeps the two equal). "all" means
@@ -38,6 +38,7 @@ EVAL_STRATEGIES = ("no", "steps", "epoch")
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 class ConfigError(ValueError):
@@ -75,14 +76,16 @@ def _check_file(path: str | None, flag: str) -> None:
 class ModelArgs:
     """Which encoder and tokenizer to fine-tune."""
 
-    model_name_or_path: str = field(
-        default="bert-base-uncased",
-        metadata={"help": "Pretrained model name on the hub or local directory."},
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": f"Pretrained model (hub name or local directory) whose weights are fine-tuned. Default: "
+                          f"{DEFAULT_MODEL}, unless --config_name is given alone (random initialisation)."},
     )
     config_name: str | None = field(
         default=None,
-        metadata={"help": "Model config (name or dir). With it, the model is randomly initialised "
-                  "from this config instead of loading pretrained weights (offline use, tests)."},
+        metadata={"help": "Model config (name or dir), if not the same as the model's. Given without "
+                          "--model_name_or_path, the model is randomly initialised from it (offline use, "
+                          "benchmarks), as in transformers' examples."},
     )
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "Tokenizer name or dir, if not the same as the model's."}
@@ -99,6 +102,21 @@ class ModelArgs:
         if self.config_name is not None and Path(self.config_name).exists():
             _require((Path(self.config_name) / "config.json").is_file() or Path(self.config_name).is_file(),
                      "config_name", f"{self.config_name!r} has no config.json")
+        if self.model_name_or_path is None and self.config_name is None:
+            self.model_name_or_path = DEFAULT_MODEL
+
+    @property
+    def from_scratch(self) -> bool:
+        """Random initialisation: --config_name without --model_name_or_path (the examples' rule)."""
+        return self.model_name_or_path is None
+
+    @property
+    def config_source(self) -> str:
+        return self.config_name or self.model_name_or_path or DEFAULT_MODEL
+
+    @property
+    def tokenizer_source(self) -> str:
+        return self.tokenizer_name or self.model_name_or_path or DEFAULT_MODEL
 
 
 @dataclass
@@ -106,7 +124,9 @@ class DataArgs:
     """Where the questions come from and how they become windows and batches."""
 
     dataset_name: str | None = field(
-        default="squad", metadata={"help": "Dataset on the hub; ignored when --train_file/--validation_file are given."}
+        default=None,
+        metadata={"help": "Dataset on the hub, for the splits no local file gives (default without local files: "
+                          "squad, or squad_v2 with --version_2_with_negative)."},
     )
     dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset config name."})
     train_file: str | None = field(
@@ -148,7 +168,10 @@ class DataArgs:
 
     def __post_init__(self) -> None:
         _positive(self, "max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size")
-        _not_negative(self, "max_train_samples", "max_eval_samples", "max_predict_samples", "dataloader_num_workers")
+        _not_negative(self, "dataloader_num_workers")
+        for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
+            value = getattr(self, name)
+            _require(value is None or value > 0, name, f"must be at least 1 question, got {value}")
         _require(self.doc_stride > 0, "doc_stride", f"must be positive, got {self.doc_stride}")
         _require(self.doc_stride < self.max_seq_length, "doc_stride",
                  f"{self.doc_stride} must be smaller than --max_seq_length {self.max_seq_length}")
@@ -196,7 +219,9 @@ class EvalArgs:
     """When to score EM/F1 and how answers are read from the logits."""
 
     do_eval: bool = field(default=True, metadata={"help": "Evaluate EM/F1 after training (--no_eval to skip)."})
-    eval_before_training: bool = field(default=False, metadata={"help": "Also evaluate the untrained model first."})
+    eval_on_start: bool = field(
+        default=False, metadata={"help": "Also evaluate the model before the first step (as transformers' Trainer).",
+                                 "aliases": ("--eval_before_training",)})
     eval_strategy: Literal["no", "steps", "epoch"] = field(
         default="no", metadata={"help": "Also evaluate during training: every --eval_steps steps, or every epoch. "
                                         "EM/F1 go to the trackers as eval/* against the step."})
@@ -234,7 +259,7 @@ class EvalArgs:
 
     @property
     def needs_eval_data(self) -> bool:
-        return self.do_eval or self.eval_before_training or self.eval_strategy != "no"
+        return self.do_eval or self.eval_on_start or self.eval_strategy != "no"
 
 
 @dataclass
@@ -244,8 +269,9 @@ class OutputArgs:
     output_dir: str = field(default="runs/qa_train", metadata={"help": "Where metrics, predictions and the model go."})
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Replace the run already in --output_dir (its metrics, model, checkpoints and logs are "
-                          "removed first). Without it an occupied --output_dir is refused, unless resuming."},
+        metadata={"help": "Replace the run already in --output_dir: its metrics, model, checkpoints and logs are "
+                          "removed once the new run's flags, model config and data have passed their checks. "
+                          "Without it an occupied --output_dir is refused, unless resuming."},
     )
     checkpointing_steps: str | None = field(
         default=None, metadata={"help": "Save a resumable checkpoint every N steps, or 'epoch'."}
@@ -257,9 +283,12 @@ class OutputArgs:
     save_final_model: bool = field(default=True, metadata={"help": "Export model + tokenizer to output_dir/final."})
     report_to: str = field(
         default="wandb",
-        metadata={"help": "Trackers, comma-separated: wandb, tensorboard, all (those two), none, or any other "
-                          f"accelerate tracker ({', '.join(TRACKERS[2:])}). W&B runs offline without credentials."})
-    wandb_project: str = field(default="qa-train", metadata={"help": "W&B project."})
+        metadata={"help": "Trackers, comma- or space-separated: wandb, tensorboard, all (those two), none, or any "
+                          f"other accelerate tracker ({', '.join(TRACKERS[2:])}). W&B runs offline without "
+                          "credentials. Default: wandb (transformers' example tracks only with --with_tracking).",
+                  "nargs": "+"})
+    wandb_project: str | None = field(
+        default=None, metadata={"help": "W&B project (default: $WANDB_PROJECT, else qa-train)."})
     wandb_log_model: bool = field(
         default=False, metadata={"help": "Log the exported model (output_dir/final) as a W&B artifact."})
     run_name: str | None = field(default=None, metadata={"help": "Run name in W&B and reports."})
@@ -283,6 +312,10 @@ class OutputArgs:
                  f"{self.report_to!r}: all and none stand alone")
         _not_negative(self, "save_total_limit")
         _require(self.save_total_limit != 0, "save_total_limit", "must be at least 1 (omit it to keep all)")
+        _require(self.save_total_limit is None or self.checkpointing_steps is not None, "save_total_limit",
+                 "limits checkpoints, and none are written without --checkpointing_steps N or epoch")
+        if self.wandb_project is None:
+            self.wandb_project = os.environ.get("WANDB_PROJECT") or "qa-train"
         if self.checkpointing_steps is not None and self.checkpointing_steps != "epoch":
             _require(self.checkpointing_steps.isdigit() and int(self.checkpointing_steps) > 0, "checkpointing_steps",
                      f"{self.checkpointing_steps!r} is neither a positive number of steps nor 'epoch'")
@@ -319,10 +352,11 @@ class SystemArgs:
                   "supports it and fp32 on CPU."},
     )
     torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
-    torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = field(
-        default="default",
-        metadata={"help": "torch.compile's mode; any but default implies --torch_compile. reduce-overhead "
-                  "replays CUDA graphs: for --pad_to_max_length, where every batch has one shape."},
+    torch_compile_mode: str | None = field(
+        default=None,
+        metadata={"help": f"torch.compile's mode ({', '.join(COMPILE_MODES)}); naming one implies --torch_compile, "
+                  "as in transformers' Trainer. reduce-overhead replays CUDA graphs: for --pad_to_max_length, "
+                  "where every batch has one shape."},
     )
     seed: int = field(default=42, metadata={"help": "Seed for weights init, dropout and shuffling."})
     throughput_warmup_steps: int = field(
@@ -331,9 +365,17 @@ class SystemArgs:
     profile: bool = field(default=False, metadata={"help": "Write a PyTorch profiler trace of a few steps."})
 
     def __post_init__(self) -> None:
-        _not_negative(self, "throughput_warmup_steps")
-        if self.torch_compile_mode != "default":  # as transformers' Trainer: naming a mode asks for compiling
+        _not_negative(self, "throughput_warmup_steps", "seed")
+        _require(self.seed < 2**32, "seed", f"must be below 2**32 (numpy's limit), got {self.seed}")
+        _require(self.torch_compile_mode in (None, *COMPILE_MODES), "torch_compile_mode",
+                 f"{self.torch_compile_mode!r} is not one of {', '.join(COMPILE_MODES)}")
+        if self.torch_compile_mode is not None:  # as transformers' Trainer: naming a mode asks for compiling
             self.torch_compile = True
+
+    @property
+    def compile_mode(self) -> str | None:
+        """torch.compile's mode argument (None: its default)."""
+        return None if self.torch_compile_mode in (None, "default") else self.torch_compile_mode
 
 
 GROUPS: dict[str, type] = {"model": ModelArgs, "data": DataArgs, "optim": OptimArgs, "eval": EvalArgs,
@@ -353,8 +395,15 @@ class TrainArgs:
 
     def __post_init__(self) -> None:
         d = self.data
-        if d.train_file is None or (self.eval.do_eval and d.validation_file is None):
-            _require(bool(d.dataset_name), "dataset_name", "give a hub dataset or --train_file/--validation_file")
+        needs_eval = self.eval.needs_eval_data
+        if d.dataset_name is None and d.train_file is None and d.validation_file is None:
+            d.dataset_name = "squad_v2" if d.version_2_with_negative else "squad"
+        # A local file and an implicit hub split would mix sources silently (and need the network).
+        _require(d.dataset_name is not None or d.train_file is not None, "validation_file",
+                 "is given without --train_file: add --train_file, or --dataset_name to train on a hub dataset")
+        _require(d.dataset_name is not None or d.validation_file is not None or not needs_eval, "train_file",
+                 "is given without --validation_file, so there is nothing to evaluate on: add --validation_file, "
+                 "--dataset_name to evaluate on a hub dataset's validation split, or --no_eval")
         _require(not self.eval.do_predict or d.test_file is not None, "do_predict",
                  "needs --test_file (the questions to answer: SQuAD JSON or JSON lines, answers optional)")
         _require(d.test_file is None or self.eval.do_predict, "test_file", "is only read with --do_predict")
@@ -372,57 +421,3 @@ class TrainArgs:
     def to_dict(self) -> dict[str, Any]:
         """Flat {flag: value}, as metrics.json's `args` and the tracker's config record them."""
         return {k: v for name in GROUPS for k, v in dataclasses.asdict(getattr(self, name)).items()}
-
-
-def _parse_bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "y"):
-        return True
-    if text.lower() in ("0", "false", "no", "n"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-
-
-def _add_flag(parser: argparse._ActionsContainer, f: dataclasses.Field) -> None:
-    help_text = f.metadata.get("help", "")
-    if f.type in ("bool", bool):
-        # `--flag` turns it on, `--flag false` or `--no_flag` turns it off.
-        parser.add_argument(f"--{f.name}", type=_parse_bool, nargs="?", const=True, default=f.default, help=help_text)
-        parser.add_argument(f"--no_{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
-        return
-    kind = str(f.type)
-    conv: Any = int if kind.startswith("int") else float if kind.startswith("float") else str
-    choices = None
-    if kind.startswith("Literal"):
-        choices = [c.strip(" '\"") for c in kind[len("Literal["):-1].split(",")]
-    parser.add_argument(f"--{f.name}", type=conv, default=f.default, choices=choices, help=help_text)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="qa_train",
-        description="Fine-tune a BERT-style encoder on SQuAD. The strategy (DDP, FSDP, ZeRO-1/2/3, offload) "
-        "comes from the config file given to `accelerate launch --config_file`.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        allow_abbrev=False,
-    )
-    for name, group in GROUPS.items():
-        section = parser.add_argument_group(name, (group.__doc__ or "").strip())
-        for f in dataclasses.fields(group):
-            _add_flag(section, f)
-    parser.add_argument("--no_eval", dest="do_eval", action="store_false", help="Skip evaluation.")
-    return parser
-
-
-def parse_args(argv: list[str] | None = None) -> TrainArgs:
-    """Parse and validate; argparse exits with code 2 on unknown flags, ConfigError is raised on bad values."""
-    parser = build_parser()
-    parser.add_argument("--offline_demo", action="store_true",
-                        help="Train the bundled tiny BERT on the bundled demo data (no network needed).")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--offline_demo" in argv:
-        parser.set_defaults(**DEMO_DEFAULTS)
-    values = vars(parser.parse_args(argv))
-    del values["offline_demo"]
-    if values["run_name"] is None:
-        values["run_name"] = os.environ.get("QA_TRAIN_RUN_NAME") or Path(values["output_dir"]).name
-    return TrainArgs.from_flags(values)

@@ -18,7 +18,7 @@ OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "ro
 def load_tokenizer(args: ModelArgs):
     from transformers import AutoTokenizer
 
-    name = args.tokenizer_name or args.model_name_or_path
+    name = args.tokenizer_source
     tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True)
     if not tokenizer.is_fast:
         raise ConfigError(f"--tokenizer_name {name!r}: a fast tokenizer is needed for offset mappings")
@@ -34,7 +34,7 @@ def load_config(args: ModelArgs):
     before any data is read."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(args.config_name or args.model_name_or_path)
+    config = AutoConfig.from_pretrained(args.config_source)
     resolve_attention(args, config)
     return config
 
@@ -84,7 +84,7 @@ def check_positions(config, tokenizer, max_seq_length: int) -> None:
 
 
 def load_model(args: ModelArgs, tokenizer, config):
-    """Pretrained weights by default; random init from --config_name (offline use, benchmarks).
+    """Pretrained weights (with --config_name's config if given); random init from --config_name alone.
 
     Master weights are fp32 whatever the checkpoint stores: transformers 5 loads a checkpoint in its
     stored dtype, so an fp16/bf16 upload would otherwise train in half precision (autocast is how
@@ -97,7 +97,7 @@ def load_model(args: ModelArgs, tokenizer, config):
     if args.attn_implementation == "auto":
         why = "" if attention == "sdpa" else f": {qa_model_class(config).__name__} does not support SDPA"
         log.info("attention: %s (auto%s)", attention, why)
-    if args.config_name:
+    if args.from_scratch:
         config.vocab_size = max(config.vocab_size, len(tokenizer))
         model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=attention, dtype=torch.float32)
     else:

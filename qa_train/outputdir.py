@@ -1,7 +1,8 @@
 """The output-dir contract, checked before any data or model work: never write over a run by accident.
 
 As in transformers: a directory that holds a run is refused unless `--overwrite_output_dir` (which
-removes that run's files first) or `--resume_from_checkpoint` (which continues it).
+removes that run's files, once the new run's flags, model config and data have passed their checks) or
+`--resume_from_checkpoint` (which continues it).
 """
 
 from __future__ import annotations
@@ -34,23 +35,31 @@ def _inside(path: Path, folder: Path) -> bool:
     return path.resolve().is_relative_to(folder.resolve())
 
 
-def claim(output: OutputArgs, is_main: bool) -> None:
-    """Refuse an occupied or unwritable output_dir; with --overwrite_output_dir the main process clears the old run."""
+def claim(output: OutputArgs) -> None:
+    """Refuse an occupied or unwritable output_dir. Nothing is removed here: --overwrite_output_dir's clearing
+    waits for `clear_previous_run`, after the data has been read, so a refused record cannot cost the old run."""
     out = Path(output.output_dir)
     found = run_files(out)
     resume = output.resume_from_checkpoint
-    if found and output.overwrite_output_dir and resume is None:
-        if is_main:
-            for name in found:
-                target = out / name
-                shutil.rmtree(target) if target.is_dir() else target.unlink()
-    elif found and resume is None:
+    if found and resume is None and not output.overwrite_output_dir:
         raise ConfigError(f"--output_dir {out}: holds a run ({', '.join(found)}); pass --overwrite_output_dir to "
                           "replace it, or --resume_from_checkpoint latest to continue it")
-    elif found and resume == "latest" and "checkpoints" not in found:
+    if found and resume == "latest" and "checkpoints" not in found:
         raise ConfigError(f"--output_dir {out}: holds a run without checkpoints ({', '.join(found)}), so "
                           "--resume_from_checkpoint latest would start over on top of it; pass --overwrite_output_dir")
-    elif found and resume not in (None, "latest") and not _inside(Path(resume), out):
+    if found and resume not in (None, "latest") and not _inside(Path(resume), out):
         raise ConfigError(f"--output_dir {out}: holds another run ({', '.join(found)}) than the one in "
                           f"--resume_from_checkpoint {resume}; choose an empty --output_dir or --overwrite_output_dir")
     check_writable(out)
+
+
+def clear_previous_run(output: OutputArgs, is_main: bool) -> list[str]:
+    """--overwrite_output_dir: the main process removes the old run's files (a user's own files stay).
+    Returns what was removed."""
+    out = Path(output.output_dir)
+    found = run_files(out) if output.overwrite_output_dir and output.resume_from_checkpoint is None else []
+    if is_main:
+        for name in found:
+            target = out / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+    return found

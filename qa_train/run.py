@@ -22,7 +22,7 @@ def run(args: TrainArgs) -> RunMetrics | None:
     """Train, evaluate, record and export. Returns metrics on the main process (None elsewhere)."""
     t_start = time.perf_counter()
     trainer = Trainer(args)
-    initial = trainer.evaluate() if args.eval.eval_before_training else None
+    initial = trainer.evaluate() if args.eval.eval_on_start else None
     trainer.log_eval(initial)
     if initial is not None:
         start = trainer.state.completed_steps

@@ -81,10 +81,10 @@ class Scores:
     f1: float | None = None
     """SQuAD token F1 (0-100) after training; None with --no_eval."""
     initial_exact_match: float | None = None
-    """Exact match before this run trained (--eval_before_training): of the untrained model, or of the
+    """Exact match before this run trained (--eval_on_start): of the untrained model, or of the
     resumed one when initial_eval_step > 0."""
     initial_f1: float | None = None
-    """F1 before this run trained (--eval_before_training); see initial_eval_step."""
+    """F1 before this run trained (--eval_on_start); see initial_eval_step."""
     initial_eval_step: int | None = None
     """Optimizer step of the model the initial_* scores are for: 0 untrained, N resumed from step N."""
     best_eval_step: int | None = None

@@ -30,6 +30,7 @@ from qa_train.modeling import (check_positions, flops_per_token, import_model_co
                                load_tokenizer, uses_token_types)
 from qa_train.monitor import IntervalMonitor, ModelCost, interval_log
 from qa_train.optimization import batches_per_rank, build_optimizer, plan_steps
+from qa_train.outputdir import clear_previous_run
 from qa_train.preemption import StopRequest
 from qa_train.profiling import start_profiler
 from qa_train.progress import Progress
@@ -77,6 +78,11 @@ class Trainer:
         self.accelerator, self.mixed_precision = distributed.make_accelerator(args, trackers)
         self.is_main = self.accelerator.is_main_process
         setup_logging(self.is_main)
+        # Only now, with every record read and checked, may --overwrite_output_dir cost the old run.
+        replaced = clear_previous_run(out, self.is_main)
+        if replaced:
+            log.info("--overwrite_output_dir: removed the previous run's %s from %s", ", ".join(replaced),
+                     self.output_dir)
         distributed.check_world(self.accelerator)
         self.strategy = distributed.detect_strategy(self.accelerator)
         self.on_cuda = self.accelerator.device.type == "cuda"
@@ -127,8 +133,7 @@ class Trainer:
         if args.system.torch_compile:
             # In place, not torch.compile(model): its wrapper prefixes every weight name with `_orig_mod.`, so
             # the export loaded as a fresh model and checkpoints would not resume without compiling.
-            mode = args.system.torch_compile_mode
-            model.compile(dynamic=not args.data.pad_to_max_length, mode=None if mode == "default" else mode)
+            model.compile(dynamic=not args.data.pad_to_max_length, mode=args.system.compile_mode)
         self.plan = plan_steps(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
         optimizer, scheduler = build_optimizer(accelerator, model, args, self.plan)
         distributed.reconcile_with_flags(accelerator, args, self.mixed_precision)

@@ -13,7 +13,7 @@ import torch
 
 from conftest import tiny_flags
 
-from qa_train.config import parse_args
+from qa_train.flags import parse_args
 from qa_train.run import run
 from qa_train.trainer import Trainer
 

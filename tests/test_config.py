@@ -7,7 +7,8 @@ import time
 import pytest
 
 from conftest import DEMO_DEV, PY, run_cmd
-from qa_train.config import ConfigError, parse_args
+from qa_train.config import ConfigError
+from qa_train.flags import parse_args
 
 
 @pytest.mark.parametrize(
@@ -31,6 +32,14 @@ from qa_train.config import ConfigError, parse_args
         (["--do_predict", "--test_file", "/nonexistent/test.json"], "--test_file"),
         (["--max_predict_samples", "-1"], "--max_predict_samples"),
         (["--null_score_diff_threshold", "nan"], "--null_score_diff_threshold"),
+        (["--seed", "-1"], "--seed"),
+        (["--max_train_samples", "0"], "--max_train_samples: must be at least 1"),
+        (["--max_eval_samples", "0"], "--max_eval_samples"),
+        (["--save_total_limit", "2"], "--save_total_limit: .*--checkpointing_steps"),
+        (["--torch_compile_mode", "fastest"], "--torch_compile_mode"),
+        # A local file beside an implicit hub split would mix sources without saying so.
+        (["--train_file", str(DEMO_DEV)], "--train_file: .*--validation_file.*--no_eval"),
+        (["--validation_file", str(DEMO_DEV)], "--validation_file: .*--train_file"),
     ],
 )
 def test_impossible_values_name_the_flag(argv: list[str], flag: str) -> None:
@@ -38,11 +47,31 @@ def test_impossible_values_name_the_flag(argv: list[str], flag: str) -> None:
         parse_args(argv)
 
 
-def test_unknown_flag_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--max_seq_lenght", "128"], "unknown flag --max_seq_lenght: did you mean --max_seq_length?"),
+    (["--fp16"], "unknown flag --fp16: --mixed_precision fp16"),
+    (["--with_tracking", "--max_steps=3"], "--with_tracking: qa_train tracks by default; choose trackers with "
+                                          "--report_to; unknown flag --max_steps: --max_train_steps"),
+    (["--logging_steps", "x"], "argument --logging_steps: invalid int value: 'x'"),
+])
+def test_unknown_flags_are_refused_in_one_line_saying_where_to_go(argv: list[str], says: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        parse_args(["--max_seq_lenght", "128"])
+        parse_args(argv)
     assert exc.value.code == 2
-    assert "--max_seq_lenght" in capsys.readouterr().err
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("qa_train: error: ") and says in line
+
+
+def test_trainer_spellings_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_args(["--eval_on_start"]).eval.eval_on_start is True
+    assert parse_args(["--eval_before_training"]).eval.eval_on_start is True  # the earlier name still works
+    assert parse_args(["--report_to", "wandb", "tensorboard"]).output.trackers == ["wandb", "tensorboard"]
+    assert parse_args(["--report_to", "wandb,tensorboard"]).output.trackers == ["wandb", "tensorboard"]
+    assert parse_args([]).output.wandb_project == "qa-train"
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
+    assert parse_args([]).output.wandb_project == "from-env"
+    assert parse_args(["--wandb_project", "flag"]).output.wandb_project == "flag"
 
 
 def test_defaults_follow_transformers_examples() -> None:
@@ -54,15 +83,20 @@ def test_defaults_follow_transformers_examples() -> None:
     assert (args.data.version_2_with_negative, args.eval.null_score_diff_threshold, args.eval.do_predict) == (
         False, 0.0, False)
     assert args.model.attn_implementation == "auto"  # SDPA where the family supports it, else eager
+    assert parse_args(["--version_2_with_negative"]).data.dataset_name == "squad_v2"
+    local = ["--train_file", str(DEMO_DEV), "--validation_file", str(DEMO_DEV)]
+    assert parse_args(local).data.dataset_name is None  # nothing comes from the hub
+    assert parse_args(["--train_file", str(DEMO_DEV), "--no_eval"]).data.dataset_name is None
+    assert parse_args(["--train_file", str(DEMO_DEV), "--dataset_name", "squad"]).data.dataset_name == "squad"
 
 
-def test_a_compile_mode_asks_for_compiling(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_compile_mode_asks_for_compiling() -> None:
+    """As transformers' Trainer: naming any mode, default included, turns compiling on."""
     assert parse_args([]).system.torch_compile is False
-    assert parse_args(["--torch_compile"]).system.torch_compile_mode == "default"
-    assert parse_args(["--torch_compile_mode", "reduce-overhead"]).system.torch_compile is True
-    with pytest.raises(SystemExit):
-        parse_args(["--torch_compile_mode", "fastest"])
-    assert "--torch_compile_mode" in capsys.readouterr().err
+    assert parse_args(["--torch_compile"]).system.compile_mode is None
+    assert parse_args(["--torch_compile_mode", "default"]).system.torch_compile is True
+    reduce = parse_args(["--torch_compile_mode", "reduce-overhead"]).system
+    assert reduce.torch_compile is True and reduce.compile_mode == "reduce-overhead"
 
 
 def test_bool_flags_parse_both_ways() -> None:
@@ -84,7 +118,8 @@ def test_cli_refuses_fast_without_loading(env: dict[str, str]) -> None:
 def test_every_flag_lives_in_exactly_one_group_and_round_trips() -> None:
     import dataclasses
 
-    from qa_train.config import GROUPS, TrainArgs, build_parser
+    from qa_train.config import GROUPS, TrainArgs
+    from qa_train.flags import build_parser
 
     names = [f.name for group in GROUPS.values() for f in dataclasses.fields(group)]
     assert len(names) == len(set(names)) == 62

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from qa_train.config import ConfigError, parse_args
+from qa_train.config import ConfigError
+from qa_train.flags import parse_args
 from qa_train.distributed import (num_parameters, reconcile_deepspeed, resolve_mixed_precision,
                                   scheduler_steps_per_update, uses_deepspeed_optimizer)
 

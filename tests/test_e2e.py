@@ -21,7 +21,7 @@ def single_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = base_env(tmp)
     env.pop("WANDB_MODE", None)  # no credentials: the run must fall back to offline W&B by itself
     out = tmp / "run"
-    flags = tiny_flags(out, "--max_train_steps", "300", "--eval_before_training", "--logging_steps", "50",
+    flags = tiny_flags(out, "--max_train_steps", "300", "--eval_on_start", "--logging_steps", "50",
                        "--eval_strategy", "steps", "--eval_steps", "50", "--wandb_log_model")
     flags[flags.index("--report_to") + 1] = "all"
     run_ok([PY, "-m", "qa_train", *flags], env)

@@ -75,7 +75,7 @@ def test_family_trains_exports_and_predicts_with_default_flags(family: str, fami
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers import AutoModelForQuestionAnswering
 
-    from qa_train.config import parse_args
+    from qa_train.flags import parse_args
     from qa_train.predict import Predictor
     from qa_train.run import run
 

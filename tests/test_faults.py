@@ -61,6 +61,17 @@ def test_occupied_output_dir_is_refused_and_overwrite_replaces_the_run(tmp_path:
     assert (out / "metrics.json").read_bytes() == before
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000001", "step_00000002"]
 
+    # --overwrite_output_dir with a record that is refused: the refusal comes before the old run is touched.
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "a short context", "qas": [
+        {"id": "q1", "question": "what?", "answers": [{"text": "absent", "answer_start": 0}]}]}]}]}))
+    proc = run_cmd(qa_train(out, "--max_train_steps", "1", "--train_file", str(bad), "--overwrite_output_dir"), env)
+    assert proc.returncode == 2
+    [line] = error_lines(proc)
+    assert str(bad) in line and "q1" in line
+    assert (out / "metrics.json").read_bytes() == before
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000001", "step_00000002"]
+
     run_ok(qa_train(out, "--max_train_steps", "1", "--checkpointing_steps", "1", "--save_total_limit", "1",
                     "--overwrite_output_dir"), env)
     # The old run's step 2 is gone with it: it can neither become `latest` nor push the new run's out.
@@ -198,7 +209,7 @@ def test_preemption_exits_75_and_the_resumed_run_logs_each_step_once(tmp_path: P
 
     # Resume from step 2 (as after a crash past its checkpoint): step 3 is trained and logged again, once.
     resumed = run_ok([*cmd, "--resume_from_checkpoint", str(out / "checkpoints" / "step_00000002"),
-                      "--eval_before_training"], env)
+                      "--eval_on_start"], env)
     assert steps_in(out) == [1, 2, 3, 4, 5, 6]
     evals = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()
              if "eval/f1" in json.loads(line)]

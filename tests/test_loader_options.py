@@ -12,7 +12,7 @@ from test_strategies import step_log
 
 
 def _losses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, *extra: str) -> list[float]:
-    from qa_train.config import parse_args
+    from qa_train.flags import parse_args
     from qa_train.run import run
 
     monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))

@@ -287,7 +287,7 @@ def test_bench_reports_failed_runs_and_goes_on(tmp_path: Path) -> None:
 @pytest.mark.parametrize("on_cpu", [True, False])
 def test_ablation_flips_one_real_flag_per_run(on_cpu: bool) -> None:
     from qa_train import bench
-    from qa_train.config import parse_args
+    from qa_train.flags import parse_args
 
     plans = bench.ablation_plans(on_cpu)
     assert plans[0].label == "default" and plans[0].name == "default-p1-r1" and plans[0].extra == []
