@@ -51,9 +51,13 @@ class BestModel:
     Scores exist on the main process only; every method that decides is a collective all ranks call, so
     they all decide alike."""
 
-    def __init__(self, accelerator: Any, output_dir: Path, keep: bool, resumed: bool) -> None:
+    def __init__(self, accelerator: Any, output_dir: Path, keep: bool, resumed: bool,
+                 carried: dict[str, float] | None = None) -> None:
+        """`carried`: the best evaluation a resumed checkpoint recorded; with `keep`, the model kept in
+        output_dir/best says which one it is."""
         self.accelerator, self.output_dir, self.keep = accelerator, output_dir, keep
-        self.score = read_best(output_dir) if keep and resumed else None
+        kept = read_best(output_dir) if keep and resumed else None
+        self.score = kept or (BestScore(**carried) if resumed and carried else None)
 
     def _from_main(self, value: float) -> float:
         import torch
@@ -72,6 +76,10 @@ class BestModel:
             folder = export(self.output_dir / "best")
             if self.accelerator.is_main_process:
                 write_best(folder, self.score)
+
+    def as_record(self) -> dict[str, float] | None:
+        """What a checkpoint carries of it (TrainerState.best_eval)."""
+        return asdict(self.score) if self.score is not None else None
 
     def replaces_last(self, final_scores: Any) -> bool:
         """Whether the kept model, not the last, is the export: it scored higher than the final evaluation (a

@@ -25,6 +25,12 @@ RNG_FILE = "random_states_{}.pkl"  # accelerate's name for one rank's RNG state
 CONTRACT = ("world_size", "global_batch_size", "per_device_train_batch_size", "gradient_accumulation_steps",
             "total_steps")
 COUNTERS = ("completed_steps", "epoch", "batches_in_epoch")
+# What decides the order of the training windows: a mid-epoch resume replays the epoch's order and skips what
+# was consumed, so all of these must be as they were (at an epoch boundary a change only starts a new order).
+DATA_ORDER = {  # name: (what it is, how to resume as before)
+    "seed": ("--seed", "--seed {was}"), "group_by_length": ("--group_by_length", "--group_by_length {was}"),
+    "num_train_windows": ("the number of training windows", "the checkpoint's training data and windowing "
+                          "(--train_file, --max_train_samples, --max_seq_length, --doc_stride, the tokenizer)")}
 
 
 class CheckpointError(ValueError):
@@ -47,9 +53,17 @@ class TrainerState:
     per_device_train_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
     total_steps: int | None = None
+    # The best evaluation so far ({"step", "exact_match", "f1"}), so a resumed run's best_* still counts the
+    # evaluations before the checkpoint (with --save_best, output_dir/best/best.json says the same).
+    seed: int | None = None
+    group_by_length: bool | None = None
+    num_train_windows: int | None = None
+    best_eval: dict[str, float] | None = None
+    # A stop request ended the run at a step that owed an in-loop evaluation: the resumed run does it first.
+    eval_owed: bool = False
 
-    def contract(self) -> dict[str, int | None]:
-        return {name: getattr(self, name) for name in CONTRACT}
+    def contract(self) -> dict[str, int | bool | None]:
+        return {name: getattr(self, name) for name in (*CONTRACT, *DATA_ORDER)}
 
 
 def state_from_json(text: str) -> TrainerState:
@@ -68,6 +82,15 @@ def state_from_json(text: str) -> TrainerState:
             raise ValueError(f"{name} is {data[name]!r}, not a positive integer")
     if "run_id" in data and not (isinstance(data["run_id"], str) and data["run_id"]):
         raise ValueError(f"run_id is {data['run_id']!r}, not a string")
+    for name in DATA_ORDER:
+        value = data.get(name)
+        if value is not None and not (isinstance(value, bool) if name == "group_by_length" else _is_int(value)):
+            raise ValueError(f"{name} is {value!r}")
+    if not isinstance(data.get("eval_owed", False), bool):
+        raise ValueError(f"eval_owed is {data['eval_owed']!r}, not true or false")
+    best = data.get("best_eval")
+    if best is not None and not (isinstance(best, dict) and set(best) == {"step", "exact_match", "f1"}):
+        raise ValueError(f"best_eval is {best!r}, not a step with its exact_match and f1")
     return TrainerState(**data)
 
 
@@ -205,6 +228,25 @@ def _latest_usable(root: Path, warn: bool) -> Path | None:
     return chosen
 
 
+def set_aside_later(path: Path, output_dir: str | Path) -> list[Path]:
+    """Resuming from `path` abandons the usable checkpoints after it in output_dir: left as step_N, `latest`
+    and rotation would prefer them to the resumed run's own. Renamed (main process), never deleted."""
+    step = _step_of(path)
+    if step is None or path.parent.resolve() != checkpoint_root(output_dir).resolve():
+        return []
+    moved = []
+    for later in _step_folders(path.parent):
+        if (_step_of(later) or 0) > step and verify(later) is None:
+            aside = later.with_name(f"{later.name}.abandoned")
+            _delete(aside)
+            later.rename(aside)
+            moved.append(aside)
+    if moved:
+        log.warning("resuming from %s: the later checkpoints belong to the continuation it abandons; moved "
+                    "aside, not deleted: %s", path, ", ".join(str(m) for m in moved))
+    return moved
+
+
 def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str], list[str]]:
     """Why this run cannot continue `saved` (refusals), and what changes although it can (notes).
 
@@ -229,6 +271,9 @@ def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str],
     elif not refusals and (changed("per_device_train_batch_size") or changed("gradient_accumulation_steps")):
         split = _split_change(saved, now)
         (refusals if saved.batches_in_epoch else notes).append(split)
+    for name in DATA_ORDER:
+        if changed(name):
+            (refusals if saved.batches_in_epoch else notes).append(_order_change(saved, now, name))
     if changed("total_steps"):
         note = (f"total steps {saved.total_steps} -> {now.total_steps}: the LR schedule is recomputed for "
                 f"{now.total_steps} steps, so the learning rate jumps at step {saved.completed_steps}")
@@ -236,6 +281,16 @@ def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str],
             note += f"; the checkpoint is already at step {saved.completed_steps}, so no training step runs"
         notes.append(note)
     return refusals, notes
+
+
+def _order_change(saved: TrainerState, now: TrainerState, name: str) -> str:
+    what, fix = DATA_ORDER[name]
+    was, now_is = getattr(saved, name), getattr(now, name)
+    if saved.batches_in_epoch:
+        return (f"{what} {was} -> {now_is}, and it stopped {saved.batches_in_epoch} micro-batches into epoch "
+                f"{saved.epoch}: the epoch's order would change under the skipped batches, so some windows would "
+                f"be trained twice and others never; resume with {fix.format(was=was)}")
+    return f"{what} {was} -> {now_is} at an epoch boundary: later epochs follow the new order"
 
 
 def _split_change(saved: TrainerState, now: TrainerState) -> str:

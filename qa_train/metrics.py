@@ -37,7 +37,8 @@ def device_name(device: torch.device) -> str:
 
 @dataclass
 class ThroughputMeter:
-    """Counts samples and tokens per optimizer step; the first `warmup_steps` steps are not timed."""
+    """Counts samples and tokens per optimizer step; the first `warmup_steps` steps are not timed, unless that
+    would leave none timed (then every step is)."""
 
     warmup_steps: int
     steps: int = 0
@@ -49,8 +50,14 @@ class ThroughputMeter:
     t_end: float | None = None
     t_first: float = field(default_factory=time.perf_counter)
     excluded_s: float = 0.0  # evaluation during training
+    counted: tuple[int, int, int] = (0, 0, 0)  # every step's samples, tokens and padded tokens, warm-up included
+
+    def start(self) -> None:
+        """Training begins (what came before, such as an evaluation before training, is not timed)."""
+        self.t_first = time.perf_counter()
 
     def micro_batch(self, samples: int, tokens: int, padded_tokens: int) -> None:
+        self.counted = (self.counted[0] + samples, self.counted[1] + tokens, self.counted[2] + padded_tokens)
         if self.steps >= self.warmup_steps:
             self.samples += samples
             self.tokens += tokens
@@ -67,8 +74,9 @@ class ThroughputMeter:
     def finish(self, sync) -> None:
         sync()
         self.t_end = time.perf_counter()
-        if self.t_start is None:  # fewer steps than warm-up: time everything rather than nothing
-            self.t_start = self.t_first
+        if self.timed_steps == 0:  # no more steps than warm-up: time everything rather than nothing
+            self.t_start, self.timed_steps = self.t_first, self.steps
+            self.samples, self.tokens, self.padded_tokens = self.counted
 
     def exclude(self, seconds: float) -> None:
         if self.t_start is not None:  # before the clock starts, nothing is timed anyway
@@ -164,17 +172,22 @@ def summarize(ranks: list[RankFigures], flops_per_token_padded: float, peak: flo
     """Combine the ranks' figures: throughput summed over ranks, timed by the slowest; memory per rank."""
     elapsed = max(r.elapsed_s for r in ranks)
     steps = max(r.timed_steps for r in ranks)
+
+    def per_second(total: float, digits: int) -> float | None:
+        # A resumed run with no step left to train has no throughput, not a zero one.
+        return round(total / elapsed, digits) if steps else None
+
     padded_per_s = sum(r.padded_tokens for r in ranks) / elapsed
     tflops, mfu = achieved(padded_per_s / len(ranks), flops_per_token_padded, peak)
     train_memory = [r.cuda_allocated_gib if on_cuda else r.train_rss_gib for r in ranks]
     return TrainFigures(
-        train_samples_per_second=round(sum(r.samples for r in ranks) / elapsed, 3),
-        train_tokens_per_second=round(sum(r.tokens for r in ranks) / elapsed, 1),
-        train_padded_tokens_per_second=round(padded_per_s, 1),
+        train_samples_per_second=per_second(sum(r.samples for r in ranks), 3),
+        train_tokens_per_second=per_second(sum(r.tokens for r in ranks), 1),
+        train_padded_tokens_per_second=per_second(padded_per_s * elapsed, 1),
         train_step_time_s_mean=round(elapsed / steps, 5) if steps else None,
         timed_steps=int(steps),
-        tflops_per_device=round(tflops, 3),
-        mfu=mfu,
+        tflops_per_device=round(tflops, 3) if steps else None,
+        mfu=mfu if steps else None,
         peak_memory_source="cuda_max_allocated" if on_cuda else "host_rss_during_training",
         peak_memory_gb=PerRank.of(train_memory),
         peak_memory_reserved_gb=PerRank.of([r.cuda_reserved_gib for r in ranks]),

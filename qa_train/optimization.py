@@ -78,3 +78,50 @@ def build_optimizer(accelerator, model, args: TrainArgs, plan: Plan):
 
     groups = param_groups(model, o.weight_decay)
     return distributed.optimizer_and_scheduler(accelerator, groups, args, adamw, schedule)
+
+
+# What the flags set per parameter group; accelerate's load_state restores the checkpoint's values over them.
+GROUP_SETTINGS = ("weight_decay", "betas", "eps")
+
+
+@dataclass
+class Hyperparameters:
+    """This run's optimizer settings, taken before a resume: the checkpoint brings moments and the step count,
+    the flags bring the learning rate and the rest (as a user who lowers --learning_rate after a divergence
+    expects; accelerate alone would keep the checkpoint's)."""
+
+    base_lrs: list[float]
+    groups: list[dict]
+
+
+def _lambda_scheduler(scheduler):
+    inner = getattr(scheduler, "scheduler", scheduler)  # accelerate wraps it
+    return inner if hasattr(inner, "lr_lambdas") and hasattr(inner, "base_lrs") else None
+
+
+def hyperparameters(scheduler) -> Hyperparameters | None:
+    sched = _lambda_scheduler(scheduler)
+    if sched is None:
+        return None
+    return Hyperparameters(list(sched.base_lrs),
+                           [{k: g[k] for k in GROUP_SETTINGS if k in g} for g in sched.optimizer.param_groups])
+
+
+def reapply(scheduler, fresh: Hyperparameters | None) -> list[str]:
+    """Put this run's settings back over a loaded checkpoint's, the schedule continuing at the checkpoint's
+    step; returns what differed, one phrase each."""
+    sched = _lambda_scheduler(scheduler)
+    if sched is None or fresh is None or len(sched.optimizer.param_groups) != len(fresh.groups):
+        return []
+    changes = []
+    if list(sched.base_lrs) != fresh.base_lrs:
+        changes.append(f"learning rate {sched.base_lrs[0]:.3g} -> {fresh.base_lrs[0]:.3g}")
+    for group, settings in zip(sched.optimizer.param_groups, fresh.groups):
+        changes += [f"{k} {group[k]} -> {v}" for k, v in settings.items() if group.get(k) != v]
+        group.update(settings)
+    sched.base_lrs = list(fresh.base_lrs)
+    for group, base, lam in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+        group["initial_lr"] = base
+        group["lr"] = base * lam(sched.last_epoch)
+    sched._last_lr = [group["lr"] for group in sched.optimizer.param_groups]
+    return list(dict.fromkeys(changes))

@@ -29,7 +29,7 @@ from qa_train.metrics import (DeviceMemory, RankFigures, ThroughputMeter, device
 from qa_train.modeling import (check_positions, flops_per_token, import_model_code, load_config, load_model,
                                load_tokenizer, uses_token_types)
 from qa_train.monitor import IntervalMonitor, ModelCost, interval_log
-from qa_train.optimization import batches_per_rank, build_optimizer, plan_steps
+from qa_train.optimization import batches_per_rank, build_optimizer, hyperparameters, plan_steps, reapply
 from qa_train.outputdir import clear_previous_run
 from qa_train.preemption import StopRequest
 from qa_train.profiling import start_profiler
@@ -105,7 +105,8 @@ class Trainer:
         self.monitor = IntervalMonitor(self.accelerator, self.device_memory, self.host_memory, cost)
         # fp16's loss scaler expects overflowing gradients now and then and skips those steps itself.
         self.guard_grad_norm = self.mixed_precision != "fp16"
-        self.best = best.BestModel(self.accelerator, self.output_dir, args.eval.save_best, self.first_step > 0)
+        self.best = best.BestModel(self.accelerator, self.output_dir, args.eval.save_best, self.first_step > 0,
+                                   self.state.best_eval)
         self.last_loss = float("nan")
         self.preempted = False
         self.train_runtime_s = 0.0
@@ -150,14 +151,23 @@ class Trainer:
                                       global_batch_size=self.global_batch_size,
                                       per_device_train_batch_size=self.args.data.per_device_train_batch_size,
                                       gradient_accumulation_steps=self.args.optim.gradient_accumulation_steps,
-                                      total_steps=self.plan.total_steps)
+                                      total_steps=self.plan.total_steps, seed=self.args.system.seed,
+                                      group_by_length=self.args.data.group_by_length,
+                                      num_train_windows=len(self.inputs.train_features))
         spec = self.args.output.resume_from_checkpoint
         path = checkpoint.resolve_resume(spec, self.output_dir, warn=self.is_main)
         if path is None:
             if spec == "latest":
                 log.info("no checkpoint in %s yet: starting from scratch", checkpoint.checkpoint_root(self.output_dir))
             return now
+        fresh = hyperparameters(self.scheduler)
         state = checkpoint.load_checkpoint(self.accelerator, path, now)
+        changed = reapply(self.scheduler, fresh)
+        if self.is_main:
+            checkpoint.set_aside_later(path, self.output_dir)
+            if changed:
+                log.warning("resuming from %s with this run's %s (the schedule continues at step %d)", path,
+                            ", ".join(changed), state.completed_steps)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.completed_steps, state.epoch,
                  state.batches_in_epoch)
         return state
@@ -181,6 +191,9 @@ class Trainer:
         plan, system = self.plan, self.args.system
         log.info("training %d steps (%d epochs of %d updates), global batch %d", plan.total_steps, plan.num_epochs,
                  plan.updates_per_epoch, self.global_batch_size)
+        if self.state.eval_owed:  # the stopped run's last step owed an evaluation
+            self._evaluate_during_training()
+            self.state.eval_owed = False
         # Peaks from here on are the training phase's alone: loading, resuming and evaluation are not training.
         self.host_memory.reset()
         self.device_memory.reset()
@@ -189,6 +202,7 @@ class Trainer:
         self.progress = self._progress("train", plan.total_steps, self.state.completed_steps, "step",
                                        self.global_batch_size)
         t0 = time.perf_counter()
+        self.meter.start()
         self.model.train()
         while self.state.completed_steps < plan.total_steps and not self.preempted:
             self._train_epoch(profiler)
@@ -261,6 +275,9 @@ class Trainer:
         stopping = logging_step and self._log_interval()
         self.progress.update()  # after the log, so the line carries this step's loss
         if stopping:
+            # The checkpoint comes first (the grace period is short); the evaluation this step owes waits for
+            # the resumed run.
+            state.eval_owed = self._eval_due(state.completed_steps)
             self._save_checkpoint()
             self.stop.clear(self.is_main)
             self.preempted = True
@@ -329,6 +346,7 @@ class Trainer:
 
     def _save_checkpoint(self) -> None:
         self._check_weights()
+        self.state.best_eval = self.best.as_record()
         checkpoint.save_checkpoint(self.accelerator, self.output_dir, self.state, self.args.output.save_total_limit)
 
     def _check_weights(self) -> None:
@@ -422,8 +440,10 @@ class Trainer:
             initial_exact_match=initial.exact_match if initial else None, initial_f1=initial.f1 if initial else None,
             initial_eval_step=self.first_step if initial else None,
             train_runtime_s=round(self.train_runtime_s, 3), eval_runtime_s=scores.runtime_s if scores else None,
-            train_steps=self.state.completed_steps, train_loss=self.last_loss,
-            train_loss_per_rank=[r.last_loss for r in ranks], world_size=self.accelerator.num_processes,
+            train_steps=self.state.completed_steps,
+            train_loss=self.last_loss if math.isfinite(self.last_loss) else None,  # NaN: no step was logged
+            train_loss_per_rank=[r.last_loss if math.isfinite(r.last_loss) else None for r in ranks],
+            world_size=self.accelerator.num_processes,
             strategy=s.name, zero_stage=s.zero_stage, offload=s.offload, distributed_type=s.distributed_type,
             mixed_precision=self.mixed_precision, device=device, num_parameters=distributed.num_parameters(model),
             num_train_examples=inputs.num_train_examples, num_train_features=len(inputs.train_features),

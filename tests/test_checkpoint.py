@@ -457,7 +457,7 @@ def test_an_older_trainer_state_loads(tmp_path: Path) -> None:
     old = make_old_format(tmp_path, "step_00000003")
     state = load_checkpoint(FakeAccelerator(), old)
     assert (state.completed_steps, state.epoch, state.batches_in_epoch) == (3, 1, 2)
-    assert state.contract() == dict.fromkeys(ckpt.CONTRACT)  # all unknown
+    assert state.contract() == dict.fromkeys([*ckpt.CONTRACT, *ckpt.DATA_ORDER])  # all unknown
     assert len(state.run_id) == 32
 
 
@@ -567,6 +567,43 @@ def test_another_split_mid_epoch_is_refused() -> None:
         "its batches were 8 per device x 4 accumulation, this run's are 16 x 2: it stopped 12 micro-batches into "
         "epoch 1, and skipping that many of another size would see examples twice or never; resume with "
         "--per_device_train_batch_size 8 --gradient_accumulation_steps 4"], [])
+
+
+@pytest.mark.parametrize(("change", "fix"), [
+    ({"seed": 7}, "--seed 42"), ({"group_by_length": True}, "--group_by_length False"),
+    ({"num_train_windows": 900}, "the checkpoint's training data and windowing"),
+])
+def test_another_window_order_mid_epoch_is_refused_and_at_a_boundary_noted(change: dict, fix: str) -> None:
+    """A mid-epoch resume replays the epoch's order and skips what was consumed: another seed, grouping or set
+    of windows would train some windows twice and others never."""
+    order = {"seed": 42, "group_by_length": False, "num_train_windows": 1000}
+    refusals, notes = ckpt.resume_conflicts(contract(batches_in_epoch=12, **order), contract(**{**order, **change}))
+    [name] = change
+    assert notes == [] and len(refusals) == 1 and "12 micro-batches into epoch 1" in refusals[0]
+    assert refusals[0].startswith(ckpt.DATA_ORDER[name][0]) and f"resume with {fix}" in refusals[0]
+    refusals, notes = ckpt.resume_conflicts(contract(**order), contract(**{**order, **change}))
+    assert refusals == [] and notes[0].endswith("at an epoch boundary: later epochs follow the new order")
+
+
+def test_a_checkpoint_carries_the_best_evaluation_and_the_owed_one(tmp_path: Path) -> None:
+    state = contract(best_eval={"step": 25, "exact_match": 4.0, "f1": 7.21}, eval_owed=True)
+    path = save_checkpoint(FakeAccelerator(), tmp_path, state, keep=None)
+    assert ckpt.read_state(path) == state
+    with pytest.raises(ValueError, match="best_eval is 3"):
+        ckpt.state_from_json(json.dumps({**json.loads((path / STATE_FILE).read_text()), "best_eval": 3}))
+
+
+def test_resuming_an_earlier_checkpoint_sets_the_later_ones_aside(tmp_path: Path) -> None:
+    """Left in place, step 30 of the abandoned continuation would be `latest` after the resumed run's step 15."""
+    paths = [save_checkpoint(FakeAccelerator(), tmp_path, contract(completed_steps=s, run_id=RUN), keep=None)
+             for s in (10, 20, 30)]
+    moved = ckpt.set_aside_later(paths[0], tmp_path)
+    assert [m.name for m in moved] == ["step_00000020.abandoned", "step_00000030.abandoned"]
+    assert all(ckpt.verify(m) is None for m in moved), "set aside whole, not deleted"
+    save_checkpoint(FakeAccelerator(), tmp_path, contract(completed_steps=15, run_id=RUN), keep=2)
+    assert names(complete_checkpoints(tmp_path)) == ["step_00000010", "step_00000015"]
+    assert resolve_resume("latest", tmp_path).name == "step_00000015"
+    assert ckpt.set_aside_later(tmp_path / "elsewhere" / "step_00000001", tmp_path) == []
 
 
 def test_unknown_fields_are_skipped() -> None:

@@ -119,3 +119,29 @@ def test_every_schema_field_is_documented() -> None:
                     doc = body[i + 1] if i + 1 < len(body) else None
                     assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), \
                         f"{node.name}.{item.target.id} has no docstring"
+
+
+def test_a_run_no_longer_than_its_warm_up_is_timed_whole() -> None:
+    """Two steps with a warm-up of two used to report 0 samples/s: nothing was counted after the warm-up."""
+    from qa_train.metrics import ThroughputMeter
+
+    meter = ThroughputMeter(warmup_steps=2)
+    meter.start()
+    for _ in range(2):
+        meter.micro_batch(8, 700, 1024)
+        meter.optimizer_step(lambda: None)
+    meter.finish(lambda: None)
+    assert (meter.timed_steps, meter.samples, meter.tokens, meter.padded_tokens) == (2, 16, 1400, 2048)
+    longer = ThroughputMeter(warmup_steps=1)
+    for _ in range(3):
+        longer.micro_batch(8, 700, 1024)
+        longer.optimizer_step(lambda: None)
+    longer.finish(lambda: None)
+    assert (longer.timed_steps, longer.samples) == (2, 16), "past the warm-up only the timed steps count"
+
+
+def test_no_timed_step_means_no_throughput_not_zero() -> None:
+    rank = RankFigures(0, 0, 0, 1e-9, 0, math.nan, math.nan, 0.5, 0.3, 0.6, math.nan)
+    figures = summarize([rank], 1e9, None, False)
+    assert figures.train_samples_per_second is None and figures.tflops_per_device is None
+    assert figures.train_step_time_s_mean is None and figures.timed_steps == 0
