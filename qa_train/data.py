@@ -94,7 +94,7 @@ def _decode(path: Path, raw: bytes) -> str:
                         f"({err.reason}); save the file as UTF-8") from None
 
 
-def _lines(text: str) -> list[str]:
+def text_lines(text: str) -> list[str]:
     r"""Lines ended by \n, \r\n or \r. Not str.splitlines: it also breaks at U+2028, U+2029 and U+0085,
     which JSON allows raw inside strings, and would cut a valid record in two."""
     if "\r" in text:  # raw \r cannot occur inside a JSON string, so it can only end a line
@@ -103,7 +103,7 @@ def _lines(text: str) -> list[str]:
 
 
 def _json_lines(path: Path, text: str) -> Iterator[Located]:
-    for lineno, line in enumerate(_lines(text), 1):
+    for lineno, line in enumerate(text_lines(text), 1):
         if line.strip():
             try:
                 yield f"line {lineno}", json.loads(line)

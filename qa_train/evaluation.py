@@ -17,7 +17,7 @@ from qa_train.data import Examples
 from qa_train.features import Features, window_offsets
 from qa_train.hostmem import HostMemory
 from qa_train.postprocess import Answers, Questions, SpanRules, answer_questions
-from qa_train.squad_eval import exact_match, f1, score, score_v2
+from qa_train.squad_eval import question_scores, score, score_v2
 from qa_train.tracking import atomic_write_text
 
 # Padding logit: far below any real logit, finite so bf16/fp16 stay well-defined.
@@ -61,16 +61,15 @@ class EvalResult:
 SAMPLE_COLUMNS = ["id", "question", "gold answers", "prediction", "exact_match", "f1"]
 
 
-def sample_rows(examples: Examples, predictions: dict[str, str], limit: int) -> list[list[object]]:
+def sample_rows(examples: Examples, predictions: dict[str, str], limit: int, *, v2: bool) -> list[list[object]]:
     """Up to `limit` questions spread evenly over the split (not all from its first article), each with its
-    own EM and F1: the table a reader scans to see what the model gets wrong."""
+    own official EM and F1 (SQuAD v2.0's with `v2`): the table a reader scans to see what the model gets wrong."""
     picked = np.unique(np.linspace(0, len(examples) - 1, num=min(limit, len(examples))).astype(int))
     rows: list[list[object]] = []
     for i in picked.tolist():
-        # An unanswerable (v2.0) question's gold is the empty answer, as the official script scores it.
-        golds, pred = examples.answer_texts[i] or [""], predictions.get(examples.ids[i], "")
-        rows.append([examples.ids[i], examples.questions[i], " | ".join(golds), pred,
-                     max(exact_match(pred, g) for g in golds), round(max(f1(pred, g) for g in golds), 4)])
+        golds, pred = examples.answer_texts[i], predictions.get(examples.ids[i], "")
+        em, f = question_scores(pred, golds, v2=v2)
+        rows.append([examples.ids[i], examples.questions[i], " | ".join(golds), pred, em, round(f, 4)])
     return rows
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qa_train.config import ConfigError
 from qa_train.data import DataError, Examples
 
 # As in the original BERT SQuAD recipe: a longer question is cut so the context keeps its room.
@@ -49,6 +50,7 @@ class PairTemplate:
         types = enc.get("token_type_ids") or [0] * len(ids)
         cls_id = tokenizer.cls_token_id
         prefix = ids[: q_pos[0]]
+        _check_layout(tokenizer, ids, prefix)
         return cls(
             prefix=prefix, middle=ids[q_pos[-1] + 1: c_pos[0]], suffix=ids[c_pos[-1] + 1:],
             type_question=types[q_pos[0]], type_context=types[c_pos[0]],
@@ -58,6 +60,21 @@ class PairTemplate:
     @property
     def num_special(self) -> int:
         return len(self.prefix) + len(self.middle) + len(self.suffix)
+
+
+def _check_layout(tokenizer, pair_ids: np.ndarray, prefix: np.ndarray) -> None:
+    """Refuse what the windows cannot hold: they put the classifier token (the v2.0 null answer) before
+    the question and padding after the context; XLNet has its <cls> last and pads on the left."""
+    cls_id = tokenizer.cls_token_id
+    unsupported = []
+    if cls_id is not None and cls_id in pair_ids and cls_id not in prefix:
+        unsupported.append("a classifier token after the question")
+    if getattr(tokenizer, "padding_side", "right") != "right":
+        unsupported.append(f"padding_side={tokenizer.padding_side!r}")
+    if unsupported:
+        raise ConfigError(f"--tokenizer_name {tokenizer.name_or_path!r} ({type(tokenizer).__name__}): "
+                          f"{' and '.join(unsupported)} not supported; qa_train needs the classifier token "
+                          "first and padding on the right")
 
 
 @dataclass

@@ -6,6 +6,7 @@ import inspect
 import logging
 
 from qa_train.config import ConfigError, ModelArgs
+from qa_train.features import PairTemplate
 
 log = logging.getLogger("qa_train")
 
@@ -26,6 +27,7 @@ def load_tokenizer(args: ModelArgs):
     if len(tokenizer) < 100:
         raise ConfigError(f"--tokenizer_name {name!r}: vocabulary has only {len(tokenizer)} tokens; "
                          "check that the folder holds tokenizer.json or a valid vocab.txt")
+    PairTemplate.from_tokenizer(tokenizer)  # refuses a layout the windows cannot hold, before any data is read
     return tokenizer
 
 

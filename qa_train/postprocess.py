@@ -19,8 +19,11 @@ function of the weights alone.
 
 SQuAD v2.0 (``SpanRules.null_score_diff_threshold`` set): the null answer scores
 ``start_logits[cls] + end_logits[cls]``, its lowest value over the question's
-windows is compared with the best span, and the question gets "" when the null
-score beats the span by more than the threshold (transformers' run_qa rule).
+windows is compared with the best span whose text is non-empty, and the question
+gets "" when the null score beats the span by more than the threshold
+(transformers' run_qa rule). SQuAD v1.1 answers with the best span even when its
+text is empty, as utils_qa does; utils_qa then reports the placeholder "empty"
+when that span is the only candidate, where this module keeps "".
 
 Ties are broken deterministically: among equal logits the lower position is
 kept in the top-k, and among equal scores the earlier feature, then the lower
@@ -321,15 +324,26 @@ def answer_questions(
     nulls = _null_answers(start_logits, end_logits, questions) if len(start_logits) else [None] * len(nbest)
     odds: dict[str, float] = {}
     for qid, null in zip(questions.example_ids, nulls):
-        spans = nbest[qid]
         if null is None:  # no window at all: nothing to say but ""
             odds[qid], predictions[qid] = NO_SPAN_ODDS, ""
             continue
-        odds[qid] = null["score"] - spans[0]["score"] if spans else NO_SPAN_ODDS
-        if odds[qid] > rules.null_score_diff_threshold:
-            predictions[qid] = ""
         # As utils_qa: the null joins the spans (after those of equal score: the sort is stable) and
         # stays in the list even when n_best_size spans beat it.
-        ranked = sorted([*spans, null], key=lambda c: -c["score"])[: rules.n_best_size]
+        ranked = sorted([*nbest[qid], null], key=lambda c: -c["score"])[: rules.n_best_size]
         nbest[qid] = ranked if null in ranked else [*ranked, null]
+        odds[qid], predictions[qid] = _null_or_span(nbest[qid], null, rules.null_score_diff_threshold)
     return Answers(predictions, {qid: _with_probabilities(v) for qid, v in nbest.items()}, odds)
+
+
+def _null_or_span(ranked: list[dict], null: dict, threshold: float) -> tuple[float, str]:
+    """(null odds, answer) of one v2.0 question from its ranked n-best, null included.
+
+    The null competes with the best span whose text is non-empty, as utils_qa's best_non_null_pred:
+    byte-level BPE (RoBERTa, ModernBERT) gives a lone 'Ġ' zero-width offsets, and such a span would
+    otherwise answer "" with odds against a span that says nothing.
+    """
+    best = next((c for c in ranked if c["text"]), None)
+    if best is None:  # no span with text (utils_qa invents "empty" or fails): the null is all there is
+        return NO_SPAN_ODDS, ""
+    odds = null["score"] - best["score"]
+    return odds, "" if odds > threshold else best["text"]

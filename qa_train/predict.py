@@ -75,8 +75,10 @@ class Predictor:
 def best_entry(answers: Answers, qid: str) -> dict:
     """{"answer", "score", "probability", "start", "end"} of the question's answer (start/end: characters)."""
     text = answers.predictions[qid]
-    # The answer's own n-best entry: under SQuAD v2.0 the null may rank first yet lose to the threshold.
-    entry = next((e for e in answers.nbest[qid] if e["text"] == text), None)
+    # The answer's own n-best entry: under SQuAD v2.0 the null may rank first yet lose to the threshold,
+    # and a v2.0 "" is the null (start = end = 0), not a zero-width span ranked above it.
+    is_null = text == "" and answers.null_odds is not None
+    entry = next((e for e in answers.nbest[qid] if e["text"] == text and not (is_null and e["end"])), None)
     if entry is None:
         return {"answer": text, "score": float("nan"), "probability": 0.0, "start": 0, "end": 0}
     return {"answer": text, "score": float(entry["score"]), "probability": float(entry["probability"]),

@@ -36,6 +36,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from qa_train.data import text_lines
+
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
@@ -93,9 +95,9 @@ def score(
         if qid not in predictions:
             missing += 1
             continue
-        pred = predictions[qid]
-        em_sum += max(exact_match(pred, gold) for gold in golds)
-        f1_sum += max(f1(pred, gold) for gold in golds)
+        em, f = question_scores(predictions[qid], golds)
+        em_sum += em
+        f1_sum += f
     total = len(references)
     return {
         "exact_match": 100.0 * em_sum / total,
@@ -114,6 +116,16 @@ def f1_v2(prediction: str, ground_truth: str) -> float:
     return _token_f1(pred_tokens, gold_tokens)
 
 
+def question_scores(prediction: str, golds: Sequence[str], v2: bool = False) -> tuple[float, float]:
+    """One question's official (EM, F1): the best over its gold answers, by v1.1's rules or v2.0's."""
+    f1_of = f1
+    if v2:
+        # As the official v2.0 script: answers that normalise to nothing are dropped, and a question
+        # left without any is scored against "" (what a no-answer prediction reads as).
+        golds, f1_of = [g for g in golds if normalize_answer(g)] or [""], f1_v2
+    return max(exact_match(prediction, g) for g in golds), max(f1_of(prediction, g) for g in golds)
+
+
 def _raw_scores_v2(
     references: Mapping[str, Sequence[str]], predictions: Mapping[str, str]
 ) -> tuple[dict[str, float], dict[str, float]]:
@@ -123,15 +135,10 @@ def _raw_scores_v2(
     for qid, golds in references.items():
         if isinstance(golds, str):
             raise ValueError(f"score_v2: question {qid}: expected a list of gold answers, got {golds!r}")
-        # As the official v2.0 script: answers that normalise to nothing are dropped, and a question
-        # left without any is scored against "" (what a no-answer prediction reads as).
-        kept = [g for g in golds if normalize_answer(g)] or [""]
         if qid not in predictions:
             exact[qid] = f1s[qid] = 0.0
             continue
-        pred = predictions[qid]
-        exact[qid] = max(exact_match(pred, g) for g in kept)
-        f1s[qid] = max(f1_v2(pred, g) for g in kept)
+        exact[qid], f1s[qid] = question_scores(predictions[qid], golds, v2=True)
     return exact, f1s
 
 
@@ -287,7 +294,8 @@ def _load(path: Path) -> tuple[dict[str, list[str]], str | None]:
             "expected official SQuAD JSON or one record per line"
         )
     else:
-        refs = _jsonl_references(path, text.splitlines())
+        # data's line splitting: str.splitlines also breaks at the U+2028 JSON allows raw inside a string.
+        refs = _jsonl_references(path, text_lines(text))
     if not refs:
         raise ValueError(f"{path}: contains no questions")
     return refs, version

@@ -334,7 +334,7 @@ class Trainer:
     def log_samples(self, result: EvalResult | None, limit: int = 100) -> None:
         """A W&B table of evaluation questions: question, gold, prediction, EM, F1 (main process)."""
         if result is not None and result.predictions is not None and self.eval_set is not None:
-            rows = sample_rows(self.eval_set.examples, result.predictions, limit)
+            rows = sample_rows(self.eval_set.examples, result.predictions, limit, v2=result.squad_v2 is not None)
             self.tracker.log_table("eval/samples", SAMPLE_COLUMNS, rows, self.state.completed_steps)
 
     def log_model(self, folder: Path | None) -> None:

@@ -10,7 +10,9 @@ import pytest
 
 from conftest import DEMO_DEV, high_padding_model
 from qa_train.config import DataArgs
-from qa_train.data import load_file
+from qa_train.data import Examples, load_file
+from qa_train.evaluation import sample_rows
+from qa_train.squad_eval import score, score_v2
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +52,28 @@ def test_answers_do_not_depend_on_batch_size_or_padding(model_dir: Path) -> None
         got = _answers(model_dir, batch_size, pad)
         differ = [qid for qid in reference if got[qid] != reference[qid]]
         assert not differ, f"batch {batch_size}, pad_to_max_length {pad}: {len(differ)} answers changed"
+
+
+def _sample_questions() -> tuple[Examples, dict[str, str]]:
+    """An unanswerable question answered "", one whose gold "The" normalises to nothing, and a plain span."""
+    ex = Examples(source="<test>")
+    context = "The bridge was designed by Berg in 1890."
+    ex.append("none", "", context, "Who painted it?", [], [])
+    ex.append("article", "", context, "Which bridge?", ["The", "bridge"], [0, 4])
+    ex.append("span", "", context, "Who designed it?", ["Berg"], [27])
+    return ex, {"none": "", "article": "the", "span": "by Berg"}
+
+
+def test_sample_rows_score_each_question_as_the_runs_official_metric() -> None:
+    ex, predictions = _sample_questions()
+    rows = sample_rows(ex, predictions, 10, v2=True)
+    assert [(r[0], r[4], r[5]) for r in rows] == [("none", 1.0, 1.0), ("article", 0.0, 0.0), ("span", 0.0, 0.6667)]
+    official = score_v2(ex.references(), predictions)
+    assert (official["exact"], official["f1"]) == pytest.approx(
+        (100 * sum(r[4] for r in rows) / 3, 100 * sum(r[5] for r in rows) / 3), abs=0.01)
+    answerable = Examples(source="<test>")
+    for i in (1, 2):  # v1.1 keeps "The" as a gold answer
+        answerable.append(ex.ids[i], "", ex.contexts[i], ex.questions[i], ex.answer_texts[i], ex.answer_starts[i])
+    v1 = sample_rows(answerable, predictions, 10, v2=False)
+    assert [(r[0], r[4], r[5]) for r in v1] == [("article", 1.0, 0.0), ("span", 0.0, 0.6667)]
+    assert score(answerable.references(), predictions)["exact_match"] == 50.0

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qa_train.postprocess import Questions, SpanRules, answer_questions, postprocess_predictions
+from qa_train.postprocess import NO_SPAN_ODDS, Questions, SpanRules, answer_questions, postprocess_predictions
+from qa_train.predict import best_entry
 
 CONTEXT = "Super Bowl 50 was played at Levi's Stadium in Santa Clara California"
 WORDS = CONTEXT.split()  # 12 words; "Santa" is word 9, "Clara" word 10
@@ -282,3 +283,42 @@ def test_v1_nbest_has_probabilities_and_no_null() -> None:
     probs = [e["probability"] for e in answers.nbest["q"]]
     assert sum(probs) == pytest.approx(1.0) and probs == sorted(probs, reverse=True)
     assert list(answers.nbest["q"][0]) == ["text", "probability", "score", "start_logit", "end_logit", "start", "end"]
+
+
+def _zero_width_window() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CLS, a question token, "Super" "Bowl" and a zero-width token (byte-level BPE's lone 'Ġ' of a double space)
+    at character 10. Scores: the zero-width span alone 10 (text ""), "Bowl" to it 9, "Bowl" 8, the null 6."""
+    offsets = np.full((1, 6, 2), -1, dtype=np.int32)
+    offsets[0, 2:5] = [(0, 5), (6, 10), (10, 10)]
+    start, end = np.full((1, 6), -10.0), np.full((1, 6), -10.0)
+    start[0, 4] = end[0, 4] = 5
+    start[0, 3] = end[0, 3] = 4
+    start[0, 0] = end[0, 0] = 3
+    return start, end, offsets
+
+
+def test_v2_null_competes_with_the_best_span_that_has_text() -> None:
+    answers = _v2(*_zero_width_window(), [0], null_score_diff_threshold=0.0)
+    # utils_qa's best_non_null_pred: "Bowl" (9), not the empty span (10) ranked above it.
+    assert answers.predictions == {"q": "Bowl"} and answers.null_odds == {"q": 6.0 - 9.0}
+    assert [e["text"] for e in answers.nbest["q"][:4]] == ["", "Bowl", "Bowl", ""]
+    assert _v2(*_zero_width_window(), [0], null_score_diff_threshold=-3.5).predictions == {"q": ""}
+
+
+def test_v2_without_a_span_that_has_text_answers_the_null() -> None:
+    start, end, offsets = _zero_width_window()
+    offsets[0, 2:4] = -1  # only the zero-width token is context
+    answers = _v2(start, end, offsets, [0], null_score_diff_threshold=0.0)
+    assert answers.predictions == {"q": ""} and answers.null_odds == {"q": NO_SPAN_ODDS}
+
+
+def test_v1_answers_the_best_span_even_when_empty() -> None:
+    start, end, offsets = _zero_width_window()
+    answers = answer_questions(start, end, offsets, Questions(np.zeros(1, dtype=np.int64), ["q"], [CONTEXT]))
+    assert answers.predictions == {"q": ""}  # utils_qa v1: predictions[0]["text"]
+
+
+def test_best_entry_of_a_v2_null_answer_is_the_null_not_an_empty_span() -> None:
+    answers = _v2(*_zero_width_window(), [0], null_score_diff_threshold=-3.5)
+    entry = best_entry(answers, "q")
+    assert (entry["answer"], entry["score"], entry["start"], entry["end"]) == ("", 6.0, 0, 0)

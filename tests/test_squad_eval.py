@@ -154,6 +154,15 @@ def test_load_references_jsonl(tmp_path: Path) -> None:
     assert load_references(_write_jsonl(tmp_path / "dev.jsonl", FLAT)) == EXPECTED_REFS
 
 
+def test_load_references_jsonl_with_raw_line_separators_in_strings(tmp_path: Path) -> None:
+    """json.dumps(ensure_ascii=False) writes U+2028/U+2029/U+0085 raw; they are not line ends in JSON lines."""
+    records = [{**FLAT[0], "context": "Super Bowl 50\u2028was played\u2029in\x85Santa Clara, California."}, FLAT[1]]
+    path = tmp_path / "dev.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in records), encoding="utf-8")
+    assert "\u2028" in path.read_text(encoding="utf-8")
+    assert load_references(path) == EXPECTED_REFS
+
+
 def test_load_references_malformed_jsonl_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "broken.jsonl"
     path.write_text(json.dumps(FLAT[0]) + "\n{not json\n", encoding="utf-8")
