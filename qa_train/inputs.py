@@ -12,6 +12,7 @@ from qa_train.batching import Collator, LengthGroupedSampler, WindowDataset
 from qa_train.config import DataArgs, TrainArgs
 from qa_train.data import Examples, load_file, load_split
 from qa_train.features import Features, load_or_featurize
+from qa_train.preemption import shield_loader_worker
 
 
 @dataclass
@@ -80,7 +81,9 @@ def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> 
 
 def _loader_options(data: DataArgs, on_cuda: bool) -> dict[str, Any]:
     workers = data.dataloader_num_workers if data.dataloader_num_workers is not None else (2 if on_cuda else 0)
-    return {"num_workers": workers, "pin_memory": on_cuda, "persistent_workers": workers > 0}
+    # Worker seeding stays torch's own (base seed + worker id): the init function only changes signal handling.
+    return {"num_workers": workers, "pin_memory": on_cuda, "persistent_workers": workers > 0,
+            "worker_init_fn": shield_loader_worker if workers > 0 else None}
 
 
 def collator(tokenizer, data: DataArgs, token_types: bool = True) -> Collator:

@@ -11,15 +11,26 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from qa_train.config import ConfigError, OutputArgs
+from qa_train.config import TRACKERS, ConfigError, OutputArgs
+from qa_train.preemption import PREEMPT_FILE
 
 # What a qa_train run leaves in its output_dir; anything else there (a user's notes, logs/) is left alone.
-RUN_FILES = ("metrics.json", "final", "best", "checkpoints", "train_log.jsonl", "eval_predictions.json", "wandb",
-             "tensorboard", "profile")
+# evaluation.write_answers names the answers files, and each tracker writes to output_dir/<its name>.
+RUN_FILES = ("metrics.json", "final", "best", "checkpoints", "train_log.jsonl", "eval_predictions.json",
+             "eval_null_odds.json", "predict_predictions.json", "predict_nbest_predictions.json",
+             "predict_null_odds.json", "profile", *TRACKERS)
+# Never a run by themselves, but a stale one would act on the next run: a stop request nobody answered (the new run
+# would stop at its first logging step), the test hook's hold marks, and what an interrupted atomic write or export
+# left (tracking.atomic_write_text, checkpoint.export_final). Cleared with the run they belong to.
+LEFTOVERS = (PREEMPT_FILE, "HOLDING-rank*", ".*.tmp", ".tmp-*")
 
 
 def run_files(output_dir: Path) -> list[str]:
     return [name for name in RUN_FILES if (output_dir / name).exists()]
+
+
+def leftovers(output_dir: Path) -> list[str]:
+    return sorted({p.name for pattern in LEFTOVERS for p in output_dir.glob(pattern)})
 
 
 def check_writable(output_dir: Path) -> None:
@@ -57,9 +68,10 @@ def clear_previous_run(output: OutputArgs, is_main: bool) -> list[str]:
     """--overwrite_output_dir: the main process removes the old run's files (a user's own files stay).
     Returns what was removed."""
     out = Path(output.output_dir)
-    found = run_files(out) if output.overwrite_output_dir and output.resume_from_checkpoint is None else []
+    replace = output.overwrite_output_dir and output.resume_from_checkpoint is None
+    found = [*run_files(out), *leftovers(out)] if replace else []
     if is_main:
         for name in found:
             target = out / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
+            shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
     return found

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -45,3 +46,27 @@ class StopRequest:
         deadline = time.monotonic() + HOLD_LIMIT_S
         while not self.requested() and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def shield_loader_worker(worker_id: int) -> None:  # noqa: ARG001
+    """A DataLoader worker's `worker_init_fn`: a stop signal sent to every process of the job (SLURM's
+    preemption, scancel, `kill -- -pgid`) must reach only the main process, which checkpoints and then shuts
+    its workers down itself. Torch's own SIGTERM handler kills a worker on any SIGTERM not from its parent,
+    and the main process then dies on "DataLoader worker killed" before it can checkpoint. A dead parent is
+    still noticed by torch's worker watchdog."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    if not hasattr(signal, "sigwaitinfo"):  # macOS
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return
+    # Not ignored where it can be helped: the parent's terminate() of a worker stuck at shutdown must still end
+    # it (multiprocessing's exit joins daemonic workers without a timeout). Blocked here and so in every thread
+    # started later, SIGTERM waits for a thread that can see who sent it.
+    parent = os.getppid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_exit_on_parents_sigterm, args=(parent,), name="qa_train-sigterm", daemon=True).start()
+
+
+def _exit_on_parents_sigterm(parent: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)  # as torch's handler does for its parent's SIGTERM

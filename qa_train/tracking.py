@@ -150,6 +150,19 @@ def forget_steps_after(step_log: Path, step: int) -> None:
     if not step_log.exists():
         return
     lines = step_log.read_text().splitlines()
-    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    kept = [line for number, line in enumerate(lines, 1)
+            if line.strip() and _logged_step(step_log, number, line) <= step]
     if len(kept) != len(lines):
         atomic_write_text(step_log, "".join(f"{line}\n" for line in kept))
+
+
+def _logged_step(step_log: Path, number: int, line: str) -> float:
+    """A line's step; infinity (dropped) for one that is not a JSON record, as a crash mid-write leaves the last."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if isinstance(record, dict):
+        return record.get("step", 0)
+    log.warning("%s: line %d is not a JSON record (torn by an interrupted write?): dropped", step_log, number)
+    return math.inf

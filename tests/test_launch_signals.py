@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import pytest
@@ -241,6 +242,38 @@ def test_main_process_code(tmp_path: Path, code: int, status: str | None, expect
 # --- the real launch ----------------------------------------------------------------------------
 
 
+class Signalled(NamedTuple):
+    code: int
+    tree: list[psutil.Process]  # the run's processes when it was signalled
+    left: list[psutil.Process]  # those still alive after it ended
+    elapsed: float  # seconds from the signal to the end of every process
+    log: str
+
+
+def _signal_held_run(cmd: list[str], out: Path, ranks: int, sig: signal.Signals, tmp_path: Path) -> Signalled:
+    """Run `cmd` in a session of its own, held after step 3 by the test hook; once every rank holds, send `sig`
+    to its whole group (as `kill -<sig> -<pgid>`, SLURM and Ctrl-C do) and wait for every process to end."""
+    env = {**base_env(tmp_path), "QA_TRAIN_TEST_HOLD_AT_STEP": "3", "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "run.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    tree: list[psutil.Process] = []
+    try:
+        _wait_for([out / f"HOLDING-rank{r}" for r in range(ranks)], proc, 90)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, sig)
+        code = proc.wait(timeout=60)
+        _, alive = psutil.wait_procs(tree, timeout=max(1.0, 60 - (time.monotonic() - t0)))
+        left = [p for p in alive if _alive(p)]
+        return Signalled(code, tree, left, time.monotonic() - t0, log.read_text())
+    finally:  # a failed assertion must not leave the run going
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _kill(tree)
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize(("sig", "port"), [(signal.SIGTERM, 29771), (signal.SIGINT, 29772), (signal.SIGUSR1, 29773),
                                            (signal.SIGKILL, 29774)], ids=["SIGTERM", "SIGINT", "SIGUSR1", "SIGKILL"])
@@ -250,34 +283,36 @@ def test_a_signal_to_the_launchers_group_checkpoints_every_rank_and_leaves_no_pr
     rank checkpoints and exits, and no process of the launch outlives it. SIGKILL leaves the launcher no say:
     its child's parent-death signal stops the ranks instead."""
     out = tmp_path / "run"
-    env = {**base_env(tmp_path), "QA_TRAIN_TEST_HOLD_AT_STEP": "3", "OMP_NUM_THREADS": "1"}
     cmd = [PY, "-m", "qa_train.launch", "--cpu", "--config_file", "accelerate_configs/ddp.yaml",
            "--num_processes", "2", "--main_process_port", str(port), "--",
            *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval")]
-    log = tmp_path / "launch.log"
-    with log.open("w") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    tree: list[psutil.Process] = []
-    try:
-        _wait_for([out / "HOLDING-rank0", out / "HOLDING-rank1"], proc, 90)
-        tree = psutil.Process(proc.pid).children(recursive=True)
-        t0 = time.monotonic()
-        os.killpg(proc.pid, sig)
-        code = proc.wait(timeout=60)
-        _, alive = psutil.wait_procs(tree, timeout=max(1.0, 60 - (time.monotonic() - t0)))
-        elapsed = time.monotonic() - t0
-        left = [p for p in alive if _alive(p)]
-        assert not left, f"outlived the launcher: {[(p.pid, p.cmdline()) for p in left]}\n{log.read_text()[-3000:]}"
-    finally:  # a failed assertion must not leave the run going
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        _kill(tree)
-    text = log.read_text()
-    assert elapsed < 60
-    assert (out / "checkpoints" / "step_00000003" / "trainer_state.json").is_file(), text[-3000:]
+    run = _signal_held_run(cmd, out, 2, sig, tmp_path)
+    assert not run.left, f"outlived the launcher: {[(p.pid, p.cmdline()) for p in run.left]}\n{run.log[-3000:]}"
+    assert run.elapsed < 60
+    assert (out / "checkpoints" / "step_00000003" / "trainer_state.json").is_file(), run.log[-3000:]
     assert not (out / "metrics.json").exists()
     if sig != signal.SIGKILL:
         from qa_train.__main__ import PREEMPTED
 
-        assert code == PREEMPTED, text[-3000:]  # rank 0's own "preempted", where torchrun says only 1
+        assert run.code == PREEMPTED, run.log[-3000:]  # rank 0's own "preempted", where torchrun says only 1
+
+
+# --- one process with dataloader workers ------------------------------------------------------------
+
+
+def test_sigterm_to_the_group_of_a_run_with_loader_workers_checkpoints(tmp_path: Path) -> None:
+    """SLURM's preemption and scancel signal every process of the job, the dataloader workers too: a worker must
+    not die of it (torch's own handler kills it, and the main process then fails on "DataLoader worker killed")
+    but leave the main process to checkpoint, exit 75 and shut its workers down."""
+    from qa_train.__main__ import PREEMPTED
+    from qa_train.checkpoint import complete_checkpoints, verify
+
+    out = tmp_path / "run"
+    cmd = [PY, "-m", "qa_train", *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval",
+                                             "--disable_tqdm", "--dataloader_num_workers", "2")]
+    run = _signal_held_run(cmd, out, 1, signal.SIGTERM, tmp_path)
+    assert len(run.tree) >= 2, [p.cmdline() for p in run.tree]  # the workers were there to be signalled
+    assert run.code == PREEMPTED, run.log[-3000:]
+    assert [p.name for p in complete_checkpoints(out)] == ["step_00000003"], run.log[-3000:]
+    assert verify(out / "checkpoints" / "step_00000003") is None
+    assert not run.left, "a dataloader worker outlived its run"

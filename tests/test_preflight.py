@@ -1,8 +1,11 @@
 """What is refused before any data or model work: occupied or unwritable output dirs, windows longer than the
-model's positions; and the master weights' precision whatever the checkpoint stores."""
+model's positions, tokenizers with the classifier token last or left padding; and the master weights' precision
+whatever the checkpoint stores."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +15,7 @@ import torch
 from qa_train.config import ConfigError, ModelArgs, OutputArgs
 from qa_train.modeling import check_positions, load_config, load_model, load_tokenizer
 from qa_train.outputdir import claim, clear_previous_run
-from conftest import TINY
+from conftest import ASSETS, TINY, tiny_flags
 
 
 def finished_run(out: Path) -> Path:
@@ -49,6 +52,48 @@ def test_overwrite_removes_the_old_run_on_the_main_process_only(tmp_path: Path) 
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
+def test_overwrite_removes_every_file_a_real_run_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short real run with everything that writes to output_dir switched on (v2.0's null odds, prediction, the
+    profiler, TensorBoard): whatever it left there must count as a run and go with --overwrite_output_dir, so
+    RUN_FILES cannot fall behind what runs write."""
+    from qa_train.flags import parse_args
+    from qa_train.run import run
+
+    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    v2_dev = str(ASSETS / "demo-v2" / "dev.json")
+    run(parse_args(tiny_flags(
+        out, "--train_file", str(ASSETS / "demo-v2" / "train.json"), "--validation_file", v2_dev,
+        "--version_2_with_negative", "--do_predict", "--test_file", v2_dev, "--max_train_samples", "64",
+        "--max_eval_samples", "16", "--max_predict_samples", "16", "--max_train_steps", "6", "--logging_steps", "2",
+        "--eval_strategy", "steps", "--eval_steps", "3", "--save_best", "--checkpointing_steps", "3", "--profile",
+        "--throughput_warmup_steps", "0", "--report_to", "tensorboard", "--disable_tqdm")))
+    written = sorted(p.name for p in out.iterdir())
+    assert {"predict_predictions.json", "predict_null_odds.json", "profile", "tensorboard"} <= set(written)
+    with pytest.raises(ConfigError, match="holds a run"):
+        claim(OutputArgs(output_dir=str(out)))
+    args = OutputArgs(output_dir=str(out), overwrite_output_dir=True)
+    assert sorted(clear_previous_run(args, is_main=True)) == written
+    assert not list(out.iterdir())
+
+
+def test_a_stale_stop_request_goes_with_overwrite_and_is_not_a_run(tmp_path: Path) -> None:
+    """A PREEMPT file left by a run killed before it answered would stop the next run at its first logging step."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "PREEMPT").touch()
+    claim(OutputArgs(output_dir=str(out)))  # a stop request alone is no run to refuse
+    finished_run(out)
+    with pytest.raises(ConfigError, match=r"holds a run \(metrics.json, final, checkpoints\)"):
+        claim(OutputArgs(output_dir=str(out)))
+    args = OutputArgs(output_dir=str(out), overwrite_output_dir=True)
+    assert clear_previous_run(args, is_main=True) == ["metrics.json", "final", "checkpoints", "PREEMPT"]
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    (out / "PREEMPT").touch()
+    clear_previous_run(args, is_main=True)  # with no run beside it too
+    assert not (out / "PREEMPT").exists()
+
+
 def test_resume_continues_its_own_run_only(tmp_path: Path) -> None:
     out = finished_run(tmp_path / "out")
     claim(OutputArgs(output_dir=str(out), resume_from_checkpoint="latest"))
@@ -78,6 +123,29 @@ def test_windows_longer_than_the_positions_are_refused() -> None:
         check_positions(config, unset, 513)
     with pytest.raises(ConfigError, match="256 tokenizer model_max_length"):
         check_positions(config, SimpleNamespace(model_max_length=256), 384)
+
+
+def _xlnet_tokenizer(out: Path) -> str:
+    """A tiny XLNet tokenizer trained offline: pair encoding `q <sep> c <sep> <cls>`, <cls> last; right padding
+    (XLNet's own is left), so that only the classifier token's place is wrong."""
+    from transformers import XLNetTokenizer
+
+    from families import _unigram, corpus
+
+    vocab = _unigram(corpus(200), ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"])
+    XLNetTokenizer(vocab=vocab, unk_id=0, padding_side="right").save_pretrained(out)
+    return str(out)
+
+
+def test_a_tokenizer_with_the_classifier_token_last_or_left_padding_is_refused(tmp_path: Path) -> None:
+    xlnet = _xlnet_tokenizer(tmp_path / "xlnet")
+    with pytest.raises(ConfigError, match=r"XLNetTokenizer\): a classifier token after the question not supported"):
+        load_tokenizer(ModelArgs(tokenizer_name=xlnet))
+    left = shutil.copytree(TINY, tmp_path / "tiny-left")
+    tokenizer_config = left / "tokenizer_config.json"
+    tokenizer_config.write_text(json.dumps({**json.loads(tokenizer_config.read_text()), "padding_side": "left"}))
+    with pytest.raises(ConfigError, match=rf"--tokenizer_name '{left}' \(\w+\): padding_side='left' not sup"):
+        load_tokenizer(ModelArgs(tokenizer_name=str(left)))
 
 
 @pytest.mark.parametrize("stored", [torch.float16, torch.bfloat16])

@@ -393,6 +393,18 @@ def test_step_log_is_reset_unless_resuming(tmp_path: Path, resumed_at: int) -> N
     assert step_lines(tmp_path) == expected  # the interrupted run's step 3 is gone, not logged twice
 
 
+def test_a_torn_last_line_is_dropped_on_resume_with_one_warning(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A crash in the middle of a write leaves half a line: the resume drops it and goes on."""
+    log = tmp_path / "train_log.jsonl"
+    log.write_text('{"step": 1, "train/loss": 9.0}\n{"step": 2, "train/loss": 8.0}\n{"step": 3, "train/lo')
+    tracker = recorder(tmp_path, [], resumed_at=2)
+    tracker.log_step(3, {"train/loss": 0.5})
+    assert [r["step"] for r in step_lines(tmp_path)] == [1, 2, 3]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert f"{log}: line 3 " in warning
+
+
 def test_start_creates_the_output_dir(tmp_path: Path) -> None:
     out = tmp_path / "a" / "b"
     recorder(out, [])
