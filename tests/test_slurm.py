@@ -95,3 +95,14 @@ def test_node_sweep_submits_one_job_per_point_and_reports_speedup_against_one_no
     again = run_ok([PY, "-m", "qa_train.report", str(out), "--output", str(tmp_path / "report")], env)
     assert json.loads((tmp_path / "report" / "report.json").read_text())["table"] == saved["table"]
     assert "| ddp | ddp | 2 | 2 | 1 |" in again.stdout
+
+
+def test_a_bench_rerun_clears_the_old_run_and_its_stale_stop_request(tmp_path: Path) -> None:
+    """A PREEMPT left by a killed run would stop the rerun at its first logging step."""
+    from qa_train.slurm_sweep import clear_run_dir
+
+    for name in ("metrics.json", "PREEMPT", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "logs").mkdir()
+    clear_run_dir(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
