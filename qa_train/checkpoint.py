@@ -53,11 +53,11 @@ class TrainerState:
     per_device_train_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
     total_steps: int | None = None
-    # The best evaluation so far ({"step", "exact_match", "f1"}), so a resumed run's best_* still counts the
-    # evaluations before the checkpoint (with --save_best, output_dir/best/best.json says the same).
-    seed: int | None = None
+    seed: int | None = None  # DATA_ORDER: refused mid-epoch when it changes
     group_by_length: bool | None = None
     num_train_windows: int | None = None
+    # The best evaluation so far ({"step", "exact_match", "f1"}), so a resumed run's best_* still counts the
+    # evaluations before the checkpoint (with --save_best, output_dir/best/best.json says the same).
     best_eval: dict[str, float] | None = None
     # A stop request ended the run at a step that owed an in-loop evaluation: the resumed run does it first.
     eval_owed: bool = False
@@ -237,10 +237,7 @@ def set_aside_later(path: Path, output_dir: str | Path) -> list[Path]:
     moved = []
     for later in _step_folders(path.parent):
         if (_step_of(later) or 0) > step and verify(later) is None:
-            aside = later.with_name(f"{later.name}.abandoned")
-            _delete(aside)
-            later.rename(aside)
-            moved.append(aside)
+            moved.append(_move_aside(later, "abandoned"))
     if moved:
         log.warning("resuming from %s: the later checkpoints belong to the continuation it abandons; moved "
                     "aside, not deleted: %s", path, ", ".join(str(m) for m in moved))
@@ -411,11 +408,18 @@ def _replace(tmp: Path, final: Path, run_id: str) -> None:
         if other == run_id:
             _delete(final)
         else:
-            aside = final.with_name(f"{final.name}.run-{(other or 'unknown')[:8]}")
-            _delete(aside)
-            final.rename(aside)
+            aside = _move_aside(final, f"run-{(other or 'unknown')[:8]}")
             log.warning("%s belonged to another run (%s): moved to %s, not deleted", final, other or "unknown", aside)
     tmp.rename(final)
+
+
+def _move_aside(path: Path, suffix: str) -> Path:
+    """Rename step_N to step_N.<suffix> (no longer a step folder: neither `latest` nor rotation sees it),
+    replacing an earlier one of that name."""
+    aside = path.with_name(f"{path.name}.{suffix}")
+    _delete(aside)
+    path.rename(aside)
+    return aside
 
 
 def _delete(path: Path) -> None:

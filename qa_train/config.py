@@ -112,7 +112,7 @@ class ModelArgs:
 
     @property
     def config_source(self) -> str:
-        return self.config_name or self.model_name_or_path or DEFAULT_MODEL
+        return self.config_name or self.model_name_or_path  # one of them is set once __post_init__ has run
 
     @property
     def tokenizer_source(self) -> str:

@@ -43,14 +43,12 @@ class ThroughputMeter:
     warmup_steps: int
     steps: int = 0
     timed_steps: int = 0
-    samples: int = 0
-    tokens: int = 0
-    padded_tokens: int = 0
     t_start: float | None = None
     t_end: float | None = None
     t_first: float = field(default_factory=time.perf_counter)
     excluded_s: float = 0.0  # evaluation during training
-    counted: tuple[int, int, int] = (0, 0, 0)  # every step's samples, tokens and padded tokens, warm-up included
+    counted: tuple[int, int, int] = (0, 0, 0)  # samples, tokens and padded tokens of every step, warm-up included
+    before_clock: tuple[int, int, int] = (0, 0, 0)  # what `counted` held when the clock started
 
     def start(self) -> None:
         """Training begins (what came before, such as an evaluation before training, is not timed)."""
@@ -58,16 +56,12 @@ class ThroughputMeter:
 
     def micro_batch(self, samples: int, tokens: int, padded_tokens: int) -> None:
         self.counted = (self.counted[0] + samples, self.counted[1] + tokens, self.counted[2] + padded_tokens)
-        if self.steps >= self.warmup_steps:
-            self.samples += samples
-            self.tokens += tokens
-            self.padded_tokens += padded_tokens
 
     def optimizer_step(self, sync) -> None:
         self.steps += 1
         if self.steps == self.warmup_steps:
             sync()  # the clock starts once queued warm-up work has finished
-            self.t_start = time.perf_counter()
+            self.t_start, self.before_clock = time.perf_counter(), self.counted
         elif self.steps > self.warmup_steps:
             self.timed_steps += 1
 
@@ -75,8 +69,12 @@ class ThroughputMeter:
         sync()
         self.t_end = time.perf_counter()
         if self.timed_steps == 0:  # no more steps than warm-up: time everything rather than nothing
-            self.t_start, self.timed_steps = self.t_first, self.steps
-            self.samples, self.tokens, self.padded_tokens = self.counted
+            self.t_start, self.timed_steps, self.before_clock = self.t_first, self.steps, (0, 0, 0)
+
+    @property
+    def timed(self) -> tuple[int, int, int]:
+        """Samples, tokens and padded tokens of the timed steps."""
+        return tuple(a - b for a, b in zip(self.counted, self.before_clock))  # type: ignore[return-value]
 
     def exclude(self, seconds: float) -> None:
         if self.t_start is not None:  # before the clock starts, nothing is timed anyway
@@ -177,13 +175,13 @@ def summarize(ranks: list[RankFigures], flops_per_token_padded: float, peak: flo
         # A resumed run with no step left to train has no throughput, not a zero one.
         return round(total / elapsed, digits) if steps else None
 
-    padded_per_s = sum(r.padded_tokens for r in ranks) / elapsed
-    tflops, mfu = achieved(padded_per_s / len(ranks), flops_per_token_padded, peak)
+    padded = sum(r.padded_tokens for r in ranks)
+    tflops, mfu = achieved(padded / elapsed / len(ranks), flops_per_token_padded, peak)
     train_memory = [r.cuda_allocated_gib if on_cuda else r.train_rss_gib for r in ranks]
     return TrainFigures(
         train_samples_per_second=per_second(sum(r.samples for r in ranks), 3),
         train_tokens_per_second=per_second(sum(r.tokens for r in ranks), 1),
-        train_padded_tokens_per_second=per_second(padded_per_s * elapsed, 1),
+        train_padded_tokens_per_second=per_second(padded, 1),
         train_step_time_s_mean=round(elapsed / steps, 5) if steps else None,
         timed_steps=int(steps),
         tflops_per_device=round(tflops, 3) if steps else None,

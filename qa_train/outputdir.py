@@ -71,7 +71,15 @@ def clear_previous_run(output: OutputArgs, is_main: bool) -> list[str]:
     replace = output.overwrite_output_dir and output.resume_from_checkpoint is None
     found = [*run_files(out), *leftovers(out)] if replace else []
     if is_main:
-        for name in found:
-            target = out / name
-            shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+        remove(out, found)
     return found
+
+
+def remove(folder: Path, names: list[str]) -> None:
+    """Delete these entries of `folder` (folders with their contents; a link, not what it points to)."""
+    for name in names:
+        target = folder / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()

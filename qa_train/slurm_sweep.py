@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from qa_train import report
-from qa_train.outputdir import leftovers, run_files
+from qa_train.outputdir import leftovers, remove, run_files
 from qa_train.sweep import POINT_FILE, Point
 
 SCRIPT = Path(__file__).resolve().parents[1] / "slurm" / "train.sbatch"
@@ -83,12 +83,7 @@ def clear_run_dir(run_dir: Path) -> None:
     """The bench owns its run folders: a rerun replaces the old run (the batch script resumes from `latest`,
     which would otherwise continue a finished run instead of timing a new one)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    for name in [*run_files(run_dir), *leftovers(run_dir), "logs", POINT_FILE]:
-        target = run_dir / name
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
+    remove(run_dir, [*run_files(run_dir), *leftovers(run_dir), "logs", POINT_FILE])
 
 
 def submit(point: Point, opts: argparse.Namespace, train_flags: list[str], config_dir: Path) -> tuple[Path, int, str]:

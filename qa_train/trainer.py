@@ -424,7 +424,7 @@ class Trainer:
     def metrics(self, scores: EvalResult | None, initial: EvalResult | None) -> RunMetrics | None:
         """Gather every rank's figures (a collective) and build metrics.json's content on the main process."""
         m = self.meter
-        mine = RankFigures(m.samples, m.tokens, m.padded_tokens, m.elapsed, m.timed_steps, *self.train_memory,
+        mine = RankFigures(*m.timed, m.elapsed, m.timed_steps, *self.train_memory,
                            self.host_memory.baseline_gib, lifetime_rss_gib(), self.last_loss)
         ranks = gather_figures(self.accelerator, mine)
         if not self.is_main:

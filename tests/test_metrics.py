@@ -131,13 +131,13 @@ def test_a_run_no_longer_than_its_warm_up_is_timed_whole() -> None:
         meter.micro_batch(8, 700, 1024)
         meter.optimizer_step(lambda: None)
     meter.finish(lambda: None)
-    assert (meter.timed_steps, meter.samples, meter.tokens, meter.padded_tokens) == (2, 16, 1400, 2048)
+    assert (meter.timed_steps, meter.timed) == (2, (16, 1400, 2048))
     longer = ThroughputMeter(warmup_steps=1)
     for _ in range(3):
         longer.micro_batch(8, 700, 1024)
         longer.optimizer_step(lambda: None)
     longer.finish(lambda: None)
-    assert (longer.timed_steps, longer.samples) == (2, 16), "past the warm-up only the timed steps count"
+    assert (longer.timed_steps, longer.timed[0]) == (2, 16), "past the warm-up only the timed steps count"
 
 
 def test_no_timed_step_means_no_throughput_not_zero() -> None:
