@@ -9,6 +9,7 @@ they live in groups (`args.optim.learning_rate`) so each function takes the grou
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,20 @@ def _not_negative(group: object, *names: str) -> None:
     for name in names:
         value = getattr(group, name)
         _require(value is None or value >= 0, name, f"must not be negative, got {value}")
+
+
+def _check_interval(value: float | None, flag: str) -> None:
+    """Trainer's convention for --logging_steps/--eval_steps: a whole number of steps, or a share below 1."""
+    if value is None:
+        return
+    _require(value > 0, flag, f"must be positive, got {value}")
+    _require(value < 1 or float(value).is_integer(), flag,
+             f"{value} is neither a whole number of steps nor a share of the run below 1")
+
+
+def every_n_steps(value: float, total_steps: int) -> int:
+    """The interval in steps: a share below 1 of the run's steps is rounded up, as Trainer does."""
+    return max(1, math.ceil(value * total_steps)) if value < 1 else int(value)
 
 
 def _check_file(path: str | None, flag: str) -> None:
@@ -225,9 +240,9 @@ class EvalArgs:
     eval_strategy: Literal["no", "steps", "epoch"] = field(
         default="no", metadata={"help": "Also evaluate during training: every --eval_steps steps, or every epoch. "
                                         "EM/F1 go to the trackers as eval/* against the step."})
-    eval_steps: int | None = field(
+    eval_steps: float | None = field(
         default=None, metadata={"help": "Steps between evaluations with --eval_strategy steps (default: "
-                                        "--logging_steps)."})
+                                        "--logging_steps); below 1, a share of the run's steps (as Trainer)."})
     save_best: bool = field(
         default=False,
         metadata={"help": "Keep the model with the best F1 seen (evaluations during training and the final one) in "
@@ -249,7 +264,7 @@ class EvalArgs:
         _positive(self, "n_best_size", "max_answer_length")
         _require(self.eval_strategy in EVAL_STRATEGIES, "eval_strategy",
                  f"{self.eval_strategy!r} is not one of {', '.join(EVAL_STRATEGIES)}")
-        _require(self.eval_steps is None or self.eval_steps > 0, "eval_steps", f"must be positive, got {self.eval_steps}")
+        _check_interval(self.eval_steps, "eval_steps")
         _require(self.eval_steps is None or self.eval_strategy == "steps", "eval_steps",
                  f"is only used with --eval_strategy steps (got --eval_strategy {self.eval_strategy})")
         _require(not self.save_best or self.eval_strategy != "no", "save_best",
@@ -292,7 +307,9 @@ class OutputArgs:
     wandb_log_model: bool = field(
         default=False, metadata={"help": "Log the exported model (output_dir/final) as a W&B artifact."})
     run_name: str | None = field(default=None, metadata={"help": "Run name in W&B and reports."})
-    logging_steps: int = field(default=10, metadata={"help": "Read the loss back and log every N steps."})
+    logging_steps: float = field(
+        default=10, metadata={"help": "Read the loss back and log every N steps; below 1, a share of the run's steps "
+                                      "(0.01: a hundred logs a run, as Trainer)."})
     disable_tqdm: bool = field(default=False, metadata={"help": "No progress bar or progress lines."})
     progress_interval_s: float = field(
         default=30.0,
@@ -301,7 +318,7 @@ class OutputArgs:
     )
 
     def __post_init__(self) -> None:
-        _positive(self, "logging_steps")
+        _check_interval(self.logging_steps, "logging_steps")
         _not_negative(self, "progress_interval_s")
         names = self._report_names
         unknown = [n for n in names if n not in (*TRACKERS, "all", "none")]

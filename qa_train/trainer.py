@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from qa_train import __version__, best, checkpoint, distributed
-from qa_train.config import TrainArgs
+from qa_train.config import TrainArgs, every_n_steps
 from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer, answer_and_score, predict_logits,
                                  sample_rows, span_rules, write_answers, write_predictions)
 from qa_train.hostmem import HostMemory
@@ -136,6 +136,8 @@ class Trainer:
             # the export loaded as a fresh model and checkpoints would not resume without compiling.
             model.compile(dynamic=not args.data.pad_to_max_length, mode=args.system.compile_mode)
         self.plan = plan_steps(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
+        self.log_every = every_n_steps(args.output.logging_steps, self.plan.total_steps)
+        self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.plan.total_steps)
         optimizer, scheduler = build_optimizer(accelerator, model, args, self.plan)
         distributed.reconcile_with_flags(accelerator, args, self.mixed_precision)
         distributed.fit_fsdp_wrap(accelerator, model)
@@ -271,7 +273,7 @@ class Trainer:
         if profiler is not None:
             profiler.step()
         self.stop.hold_if_asked(state.completed_steps, self.accelerator.process_index)
-        logging_step = state.completed_steps % out.logging_steps == 0 or state.completed_steps == self.plan.total_steps
+        logging_step = state.completed_steps % self.log_every == 0 or state.completed_steps == self.plan.total_steps
         stopping = logging_step and self._log_interval()
         self.progress.update()  # after the log, so the line carries this step's loss
         if stopping:
@@ -306,8 +308,7 @@ class Trainer:
         return figures.stop_requested
 
     def _eval_due(self, step: int) -> bool:
-        ev = self.args.eval
-        return ev.eval_strategy == "steps" and step % (ev.eval_steps or self.args.output.logging_steps) == 0
+        return self.args.eval.eval_strategy == "steps" and step % self.eval_every == 0
 
     @contextlib.contextmanager
     def _not_training(self) -> Iterator[None]:

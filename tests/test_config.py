@@ -7,7 +7,7 @@ import time
 import pytest
 
 from conftest import DEMO_DEV, PY, run_cmd
-from qa_train.config import ConfigError
+from qa_train.config import ConfigError, every_n_steps
 from qa_train.flags import parse_args
 
 
@@ -37,6 +37,10 @@ from qa_train.flags import parse_args
         (["--max_eval_samples", "0"], "--max_eval_samples"),
         (["--save_total_limit", "2"], "--save_total_limit: .*--checkpointing_steps"),
         (["--torch_compile_mode", "fastest"], "--torch_compile_mode"),
+        (["--logging_steps", "0"], "--logging_steps: must be positive"),
+        (["--logging_steps", "2.5"], "--logging_steps: 2.5 is neither a whole number"),
+        (["--eval_strategy", "steps", "--eval_steps", "-0.1"], "--eval_steps: must be positive"),
+        (["--eval_strategy", "steps", "--eval_steps", "1.5"], "--eval_steps: 1.5 is neither"),
         # A local file beside an implicit hub split would mix sources without saying so.
         (["--train_file", str(DEMO_DEV)], "--train_file: .*--validation_file.*--no_eval"),
         (["--validation_file", str(DEMO_DEV)], "--validation_file: .*--train_file"),
@@ -52,7 +56,7 @@ def test_impossible_values_name_the_flag(argv: list[str], flag: str) -> None:
     (["--fp16"], "unknown flag --fp16: --mixed_precision fp16"),
     (["--with_tracking", "--max_steps=3"], "--with_tracking: qa_train tracks by default; choose trackers with "
                                           "--report_to; unknown flag --max_steps: --max_train_steps"),
-    (["--logging_steps", "x"], "argument --logging_steps: invalid int value: 'x'"),
+    (["--logging_steps", "x"], "argument --logging_steps: invalid float value: 'x'"),
 ])
 def test_unknown_flags_are_refused_in_one_line_saying_where_to_go(argv: list[str], says: str,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,6 +76,12 @@ def test_trainer_spellings_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("WANDB_PROJECT", "from-env")
     assert parse_args([]).output.wandb_project == "from-env"
     assert parse_args(["--wandb_project", "flag"]).output.wandb_project == "flag"
+
+
+@pytest.mark.parametrize(("value", "total", "every"), [
+    (10, 1000, 10), (10.0, 3, 10), (0.1, 1000, 100), (0.1, 95, 10), (0.001, 50, 1), (0.5, 1, 1)])
+def test_a_share_below_one_is_that_share_of_the_run_rounded_up(value: float, total: int, every: int) -> None:
+    assert every_n_steps(value, total) == every
 
 
 def test_defaults_follow_transformers_examples() -> None:
