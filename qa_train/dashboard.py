@@ -9,24 +9,19 @@ is in the run's W&B and TensorBoard records; this needs neither.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from qa_train.tracking import read_step_log
 
 PANELS = (("train/loss", "training loss"), ("eval/f1", "evaluation"), ("throughput/samples_per_second", "samples/s"))
 
 
 def read_history(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """{key: [(step, value), ...]} in logged order."""
-    path = run_dir / "train_log.jsonl"
+    """{key: [(step, value), ...]} in logged order. The run may still be writing (or was killed mid-write), so a
+    torn last line is skipped with a warning, as a resume drops it."""
     series: dict[str, list[tuple[int, float]]] = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as err:
-            raise ValueError(f"{path}: line {n} is not JSON ({err})") from None
+    for row in read_step_log(run_dir / "train_log.jsonl"):
         for key, value in row.items():
             if key != "step" and isinstance(value, (int, float)):
                 series.setdefault(key, []).append((int(row["step"]), float(value)))
@@ -50,7 +45,7 @@ def history_figure(series: dict[str, list[tuple[int, float]]], title: str):
         ax.set_xlabel("step")
         ax.set_title(label)
         ax.grid(alpha=0.3)
-        if len(keys) > 1:
+        if len(keys) > 1 and ax.get_lines():  # a run before its first evaluation has nothing to label
             ax.legend()
     fig.suptitle(title)
     fig.tight_layout()

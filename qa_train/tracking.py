@@ -156,13 +156,41 @@ def forget_steps_after(step_log: Path, step: int) -> None:
         atomic_write_text(step_log, "".join(f"{line}\n" for line in kept))
 
 
+def read_step_log(step_log: Path) -> list[dict[str, Any]]:
+    """The step log's records in logged order, for readers of a run that may still be writing or was killed
+    mid-write: a torn last line is skipped with a warning; a bad line before it is refused with its number."""
+    numbered = [(n, line) for n, line in enumerate(step_log.read_text().splitlines(), 1) if line.strip()]
+    records = []
+    for i, (number, line) in enumerate(numbered):
+        try:
+            records.append(_step_record(line))
+        except ValueError as err:
+            if i < len(numbered) - 1:
+                raise ValueError(f"{step_log}: line {number} {err}") from None
+            _warn_torn(step_log, number, "skipped")
+    return records
+
+
 def _logged_step(step_log: Path, number: int, line: str) -> float:
-    """A line's step; infinity (dropped) for one that is not a JSON record, as a crash mid-write leaves the last."""
+    """A line's step; infinity (dropped) for one that is not a JSON record, as a crash mid-write leaves the last.
+    Any line, not only the last: a resume must not crash on its own log."""
+    try:
+        return _step_record(line).get("step", 0)
+    except ValueError:
+        _warn_torn(step_log, number, "dropped")
+        return math.inf
+
+
+def _step_record(line: str) -> dict[str, Any]:
+    """One line of the step log; ValueError (its text finishes "line N ...") if it is not a JSON object."""
     try:
         record = json.loads(line)
-    except ValueError:
-        record = None
-    if isinstance(record, dict):
-        return record.get("step", 0)
-    log.warning("%s: line %d is not a JSON record (torn by an interrupted write?): dropped", step_log, number)
-    return math.inf
+    except ValueError as err:
+        raise ValueError(f"is not JSON ({err})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"is not a JSON record: {line[:80]!r}")
+    return record
+
+
+def _warn_torn(step_log: Path, number: int, what: str) -> None:
+    log.warning("%s: line %d is not a JSON record (torn by an interrupted write?): %s", step_log, number, what)

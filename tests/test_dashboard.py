@@ -31,8 +31,21 @@ def test_every_panel_plots_its_logged_series(tmp_path: Path) -> None:
     assert dashboard.main([str(tmp_path)]) == 0 and (tmp_path / "history.png").stat().st_size > 10_000
 
 
-def test_a_broken_log_line_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "train_log.jsonl").write_text('{"step": 1, "train/loss": 1.0}\n{"step": 2, "train/lo\n')
+def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A run still writing, or killed mid-write, ends its log in half a line: the history up to it is drawn."""
+    log = tmp_path / "train_log.jsonl"
+    log.write_text('{"step": 1, "train/loss": 1.0}\n{"step": 2, "train/loss": 0.5}\n{"step": 3, "train/lo')
+    assert dashboard.main([str(tmp_path)]) == 0
+    assert dashboard.read_history(tmp_path)["train/loss"] == [(1, 1.0), (2, 0.5)]
+    assert (tmp_path / "history.png").is_file()
+    warnings = {r.getMessage() for r in caplog.records if r.levelname == "WARNING"}
+    assert len(warnings) == 1 and warnings.pop().startswith(f"{log}: line 3 ")
+
+
+def test_a_broken_middle_line_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only the last line can be torn by an interrupted write: a bad one before it is refused."""
+    (tmp_path / "train_log.jsonl").write_text(
+        '{"step": 1, "train/loss": 1.0}\n{"step": 2, "train/lo\n{"step": 3, "train/loss": 0.5}\n')
     assert dashboard.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"qa_train.dashboard: error: {tmp_path / 'train_log.jsonl'}: line 2 is not JSON")

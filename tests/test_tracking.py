@@ -405,6 +405,22 @@ def test_a_torn_last_line_is_dropped_on_resume_with_one_warning(tmp_path: Path,
     assert f"{log}: line 3 " in warning
 
 
+def test_read_step_log_skips_a_torn_last_line_and_refuses_a_bad_middle_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The one reader of train_log.jsonl for a run that may still be writing (the dashboard's)."""
+    log = tmp_path / "train_log.jsonl"
+    log.write_text('{"step": 1, "train/loss": 9.0}\n\n{"step": 2, "train/loss": 8.0}\n[3]\n')
+    assert tracking.read_step_log(log) == [{"step": 1, "train/loss": 9.0}, {"step": 2, "train/loss": 8.0}]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith(f"{log}: line 4 ")
+    log.write_text('{"step": 1}\n{"step": 2, "tr\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r": line 2 is not JSON \("):
+        tracking.read_step_log(log)
+    log.write_text('{"step": 1}\n"step"\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r": line 2 is not a JSON record: '\"step\"'"):
+        tracking.read_step_log(log)
+
+
 def test_start_creates_the_output_dir(tmp_path: Path) -> None:
     out = tmp_path / "a" / "b"
     recorder(out, [])
