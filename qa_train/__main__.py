@@ -2,8 +2,10 @@
 
 Exit codes: 0 finished; 1 crashed (a traceback says where); 2 refused input (flags, data, output
 dir, checkpoint), before any training; 3 diverged (non-finite loss, gradients or weights; nothing
-exported); 4 the export failed (metrics.json is written); 75 preempted (checkpoint saved, resume
-with --resume_from_checkpoint latest).
+exported); 4 the export failed (metrics.json is written); 5 a checkpoint could not be saved (its partial
+folder removed, earlier ones intact), or a write found the disk or quota full (ENOSPC, EDQUOT): free space,
+then resume with --resume_from_checkpoint latest; 75 preempted (checkpoint saved, resume with
+--resume_from_checkpoint latest).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 # A launcher that cannot see its workers' exit codes (torchrun reports any failure as 1) names a file
 # here, and the main process writes its code into it.
 STATUS_FILE_ENV = "QA_TRAIN_STATUS_FILE"
-FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, PREEMPTED = 0, 1, 2, 3, 4, 75
+FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, SAVE_FAILED, PREEMPTED = 0, 1, 2, 3, 4, 5, 75
 
 
 def _rank() -> int:
@@ -22,9 +24,19 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _say(message: str, rank: int) -> None:
-    if rank == 0:  # every rank meets the same error; one line is enough
+def _say(message: str, rank: int, speaker: int = 0) -> None:
+    if rank == speaker:  # every rank meets the same error; one line is enough
         print(f"qa_train: error: {message}", file=sys.stderr, flush=True)
+
+
+def _out_of_space(err: OSError, output_dir: str) -> str:
+    from qa_train.checkpoint import complete_checkpoints
+
+    where = f" writing {err.filename}" if err.filename else ""
+    # The rerun that claim() accepts: resuming needs a checkpoint to be worth it, overwriting does not.
+    rerun = ("--resume_from_checkpoint latest (the checkpoints saved are complete)" if complete_checkpoints(output_dir)
+             else "--overwrite_output_dir (no checkpoint was saved)")
+    return f"{err.strerror}{where}; free space, then rerun with {rerun}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         _say(str(err), rank)
         return REFUSED
-    from qa_train.checkpoint import CheckpointError
+    from qa_train.checkpoint import OUT_OF_SPACE, CheckpointError, CheckpointSaveError
     from qa_train.data import DataError
     from qa_train.distributed import LaunchError
     from qa_train.run import Preempted, run
@@ -56,6 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     except ExportError as err:
         _say(str(err), rank)
         return EXPORT_FAILED
+    except CheckpointSaveError as err:  # raised on every rank; only the rank that failed knows why
+        _say(str(err), rank, speaker=err.reporter)
+        return SAVE_FAILED
+    except OSError as err:  # not collective: the rank that met it says so
+        if err.errno not in OUT_OF_SPACE:
+            raise  # any other OSError is a crash, with its traceback
+        _say(_out_of_space(err, args.output.output_dir), rank, speaker=rank)
+        return SAVE_FAILED
     except Preempted:  # its checkpoint and the log line saying so are written
         return PREEMPTED
     return FINISHED

@@ -22,6 +22,8 @@ class FakeAccelerator:
 
     is_main_process = True
     process_index = 0
+    num_processes = 1
+    device = "cpu"
 
     def __init__(self, fail_save: bool = False, fail_load: Exception | None = None) -> None:
         self.fail_save = fail_save
@@ -32,6 +34,10 @@ class FakeAccelerator:
 
     def wait_for_everyone(self) -> None:
         self.barriers += 1
+
+    def reduce(self, tensor, reduction: str):  # save_checkpoint's agreement on failures, a barrier too
+        self.barriers += 1
+        return tensor
 
     def save_state(self, output_dir: str) -> None:
         self.saved.append((output_dir, sorted(p.name for p in Path(output_dir).iterdir())))
@@ -199,9 +205,10 @@ def test_a_save_that_crashes_never_becomes_latest(tmp_path: Path) -> None:
     previous = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=4), keep=None)
     with pytest.raises(RuntimeError, match="disk full"):
         save_checkpoint(FakeAccelerator(fail_save=True), tmp_path, TrainerState(completed_steps=8), keep=None)
-    assert (checkpoint_root(tmp_path) / ".tmp-step_00000008").is_dir()
+    assert not (checkpoint_root(tmp_path) / ".tmp-step_00000008").exists()  # removed: a full disk needs it back
     assert resolve_resume("latest", tmp_path) == previous
-    # the next attempt at the same step starts from an empty temp folder
+    # the next attempt at the same step starts from an empty temp folder, even after a kill left one
+    make(tmp_path, ".tmp-step_00000008", complete=False)
     acc = FakeAccelerator()
     final = save_checkpoint(acc, tmp_path, TrainerState(completed_steps=8), keep=None)
     assert acc.saved[0][1] == []

@@ -1,6 +1,7 @@
 """Faults end to end through `python -m qa_train`: what a user sees, the exit code, and what is left on disk.
 
-Exit codes: 0 finished, 2 refused input, 3 diverged, 4 export failed, 75 preempted (see qa_train/__main__.py).
+Exit codes: 0 finished, 2 refused input, 3 diverged, 4 export failed, 5 a checkpoint save failed (its faults are
+in test_disk_full.py), 75 preempted (see qa_train/__main__.py).
 """
 
 from __future__ import annotations
