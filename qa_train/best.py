@@ -56,8 +56,15 @@ class BestModel:
         """`carried`: the best evaluation a resumed checkpoint recorded; with `keep`, the model kept in
         output_dir/best says which one it is."""
         self.accelerator, self.output_dir, self.keep = accelerator, output_dir, keep
-        kept = read_best(output_dir) if keep and resumed else None
-        self.score = kept or (BestScore(**carried) if resumed and carried else None)
+        # Two bests, apart when --save_best joins a resumed run: the best evaluation (metrics' best_*) may
+        # predate it and have no model in best/; only `kept` can be exported.
+        self.kept = read_best(output_dir) if keep and resumed else None
+        seen = [b for b in (self.kept, BestScore(**carried) if resumed and carried else None) if b is not None]
+        self.score = max(seen, key=lambda b: b.f1) if seen else None
+        if keep and self.score is not None and self.score != self.kept:
+            log.warning("the best evaluation so far (step %d, F1 %.2f) predates --save_best and has no model in "
+                        "%s: metrics.json's best_* count it; the export is chosen among the models evaluated "
+                        "from now on", self.score.step, self.score.f1, output_dir / "best")
 
     def _from_main(self, value: float) -> float:
         import torch
@@ -69,13 +76,16 @@ class BestModel:
     def offer(self, result: Any, step: int, export: Callable[[Path], Path]) -> None:
         """An evaluation's result (None off the main process); a better F1 becomes the best, kept if asked."""
         f1 = self._from_main(result.f1 if result is not None else -1.0)
-        if f1 < 0 or (self.score is not None and f1 <= self.score.f1):
+        if f1 < 0:
             return
-        self.score = BestScore(step, result.exact_match if result is not None else float("nan"), f1)
-        if self.keep:
+        scored = BestScore(step, result.exact_match if result is not None else float("nan"), f1)
+        if self.score is None or f1 > self.score.f1:
+            self.score = scored
+        if self.keep and (self.kept is None or f1 > self.kept.f1):
             folder = export(self.output_dir / "best")
+            self.kept = scored
             if self.accelerator.is_main_process:
-                write_best(folder, self.score)
+                write_best(folder, scored)
 
     def as_record(self) -> dict[str, float] | None:
         """What a checkpoint carries of it (TrainerState.best_eval)."""
@@ -84,16 +94,16 @@ class BestModel:
     def replaces_last(self, final_scores: Any) -> bool:
         """Whether the kept model, not the last, is the export: it scored higher than the final evaluation (a
         tie goes to the later model), or there was no final evaluation."""
-        if not self.keep or self.score is None:
+        if not self.keep or self.kept is None:
             return False
         f1 = self._from_main(final_scores.f1 if final_scores is not None else -1.0)
-        return f1 < 0 or f1 < self.score.f1
+        return f1 < 0 or f1 < self.kept.f1
 
     def fields(self, final_scores: Any, step: int, exported: bool) -> dict[str, float | int | None]:
         """metrics.json's best_* (the final evaluation included) and which step final/ holds (main process)."""
         last = BestScore(step, final_scores.exact_match, final_scores.f1) if final_scores is not None else None
-        kept = self.score
-        top = kept if kept is not None and (last is None or kept.f1 > last.f1) else last
-        held = top.step if self.keep and top is not None else step
+        seen, kept = self.score, self.kept
+        top = seen if seen is not None and (last is None or seen.f1 > last.f1) else last
+        held = kept.step if self.keep and kept is not None and (last is None or kept.f1 > last.f1) else step
         return {"best_eval_step": top.step if top else None, "best_exact_match": top.exact_match if top else None,
                 "best_f1": top.f1 if top else None, "exported_step": held if exported else None}

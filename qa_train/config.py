@@ -246,7 +246,7 @@ class EvalArgs:
     save_best: bool = field(
         default=False,
         metadata={"help": "Keep the model with the best F1 seen (evaluations during training and the final one) in "
-                          "output_dir/best; the export to output_dir/final is then that model."})
+                          "output_dir/best; the export to output_dir/final, and --do_predict's answers, are then that model."})
     n_best_size: int = field(default=20, metadata={"help": "Start/end candidates per window."})
     max_answer_length: int = field(default=30, metadata={"help": "Longest answer in tokens."})
     null_score_diff_threshold: float = field(

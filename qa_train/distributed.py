@@ -6,9 +6,10 @@ The train loop never branches on the strategy; what the libraries force is handl
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -243,6 +244,24 @@ def fit_fsdp_wrap(accelerator, model) -> None:
     plugin.transformer_cls_names_to_wrap = fsdp_layer_classes(model)
     log.info("FSDP wraps %s (set fsdp_transformer_layer_cls_to_wrap in the accelerate config to choose)",
              ", ".join(plugin.transformer_cls_names_to_wrap) or "the whole model only")
+
+
+@contextlib.contextmanager
+def built_whole(accelerator) -> Iterator[None]:
+    """Models built inside are whole on this rank. Under ZeRO-3 accelerate (1.15) registers its config with
+    transformers whatever zero3_init_flag says, and transformers then builds every model partitioned
+    (deepspeed.zero.Init) for an engine: a model that never gets one would run on empty weights."""
+    from transformers.integrations import set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+    registered = getattr(accelerator.state.deepspeed_plugin, "dschf", None)
+    if registered is None or not registered.is_zero3():
+        yield
+        return
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        set_hf_deepspeed_config(registered)
 
 
 def nonfinite_tensors(params: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:

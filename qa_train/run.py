@@ -46,7 +46,7 @@ def run(args: TrainArgs) -> RunMetrics | None:
             log.info("SQuAD v2.0: %s", ", ".join(f"{k} {v:.4g}" for k, v in metrics.squad_v2.items()))
     trainer.record(metrics)  # before the export: a full disk there must not lose EM/F1
     if args.eval.do_predict:
-        trainer.predict()
+        trainer.predict(scores)  # with the model the export will be: with --save_best, maybe not the last
     trainer.log_model(trainer.export(scores))
     trainer.finish()
     if metrics is not None:

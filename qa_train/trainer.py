@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from qa_train import __version__, best, checkpoint, distributed
-from qa_train.config import TrainArgs, every_n_steps
+from qa_train.config import ModelArgs, TrainArgs, every_n_steps
 from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer, answer_and_score, predict_logits,
                                  sample_rows, span_rules, write_answers, write_predictions)
 from qa_train.hostmem import HostMemory
@@ -27,7 +27,7 @@ from qa_train.inputs import Splits, build_loaders, collator, featurize_splits, i
 from qa_train.metrics import (DeviceMemory, RankFigures, ThroughputMeter, device_name, gather_figures,
                               lifetime_rss_gib, peak_tflops, summarize)
 from qa_train.modeling import (check_positions, flops_per_token, import_model_code, load_config, load_model,
-                               load_tokenizer, uses_token_types)
+                               load_tokenizer, resolve_attention, uses_token_types)
 from qa_train.monitor import IntervalMonitor, ModelCost, interval_log
 from qa_train.optimization import batches_per_rank, build_optimizer, hyperparameters, plan_steps, reapply
 from qa_train.outputdir import clear_previous_run
@@ -384,13 +384,25 @@ class Trainer:
         result.runtime_s = round(time.perf_counter() - t0, 3)
         return result
 
-    def predict(self) -> Path | None:
-        """Answer --test_file (every rank must call it): predict_predictions.json and
-        predict_nbest_predictions.json on the main process, which returns the predictions file."""
+    def predict(self, final_scores: EvalResult | None) -> Path | None:
+        """Answer --test_file (every rank must call it) with the model the export will be: the kept best one when
+        it replaces the last (`final_scores` as `export` takes them), else the trained one. Writes
+        predict_predictions.json and predict_nbest_predictions.json on the main process, which returns the
+        predictions file."""
+        from accelerate.utils import release_memory
+
         data, inputs = self.args.data, self.inputs
         loader = self.accelerator.prepare_data_loader(
             inference_loader(inputs.test_features, collator(self.tokenizer, data, self.token_types), data, self.on_cuda))
-        logits = predict_logits(self.accelerator, self.model, loader, data.max_seq_length, self.host_memory)
+        if not self.best.replaces_last(final_scores):
+            logits = predict_logits(self.accelerator, self.model, loader, data.max_seq_length, self.host_memory)
+        else:
+            kept = self._best_for_inference()
+            # The trained model's forward carries the autocast prepare() gave it; the copy gets the same here
+            # (none under DeepSpeed, whose engine casts weights instead: there the copy answers in fp32).
+            with self.accelerator.autocast():
+                logits = predict_logits(self.accelerator, kept, loader, data.max_seq_length, self.host_memory)
+            kept, = release_memory(kept)  # before the export, which under ZeRO-3 gathers the whole model
         self.host_memory.trim()
         if not self.is_main:
             return None
@@ -398,6 +410,18 @@ class Trainer:
         path = write_answers(self.output_dir, "predict", answer(test_set, logits, span_rules(self.args)))
         log.info("predict: %d questions answered -> %s", len(inputs.test_examples), path)
         return path
+
+    def _best_for_inference(self) -> torch.nn.Module:
+        """The kept best model (output_dir/best), in fp32 on this rank's device, for inference alone: loaded beside
+        the trained one, which under ZeRO-3 or FSDP is sharded and cannot simply take its weights. Left unwrapped
+        (no DDP, no DeepSpeed engine), so its forward needs no collective."""
+        score = self.best.kept
+        log.info("predict: answering with the best model (step %d, F1 %.2f)", score.step, score.f1)
+        source = ModelArgs(model_name_or_path=str(self.output_dir / "best"),
+                           attn_implementation=resolve_attention(self.args.model, self.model_config))
+        with distributed.built_whole(self.accelerator):
+            model = load_model(source, self.tokenizer, load_config(source))
+        return model.to(self.accelerator.device)
 
     def export(self, final_scores: EvalResult | None) -> Path | None:
         """The consolidated model and tokenizer in output_dir/final (every rank must call it): with --save_best
@@ -408,8 +432,8 @@ class Trainer:
             self.accelerator.wait_for_everyone()
             if self.is_main:
                 best.promote(self.output_dir)
-                log.info("exported the best model (step %d, F1 %.2f) to %s", self.best.score.step,
-                         self.best.score.f1, self.output_dir / "final")
+                log.info("exported the best model (step %d, F1 %.2f) to %s", self.best.kept.step,
+                         self.best.kept.f1, self.output_dir / "final")
             return self.output_dir / "final"
         try:
             final = self._export_to(self.output_dir / "final")
