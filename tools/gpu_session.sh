@@ -76,9 +76,10 @@ cpu_adam() {  # DeepSpeed JIT-builds its CPU Adam for the offload configs at fir
 part_tests() {  # TESTS_K: a pytest -k expression, to rerun some
   log "tests"
   cpu_adam
-  local k=()
+  local k=() n=()
   [[ -n ${TESTS_K:-} ]] && k=(-k "$TESTS_K")
-  timeout ${TESTS_TIMEOUT_S:-360} $PY -m pytest -m gpu tests/test_gpu.py tests/test_monitor.py -n 4 -v -rA \
+  $PY -c "import xdist" 2>/dev/null && n=(-n 4)  # four at once where pytest-xdist is installed
+  timeout ${TESTS_TIMEOUT_S:-360} $PY -m pytest -m gpu tests/test_gpu.py tests/test_monitor.py "${n[@]}" -v -rA \
     -p no:cacheprovider "${k[@]}" 2>&1 | tee "$OUT_DIR/pytest-gpu.log" | grep -E "PASSED|FAILED|ERROR|answers equal|weight difference|loss gap|CUDA peak|passed|failed" || true
 }
 
