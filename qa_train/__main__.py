@@ -51,10 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         _say(str(err), rank)
         return REFUSED
-    from qa_train.checkpoint import OUT_OF_SPACE, CheckpointError, CheckpointSaveError
+    from qa_train.checkpoint import CheckpointError
     from qa_train.data import DataError
     from qa_train.distributed import LaunchError
     from qa_train.run import Preempted, run
+    from qa_train.saving import OUT_OF_SPACE, CheckpointSaveError
     from qa_train.trainer import ExportError, TrainingDiverged
 
     try:

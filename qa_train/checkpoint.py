@@ -1,23 +1,18 @@
-"""Resumable checkpoints and the final export, both atomic under every strategy.
+"""Resumable checkpoints: what one holds, which are complete and usable, and resuming from one.
 
-A checkpoint is written under a temporary name by all ranks (DeepSpeed and FSDP write shards); the
-main process then writes trainer_state.json, then manifest.json (every file and its size), and
-renames the folder once every rank has finished. A checkpoint is complete only with its manifest,
-and usable only when every file still has the size the manifest records (`verify`). A save that fails on any
-rank (a full disk) fails on every rank as CheckpointSaveError, and its temporary folder is removed.
+A checkpoint (written by qa_train.saving) is complete only with its manifest, and usable only when every
+file still has the size the manifest records (`verify`).
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 log = logging.getLogger("qa_train")
@@ -105,10 +100,10 @@ def read_state(path: Path) -> TrainerState:
     try:
         return state_from_json((path / STATE_FILE).read_text())
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path / STATE_FILE}: unreadable or invalid ({_one_line(err)})") from None
+        raise CheckpointError(f"{path / STATE_FILE}: unreadable or invalid ({one_line(err)})") from None
 
 
-def _one_line(err: BaseException, limit: int = 300) -> str:
+def one_line(err: BaseException, limit: int = 300) -> str:
     lines = str(err).strip().splitlines()
     text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
     return text if len(text) <= limit else text[:limit] + "..."
@@ -133,13 +128,6 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
     """Finished checkpoints (trainer state and manifest present), oldest first; `verify` says if they are whole."""
     return [p for p in _step_folders(checkpoint_root(output_dir))
             if (p / STATE_FILE).is_file() and (p / MANIFEST).is_file()]
-
-
-def _write_manifest(folder: Path) -> None:
-    # Sizes, not hashes: hashing GBs of optimizer state would add seconds to every save, and the failure
-    # that happens is truncation (a full disk, a kill or a lost node mid-write), which sizes catch.
-    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
-    (folder / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1))
 
 
 def _read_manifest(path: Path) -> dict[str, int]:
@@ -169,7 +157,7 @@ def verify(path: str | Path) -> str | None:
     try:
         files = _read_manifest(path)
     except (OSError, ValueError, AttributeError) as err:
-        return f"{MANIFEST}: unreadable or invalid ({_one_line(err)})"
+        return f"{MANIFEST}: unreadable or invalid ({one_line(err)})"
     problems = [p for name, size in files.items() if (p := _size_problem(path / name, name, size))]
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -177,7 +165,7 @@ def verify(path: str | Path) -> str | None:
     try:
         state_from_json((path / STATE_FILE).read_text())
     except (OSError, ValueError) as err:
-        return f"{STATE_FILE}: unreadable or invalid ({_one_line(err)})"
+        return f"{STATE_FILE}: unreadable or invalid ({one_line(err)})"
     return None
 
 
@@ -203,7 +191,7 @@ def resolve_resume(spec: str | None, output_dir: str | Path, warn: bool = True) 
     if spec is None:
         return None
     if spec == "latest":
-        return _latest_usable(checkpoint_root(output_dir), warn)
+        return latest_usable(checkpoint_root(output_dir), warn)
     path = Path(spec)
     problem = verify(path)
     if problem is None:
@@ -214,7 +202,7 @@ def resolve_resume(spec: str | None, output_dir: str | Path, warn: bool = True) 
     raise CheckpointError(f"--resume_from_checkpoint {path}: {problem}; {instead}")
 
 
-def _latest_usable(root: Path, warn: bool) -> Path | None:
+def latest_usable(root: Path, warn: bool) -> Path | None:
     skipped: list[tuple[Path, str]] = []
     chosen = None
     for path in reversed(_step_folders(root)):
@@ -240,7 +228,7 @@ def set_aside_later(path: Path, output_dir: str | Path) -> list[Path]:
     moved = []
     for later in _step_folders(path.parent):
         if (_step_of(later) or 0) > step and verify(later) is None:
-            moved.append(_move_aside(later, "abandoned"))
+            moved.append(move_aside(later, "abandoned"))
     if moved:
         log.warning("resuming from %s: the later checkpoints belong to the continuation it abandons; moved "
                     "aside, not deleted: %s", path, ", ".join(str(m) for m in moved))
@@ -344,7 +332,7 @@ def _load_failure(path: Path, err: Exception) -> str:
     earlier = [p for p in _good_siblings(path) if step is None or (_step_of(p) or 0) < step]
     hint = (f"if it is damaged, resume from the previous complete checkpoint: --resume_from_checkpoint {earlier[0]}"
             if earlier else f"there is no earlier complete checkpoint in {path.parent}")
-    return f"checkpoint {path} could not be loaded: {_one_line(err)}; {hint}"
+    return f"checkpoint {path} could not be loaded: {one_line(err)}; {hint}"
 
 
 def _warn_on_rng(path: Path, process_index: int) -> None:
@@ -366,208 +354,36 @@ def _rng_problem(rng: Path) -> str | None:
     try:
         states = load(rng)
     except Exception as err:  # torch.load's failures on a damaged file have no common type
-        return f"unreadable ({_one_line(err)})"
+        return f"unreadable ({one_line(err)})"
     needed = ["random_state", "numpy_random_seed", "torch_manual_seed"]
     needed += ["torch_cuda_manual_seed"] if torch.cuda.is_available() else []
     missing = [key for key in needed if not isinstance(states, dict) or key not in states]
     return f"lacks {', '.join(missing)}" if missing else None
 
 
-# --- save --------------------------------------------------------------------------------------
+# --- moving folders ----------------------------------------------------------------------------
 
 
-class CheckpointSaveError(RuntimeError):
-    """A checkpoint could not be written (a full disk above all). Raised on every rank alike, so none waits at a
-    barrier for a rank that stopped; the partial folder is removed and earlier checkpoints are untouched.
-
-    Only the rank that failed knows why, so the lowest failing rank says it (`reporter`), with its rank in
-    the line: carrying the text to rank 0 would need a gather of strings for nothing but one print.
-    """
-
-    def __init__(self, message: str, reporter: int) -> None:
-        super().__init__(message)
-        self.reporter = reporter
-
-
-# A full disk or quota: the user's to fix by freeing space (__main__ also maps them anywhere else in a run).
-OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
-
-
-def save_checkpoint(accelerator, output_dir: str | Path, state: TrainerState, keep: int | None) -> Path:
-    """Write step_N as the module docstring says; CheckpointSaveError on every rank when any rank's part fails."""
-    root = checkpoint_root(output_dir)
-    final = root / f"step_{state.completed_steps:08d}"
-    tmp = root / f".tmp-step_{state.completed_steps:08d}"
-    main = accelerator.is_main_process
-    # Each phase ends with every rank learning which ranks failed: that exchange is also the phase's barrier.
-    _phase(accelerator, final, tmp, (lambda: _fresh(tmp)) if main else None)
-    _phase(accelerator, final, tmp, lambda: accelerator.save_state(str(tmp)))
-    _phase(accelerator, final, tmp, (lambda: _complete(tmp, final, state, output_dir, keep)) if main else None)
-    return final
-
-
-def _fresh(tmp: Path) -> None:
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-
-
-def _complete(tmp: Path, final: Path, state: TrainerState, output_dir: str | Path, keep: int | None) -> None:
-    (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
-    _write_manifest(tmp)  # last: only now is the folder complete
-    _replace(tmp, final, state.run_id)
-    _rotate(output_dir, keep, state.run_id, final)
-    log.info("checkpoint saved: %s", final)
-
-
-def _phase(accelerator, final: Path, tmp: Path, work: Callable[[], object] | None) -> None:
-    """This rank's part of a save (None: nothing to do here), then agreement: if any rank failed, the main
-    process removes `tmp` (the space it holds is what a full disk needs back) and every rank raises."""
-    error = None
-    if work is not None:
-        try:
-            work()
-        except Exception as err:  # a full disk: OSError, or torch's RuntimeError, or safetensors' own error
-            error = err
-    reason = _failure_reason(error, tmp.parent) if error is not None else None  # before the removal frees space
-    failed = _failed_ranks(accelerator, error is not None)
-    if not failed:
-        return
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-    rank = accelerator.process_index
-    message = (_save_failure(final, reason, error, rank, failed, accelerator.num_processes) if rank == failed[0]
-               else f"checkpoint {final} could not be saved: rank {failed[0]} failed")
-    raise CheckpointSaveError(message, reporter=failed[0]) from error
-
-
-def _failed_ranks(accelerator, failed: bool) -> list[int]:
-    """The ranks whose part failed, the same list on every rank: one sum over a flag per rank."""
-    import torch
-
-    flags = torch.zeros(accelerator.num_processes, device=accelerator.device)
-    flags[accelerator.process_index] = float(failed)
-    total = accelerator.reduce(flags, reduction="sum")
-    return [rank for rank, flag in enumerate(total.tolist()) if flag > 0]
-
-
-def _failure_reason(err: Exception, root: Path) -> str:
-    if isinstance(err, OSError):
-        return _one_line(err)  # names errno's text and, for most calls, the file
-    # torch's zip writer says only "unexpected pos ..." on a full disk: the free space tells.
-    try:
-        free = f" ({shutil.disk_usage(root).free / 2**30:.2f} GiB free in {root})"
-    except OSError:
-        free = ""
-    return _one_line(err) + free
-
-
-def _save_failure(final: Path, reason: str, err: Exception, rank: int, failed: list[int], world: int) -> str:
-    others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-    who = f"rank {rank}{others}: " if world > 1 else ""
-    kept = _latest_usable(final.parent, warn=False)
-    intact = f"the newest complete checkpoint, {kept}, is intact" if kept else "no earlier complete checkpoint exists"
-    return (f"checkpoint {final} could not be saved: {who}{reason}; its partial folder is removed and {intact}; "
-            f"{_fix(err)}, then rerun with --resume_from_checkpoint latest")
-
-
-def _fix(err: Exception) -> str:
-    if not isinstance(err, OSError):
-        return "free space (if that is the cause)"  # torch and safetensors hide the errno
-    return "free space" if err.errno in OUT_OF_SPACE else "fix that"
-
-
-def _run_id_of(path: Path) -> str | None:
+def run_id_of(path: Path) -> str | None:
     try:
         return json.loads((path / STATE_FILE).read_text()).get("run_id")
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def _replace(tmp: Path, final: Path, run_id: str) -> None:
-    """Rename tmp to final. The same step saved twice by this run (e.g. preemption right after a periodic
-    save) replaces the old folder; another run's folder at that name is moved aside, never deleted."""
-    if final.exists():
-        other = _run_id_of(final)
-        if other == run_id:
-            _delete(final)
-        else:
-            aside = _move_aside(final, f"run-{(other or 'unknown')[:8]}")
-            log.warning("%s belonged to another run (%s): moved to %s, not deleted", final, other or "unknown", aside)
-    tmp.rename(final)
-
-
-def _move_aside(path: Path, suffix: str) -> Path:
+def move_aside(path: Path, suffix: str) -> Path:
     """Rename step_N to step_N.<suffix> (no longer a step folder: neither `latest` nor rotation sees it),
     replacing an earlier one of that name."""
     aside = path.with_name(f"{path.name}.{suffix}")
-    _delete(aside)
+    delete_folder(aside)
     path.rename(aside)
     return aside
 
 
-def _delete(path: Path) -> None:
+def delete_folder(path: Path) -> None:
     # Renamed first, so a kill mid-delete leaves a trash folder, never a half-deleted step_N.
     trash = path.with_name(f".deleting-{path.name}")
     shutil.rmtree(trash, ignore_errors=True)
     if path.exists():
         path.rename(trash)
         shutil.rmtree(trash, ignore_errors=True)
-
-
-def _rotate(output_dir: str | Path, keep: int | None, run_id: str, just_written: Path | None = None) -> None:
-    """Keep this run's newest `keep` whole checkpoints (always including `just_written`); delete its older ones.
-
-    Another run's checkpoints, older formats without a run_id, and damaged ones are never deleted, and
-    damaged ones do not count towards `keep`.
-    """
-    if keep is None:
-        return
-    ours = [p for p in complete_checkpoints(output_dir)
-            if p != just_written and _run_id_of(p) == run_id and verify(p) is None]
-    room = keep - 1 if just_written is not None else keep
-    for old in ours[:max(len(ours) - room, 0)]:
-        _delete(old)
-
-
-# --- export ------------------------------------------------------------------------------------
-
-
-def export_final(accelerator, model, tokenizer, final: Path) -> Path:
-    """Full consolidated weights + tokenizer in `final` (output_dir/final or /best), loadable by from_pretrained.
-
-    get_state_dict gathers ZeRO-3 partitions (16-bit, rank 0 only) and FSDP shards; saving the
-    unwrapped model without it would write placeholders under ZeRO-3.
-    """
-    tmp = final.with_name(f".tmp-{final.name}")
-    state_dict = accelerator.get_state_dict(model)
-    if accelerator.is_main_process:
-        _clear(tmp)
-        unwrapped = accelerator.unwrap_model(model)
-        unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        # save_pretrained only logs (and writes nothing) when its target is not a folder.
-        if not any(tmp.glob("*.safetensors")):
-            raise OSError(f"{tmp}: no weights were written")
-        _share_like_umask(tmp)
-        _clear(final)
-        tmp.rename(final)
-        log.info("model exported: %s", final)
-    accelerator.wait_for_everyone()
-    return final
-
-
-def _clear(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
-def _share_like_umask(folder: Path) -> None:
-    """Files as the umask allows (usually group- and world-readable): some writers create them 0600,
-    and an exported model is meant to be read by others on a shared file system."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for f in folder.rglob("*"):
-        if f.is_file():
-            f.chmod(0o666 & ~umask)

@@ -21,7 +21,7 @@ RUN_FILES = ("metrics.json", "final", "best", "checkpoints", "train_log.jsonl", 
              "predict_null_odds.json", "profile", *TRACKERS)
 # Never a run by themselves, but a stale one would act on the next run: a stop request nobody answered (the new run
 # would stop at its first logging step), the test hook's hold marks, and what an interrupted atomic write or export
-# left (tracking.atomic_write_text, checkpoint.export_final). Cleared with the run they belong to.
+# left (tracking.atomic_write_text, saving.export_final). Cleared with the run they belong to.
 LEFTOVERS = (PREEMPT_FILE, "HOLDING-rank*", ".*.tmp", ".tmp-*")
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from qa_train import __version__, best, checkpoint, distributed
+from qa_train import __version__, best, checkpoint, distributed, saving
 from qa_train.config import ModelArgs, TrainArgs, every_n_steps
 from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer, answer_and_score, predict_logits,
                                  sample_rows, span_rules, write_answers, write_predictions)
@@ -343,12 +343,12 @@ class Trainer:
             self.tracker.log_model(folder, f"model-{self.args.output.run_name or 'qa_train'}")
 
     def _export_to(self, folder: Path) -> Path:
-        return checkpoint.export_final(self.accelerator, self.model, self.tokenizer, folder)
+        return saving.export_final(self.accelerator, self.model, self.tokenizer, folder)
 
     def _save_checkpoint(self) -> None:
         self._check_weights()
         self.state.best_eval = self.best.as_record()
-        checkpoint.save_checkpoint(self.accelerator, self.output_dir, self.state, self.args.output.save_total_limit)
+        saving.save_checkpoint(self.accelerator, self.output_dir, self.state, self.args.output.save_total_limit)
 
     def _check_weights(self) -> None:
         """Non-finite weights are never checkpointed or exported (each rank checks what it holds)."""

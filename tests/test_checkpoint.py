@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from qa_train import checkpoint as ckpt  # names added with manifests: fail one by one on an older module
-from qa_train.checkpoint import (STATE_FILE, TrainerState, _rotate, checkpoint_root, complete_checkpoints,
-                                 load_checkpoint, resolve_resume, save_checkpoint)
+from qa_train.checkpoint import STATE_FILE, TrainerState, checkpoint_root, complete_checkpoints, load_checkpoint, resolve_resume
+from qa_train.saving import _rotate, save_checkpoint
 
 MANIFEST = "manifest.json"
 RUN = "0123456789abcdef0123456789abcdef"  # the run_id of the folders `make` writes

@@ -20,7 +20,7 @@ import torch
 
 from conftest import PY, ROOT, run_cmd, run_ok, tiny_flags
 
-from qa_train import checkpoint
+from qa_train import checkpoint, saving
 
 FULL_DISK_ENV = "QA_TRAIN_TEST_FULL_DISK"  # "RANK:N": that rank's N-th save_state fails
 INJECT = f'''
@@ -144,17 +144,17 @@ class Rank:
 
 
 def save(rank: Rank, out: Path, step: int = 2) -> None:
-    checkpoint.save_checkpoint(rank, out, checkpoint.TrainerState(completed_steps=step), keep=None)
+    saving.save_checkpoint(rank, out, checkpoint.TrainerState(completed_steps=step), keep=None)
 
 
 def test_a_rank_whose_save_succeeded_stops_too_and_leaves_the_saying_to_the_failing_one(tmp_path: Path) -> None:
     save(Rank(0, fails=False, other_fails=False), tmp_path, step=1)
-    with pytest.raises(checkpoint.CheckpointSaveError) as err:
+    with pytest.raises(saving.CheckpointSaveError) as err:
         save(Rank(0, fails=False, other_fails=True), tmp_path)
     assert err.value.reporter == 1
     assert [p.name for p in checkpoint.checkpoint_root(tmp_path).iterdir()] == ["step_00000001"]
 
-    with pytest.raises(checkpoint.CheckpointSaveError) as err:
+    with pytest.raises(saving.CheckpointSaveError) as err:
         save(Rank(1, fails=True, other_fails=False), tmp_path)
     assert err.value.reporter == 1
     step_1 = checkpoint.checkpoint_root(tmp_path) / "step_00000001"
@@ -166,8 +166,8 @@ def test_a_full_disk_while_writing_the_manifest_removes_the_partial_folder(tmp_p
     def full(folder: Path) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint, "_write_manifest", full)
-    with pytest.raises(checkpoint.CheckpointSaveError, match="no earlier complete checkpoint exists") as err:
+    monkeypatch.setattr(saving, "_write_manifest", full)
+    with pytest.raises(saving.CheckpointSaveError, match="no earlier complete checkpoint exists") as err:
         save(Rank(0, fails=False, other_fails=False), tmp_path)
     assert str(err.value).startswith(f"checkpoint {checkpoint.checkpoint_root(tmp_path) / 'step_00000002'} could")
     assert list(checkpoint.checkpoint_root(tmp_path).iterdir()) == []
@@ -189,7 +189,7 @@ def main_raising(monkeypatch, tmp_path: Path, error: Exception, rank: int = 0) -
 @pytest.mark.parametrize(("rank", "says"), [(0, False), (1, True)])
 def test_a_failed_save_exits_5_and_only_the_reporting_rank_prints(rank: int, says: bool, tmp_path: Path,
                                                                    monkeypatch, capsys) -> None:
-    error = checkpoint.CheckpointSaveError("checkpoint x could not be saved: rank 1: why", reporter=1)
+    error = saving.CheckpointSaveError("checkpoint x could not be saved: rank 1: why", reporter=1)
     assert main_raising(monkeypatch, tmp_path, error, rank) == 5
     expected = ["qa_train: error: checkpoint x could not be saved: rank 1: why"] if says else []
     assert capsys.readouterr().err.splitlines() == expected

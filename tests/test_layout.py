@@ -8,8 +8,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "qa_train"
 MAX_PARAMETERS = 6
 # The modules allowed to know about strategies (DeepSpeed, FSDP, ZeRO): the strategy module, the
-# checkpoint module and the launcher. metrics.json's schema and the strategy report name them as values.
-STRATEGY_MODULES = {"distributed.py", "checkpoint.py", "launch.py"}
+# checkpoint modules (checkpoint, saving) and the launcher. metrics.json's schema and the strategy report name them as values.
+STRATEGY_MODULES = {"distributed.py", "checkpoint.py", "saving.py", "launch.py"}
 
 
 def functions() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:

@@ -1,0 +1,205 @@
+"""Writing checkpoints and the final export, both atomic under every strategy.
+
+A checkpoint is written under a temporary name by all ranks (DeepSpeed and FSDP write shards); the
+main process then writes trainer_state.json, then manifest.json (every file and its size), and
+renames the folder once every rank has finished. A save that fails on any rank (a full disk) fails on
+every rank as CheckpointSaveError, and its temporary folder is removed.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from qa_train.checkpoint import (MANIFEST, STATE_FILE, TrainerState, checkpoint_root, complete_checkpoints,
+                                 delete_folder, latest_usable, move_aside, one_line, run_id_of, verify)
+
+log = logging.getLogger("qa_train")
+
+
+# --- checkpoints --------------------------------------------------------------------------------------
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (a full disk above all). Raised on every rank alike, so none waits at a
+    barrier for a rank that stopped; the partial folder is removed and earlier checkpoints are untouched.
+
+    Only the rank that failed knows why, so the lowest failing rank says it (`reporter`), with its rank in
+    the line: carrying the text to rank 0 would need a gather of strings for nothing but one print.
+    """
+
+    def __init__(self, message: str, reporter: int) -> None:
+        super().__init__(message)
+        self.reporter = reporter
+
+
+# A full disk or quota: the user's to fix by freeing space (__main__ also maps them anywhere else in a run).
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def save_checkpoint(accelerator, output_dir: str | Path, state: TrainerState, keep: int | None) -> Path:
+    """Write step_N as the module docstring says; CheckpointSaveError on every rank when any rank's part fails."""
+    root = checkpoint_root(output_dir)
+    final = root / f"step_{state.completed_steps:08d}"
+    tmp = root / f".tmp-step_{state.completed_steps:08d}"
+    main = accelerator.is_main_process
+    # Each phase ends with every rank learning which ranks failed: that exchange is also the phase's barrier.
+    _phase(accelerator, final, tmp, (lambda: _fresh(tmp)) if main else None)
+    _phase(accelerator, final, tmp, lambda: accelerator.save_state(str(tmp)))
+    _phase(accelerator, final, tmp, (lambda: _complete(tmp, final, state, output_dir, keep)) if main else None)
+    return final
+
+
+def _fresh(tmp: Path) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+
+
+def _complete(tmp: Path, final: Path, state: TrainerState, output_dir: str | Path, keep: int | None) -> None:
+    (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
+    _write_manifest(tmp)  # last: only now is the folder complete
+    _replace(tmp, final, state.run_id)
+    _rotate(output_dir, keep, state.run_id, final)
+    log.info("checkpoint saved: %s", final)
+
+
+def _phase(accelerator, final: Path, tmp: Path, work: Callable[[], object] | None) -> None:
+    """This rank's part of a save (None: nothing to do here), then agreement: if any rank failed, the main
+    process removes `tmp` (the space it holds is what a full disk needs back) and every rank raises."""
+    error = None
+    if work is not None:
+        try:
+            work()
+        except Exception as err:  # a full disk: OSError, or torch's RuntimeError, or safetensors' own error
+            error = err
+    reason = _failure_reason(error, tmp.parent) if error is not None else None  # before the removal frees space
+    failed = _failed_ranks(accelerator, error is not None)
+    if not failed:
+        return
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rank = accelerator.process_index
+    message = (_save_failure(final, reason, error, rank, failed, accelerator.num_processes) if rank == failed[0]
+               else f"checkpoint {final} could not be saved: rank {failed[0]} failed")
+    raise CheckpointSaveError(message, reporter=failed[0]) from error
+
+
+def _failed_ranks(accelerator, failed: bool) -> list[int]:
+    """The ranks whose part failed, the same list on every rank: one sum over a flag per rank."""
+    import torch
+
+    flags = torch.zeros(accelerator.num_processes, device=accelerator.device)
+    flags[accelerator.process_index] = float(failed)
+    total = accelerator.reduce(flags, reduction="sum")
+    return [rank for rank, flag in enumerate(total.tolist()) if flag > 0]
+
+
+def _failure_reason(err: Exception, root: Path) -> str:
+    if isinstance(err, OSError):
+        return one_line(err)  # names errno's text and, for most calls, the file
+    # torch's zip writer says only "unexpected pos ..." on a full disk: the free space tells.
+    try:
+        free = f" ({shutil.disk_usage(root).free / 2**30:.2f} GiB free in {root})"
+    except OSError:
+        free = ""
+    return one_line(err) + free
+
+
+def _save_failure(final: Path, reason: str, err: Exception, rank: int, failed: list[int], world: int) -> str:
+    others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+    who = f"rank {rank}{others}: " if world > 1 else ""
+    kept = latest_usable(final.parent, warn=False)
+    intact = f"the newest complete checkpoint, {kept}, is intact" if kept else "no earlier complete checkpoint exists"
+    return (f"checkpoint {final} could not be saved: {who}{reason}; its partial folder is removed and {intact}; "
+            f"{_fix(err)}, then rerun with --resume_from_checkpoint latest")
+
+
+def _fix(err: Exception) -> str:
+    if not isinstance(err, OSError):
+        return "free space (if that is the cause)"  # torch and safetensors hide the errno
+    return "free space" if err.errno in OUT_OF_SPACE else "fix that"
+
+
+def _replace(tmp: Path, final: Path, run_id: str) -> None:
+    """Rename tmp to final. The same step saved twice by this run (e.g. preemption right after a periodic
+    save) replaces the old folder; another run's folder at that name is moved aside, never deleted."""
+    if final.exists():
+        other = run_id_of(final)
+        if other == run_id:
+            delete_folder(final)
+        else:
+            aside = move_aside(final, f"run-{(other or 'unknown')[:8]}")
+            log.warning("%s belonged to another run (%s): moved to %s, not deleted", final, other or "unknown", aside)
+    tmp.rename(final)
+
+
+def _write_manifest(folder: Path) -> None:
+    # Sizes, not hashes: hashing GBs of optimizer state would add seconds to every save, and the failure
+    # that happens is truncation (a full disk, a kill or a lost node mid-write), which sizes catch.
+    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+    (folder / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1))
+
+
+def _rotate(output_dir: str | Path, keep: int | None, run_id: str, just_written: Path | None = None) -> None:
+    """Keep this run's newest `keep` whole checkpoints (always including `just_written`); delete its older ones.
+
+    Another run's checkpoints, older formats without a run_id, and damaged ones are never deleted, and
+    damaged ones do not count towards `keep`.
+    """
+    if keep is None:
+        return
+    ours = [p for p in complete_checkpoints(output_dir)
+            if p != just_written and run_id_of(p) == run_id and verify(p) is None]
+    room = keep - 1 if just_written is not None else keep
+    for old in ours[:max(len(ours) - room, 0)]:
+        delete_folder(old)
+
+
+# --- export ------------------------------------------------------------------------------------
+
+
+def export_final(accelerator, model, tokenizer, final: Path) -> Path:
+    """Full consolidated weights + tokenizer in `final` (output_dir/final or /best), loadable by from_pretrained.
+
+    get_state_dict gathers ZeRO-3 partitions (16-bit, rank 0 only) and FSDP shards; saving the
+    unwrapped model without it would write placeholders under ZeRO-3.
+    """
+    tmp = final.with_name(f".tmp-{final.name}")
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        _clear(tmp)
+        unwrapped = accelerator.unwrap_model(model)
+        unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        # save_pretrained only logs (and writes nothing) when its target is not a folder.
+        if not any(tmp.glob("*.safetensors")):
+            raise OSError(f"{tmp}: no weights were written")
+        _share_like_umask(tmp)
+        _clear(final)
+        tmp.rename(final)
+        log.info("model exported: %s", final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _clear(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _share_like_umask(folder: Path) -> None:
+    """Files as the umask allows (usually group- and world-readable): some writers create them 0600,
+    and an exported model is meant to be read by others on a shared file system."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in folder.rglob("*"):
+        if f.is_file():
+            f.chmod(0o666 & ~umask)
