@@ -70,6 +70,13 @@ Located = tuple[str, Any]
 # Characters that show nothing: whitespace, controls and format characters (zero-width space U+200B,
 # BOM U+FEFF, joiners, bidi marks). A question made of them tokenises to nothing.
 _INVISIBLE = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
+# Combining marks (U+0301, ...) show only on a base character; uncased tokenizers strip them as accents, so a
+# text made of nothing else (and invisible characters) tokenises to nothing too.
+_MARKS = frozenset({"Mn", "Me"})
+
+# What compressed files start with: they are refused by name rather than as "not UTF-8".
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"\xfd7zXZ\x00", "xz", "unxz"), (b"BZh", "bzip2", "bunzip2"),
+               (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"), (b"PK\x03\x04", "zip", "unzip"))
 
 
 def _kind(value: Any) -> str:
@@ -84,7 +91,14 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
+def _refuse_compressed(path: Path, raw: bytes) -> None:
+    for magic, kind, tool in _COMPRESSED:
+        if raw.startswith(magic):
+            raise DataError(f"{path}: is {kind}-compressed, not JSON text; decompress it first ({tool} {path})")
+
+
 def _decode(path: Path, raw: bytes) -> str:
+    _refuse_compressed(path, raw)
     try:
         return raw.decode("utf-8-sig")  # a leading BOM (Windows editors write one) is not data
     except UnicodeDecodeError as err:
@@ -132,9 +146,12 @@ def _flatten_qa(path: Path, loc: str, qa: Any, title: Any, context: Any) -> Any:
         if not isinstance(x, dict):
             raise DataError(f"{path}: {_at(loc, qa)}: answers[{k}] must be an object with 'text' and "
                             f"'answer_start', found {_kind(x)}")
-    return {"id": qa.get("id"), "title": title, "context": context, "question": qa.get("question"),
+    flat = {"id": qa.get("id"), "title": title, "context": context, "question": qa.get("question"),
             "answers": {"text": [x.get("text") for x in answers],
                         "answer_start": [x.get("answer_start") for x in answers]}}
+    if "is_impossible" in qa:  # SQuAD v2.0's own flag, checked against the answers in _check_impossible
+        flat["is_impossible"] = qa["is_impossible"]
+    return flat
 
 
 def _article_records(path: Path, base: str, article: dict[str, Any]) -> Iterator[Located]:
@@ -149,6 +166,12 @@ def _article_records(path: Path, base: str, article: dict[str, Any]) -> Iterator
         for q, qa in enumerate(_list_at(path, f"{where}.qas", para["qas"], "questions")):
             loc = f"{where}.qas[{q}]"
             yield loc, _flatten_qa(path, loc, qa, article.get("title", ""), para["context"])
+
+
+def _not_an_article(item: Any) -> str:
+    if isinstance(item, dict):
+        return "lacks 'paragraphs' (the articles before it are nested SQuAD)"
+    return f"must be an article (an object with 'paragraphs'), found {_kind(item)}"
 
 
 def _flat_records(path: Path, text: str) -> Iterator[Located]:
@@ -176,9 +199,12 @@ def _flat_records(path: Path, text: str) -> Iterator[Located]:
     if not isinstance(doc, list):
         raise DataError(f"{path}: expected SQuAD JSON with a 'data' list, JSON lines, or a list of records; "
                         f"found {_kind(doc)}")
+    nested = bool(doc) and isinstance(doc[0], dict) and "paragraphs" in doc[0]
     for a, article in enumerate(doc):
         if isinstance(article, dict) and "paragraphs" in article:
             yield from _article_records(path, f"data[{a}]" if wrapped else f"[{a}]", article)
+        elif nested:  # read as a flat record, an article without paragraphs would be blamed for its 'id'
+            raise DataError(f"{path}: {'data' if wrapped else ''}[{a}] {_not_an_article(article)}")
         else:
             yield (f"data[{a}]" if wrapped else f"record {a}"), article  # a flat record
 
@@ -214,9 +240,22 @@ def _check_shows_something(text: str, what: str) -> None:
     shown = text.strip()
     if not shown:
         raise _Problem(f"empty {what}")
-    if all(map(_invisible, shown)):  # stops at the first visible character
+    if all(_invisible(ch) or unicodedata.category(ch) in _MARKS for ch in shown):  # stops at the first visible one
         codes = sorted({f"U+{ord(ch):04X}" for ch in text if not ch.isspace()})
-        raise _Problem(f"empty {what} (only invisible characters: {', '.join(codes[:4])})")
+        kinds = ("invisible characters and combining marks" if any(unicodedata.category(ch) in _MARKS for ch in shown)
+                 else "invisible characters")
+        raise _Problem(f"empty {what} (only {kinds}: {', '.join(codes[:4])})")
+
+
+def _check_encodable(text: str, what: str) -> None:
+    """A lone UTF-16 surrogate (a JSON \\ud83d escape cut from its pair) is a str no tokenizer can encode."""
+    if text.isascii():  # the common case, ~50x cheaper than encoding
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise _Problem(f"{what} holds a lone UTF-16 surrogate U+{ord(text[err.start]):04X} at character {err.start} "
+                       "(half of a \\uXXXX pair; the other half was lost)") from None
 
 
 def _check_id(rec: dict[str, Any]) -> str:
@@ -225,6 +264,7 @@ def _check_id(rec: dict[str, Any]) -> str:
         raw = rec.get("id")
         raise _Problem("question has no 'id'" if raw is None or isinstance(raw, str)
                        else f"'id' must be a string or an integer, found {_kind(raw)}")
+    _check_encodable(qid, "'id'")  # the predictions files are written as UTF-8, after training
     return qid
 
 
@@ -236,6 +276,7 @@ def _check_texts(rec: dict[str, Any]) -> None:
                            else f"'{key}' must be a string, found {_kind(value)}")
         if not value[:1].isalnum():
             _check_shows_something(value, key)
+        _check_encodable(value, f"'{key}'")
     title = rec.get("title")
     if title is not None and not isinstance(title, str):
         raise _Problem(f"'title' must be a string, found {_kind(title)}")
@@ -270,8 +311,29 @@ def _check_span(k: int, text: Any, start: Any, context: str) -> None:
     if start < 0 or start + len(text) > len(context):
         raise _Problem(f"answer_start {start!r} is outside the context ({len(context)} characters)")
     if context[start:start + len(text)] != text:
-        raise _Problem(f"answer_start {start} does not match text {text!r} "
-                       f"(the context there reads {context[start:start + len(text)]!r})")
+        there = context[start:start + len(text)]
+        raise _Problem(f"answer_start {start} does not match text {text!r} (the context there reads {there!r})"
+                       f"{_unicode_form_hint(text, context)}")
+
+
+def _unicode_form_hint(text: str, context: str) -> str:
+    """'café' precomposed and 'cafe' + U+0301 print alike: say so, or the message looks like a contradiction."""
+    if text in context or unicodedata.normalize("NFC", text) not in unicodedata.normalize("NFC", context):
+        return ""
+    return "; the context writes the text in another Unicode form: normalise the file to NFC"
+
+
+def _check_impossible(rec: dict[str, Any], texts: list) -> None:
+    """SQuAD v2.0's is_impossible must agree with the answers, or the question trains as the opposite of what
+    the file says it is."""
+    flag = rec["is_impossible"]
+    if not isinstance(flag, bool):
+        raise _Problem(f"'is_impossible' must be true or false, found {_kind(flag)}")
+    if flag and texts:
+        raise _Problem(f"'is_impossible' is true but it has {len(texts)} answer(s) (unanswerable questions have "
+                       "none; SQuAD v2.0 keeps their spans in 'plausible_answers')")
+    if not flag and not texts:
+        raise _Problem("'is_impossible' is false but 'answers' is empty")
 
 
 def _checked(rec: Any, rule: AnswerRule) -> tuple[str, list[str], list[int]]:
@@ -280,6 +342,8 @@ def _checked(rec: Any, rule: AnswerRule) -> tuple[str, list[str], list[int]]:
     qid = _check_id(rec)
     _check_texts(rec)
     texts, starts = _answer_lists(rec, rule)
+    if "is_impossible" in rec and "answers" in rec:
+        _check_impossible(rec, texts)
     if rule == "required" and not texts:
         raise _Problem("no answers (SQuAD v1.1 questions are all answerable; for SQuAD v2.0 data, where a "
                        "question may have none, pass --version_2_with_negative)")

@@ -25,7 +25,7 @@ from qa_train.data import DataError, Examples
 
 # As in the original BERT SQuAD recipe: a longer question is cut so the context keeps its room.
 MAX_QUERY_LENGTH = 64
-CACHE_VERSION = "3"
+CACHE_VERSION = "4"  # 4: answer labels from the tokens the answer overlaps; questions cut to the window's room
 log = logging.getLogger("qa_train")
 
 
@@ -136,11 +136,24 @@ class Features:
             raise ValueError(f"row_start runs {self.row_start[0]}..{self.row_start[-1]}, expected 0..{total}")
 
 
-def _char_to_token(offsets: np.ndarray, start_char: int, end_char: int) -> tuple[int, int]:
-    """First and last context tokens covering [start_char, end_char)."""
-    start = int(np.searchsorted(offsets[:, 0], start_char, side="right")) - 1
-    end = int(np.searchsorted(offsets[:, 1], end_char, side="left"))
-    return max(start, 0), min(end, len(offsets) - 1)
+def _char_to_token(offsets: np.ndarray, start_char: int, end_char: int) -> tuple[int, int] | None:
+    """First and last context tokens that overlap [start_char, end_char); None when none does (the answer is
+    made of characters the tokenizer drops). Overlap rather than "the token holding each end": an answer
+    that begins or ends with a space, NBSP or zero-width character would otherwise take in the next word."""
+    start = int(np.searchsorted(offsets[:, 1], start_char, side="right"))  # first token ending after start_char
+    end = int(np.searchsorted(offsets[:, 0], end_char, side="left")) - 1  # last token starting before end_char
+    return (start, end) if start <= end else None
+
+
+def question_room(tpl: PairTemplate, max_seq_length: int, doc_stride: int) -> int:
+    """Most question tokens a window holds: MAX_QUERY_LENGTH, or fewer where the context would otherwise keep
+    no more than --doc_stride tokens per window (windows could not advance). Refuses flags that leave none."""
+    room = min(MAX_QUERY_LENGTH, max_seq_length - tpl.num_special - doc_stride - 1)
+    if room < 1:
+        raise ConfigError(f"--doc_stride {doc_stride}: with --max_seq_length {max_seq_length} and this tokenizer's "
+                          f"{tpl.num_special} special tokens a window has no room for the question; use --doc_stride "
+                          f"at most {max_seq_length - tpl.num_special - 2}")
+    return room
 
 
 # Texts go to the tokenizer in chunks: one call over all of SQuAD's contexts holds every offset as a
@@ -154,8 +167,10 @@ def tokenize_texts(tokenizer, texts: list[str], offsets: bool) -> tuple[list[np.
     ids: list[np.ndarray] = []
     offs: list[np.ndarray] = []
     for k in range(0, len(texts), TOKENIZE_CHUNK):
+        # verbose=False: contexts longer than the model's positions are expected (they are cut into windows);
+        # transformers would warn that they "will result in indexing errors".
         enc = tokenizer(texts[k:k + TOKENIZE_CHUNK], add_special_tokens=False, return_offsets_mapping=offsets,
-                        return_attention_mask=False, return_token_type_ids=False)
+                        return_attention_mask=False, return_token_type_ids=False, verbose=False)
         ids.extend(np.asarray(x, dtype=np.int32) for x in enc["input_ids"])
         if offsets:
             offs.extend(np.asarray(x, dtype=np.int32).reshape(-1, 2) for x in enc["offset_mapping"])
@@ -172,10 +187,13 @@ def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: in
     `with_offsets` keeps each window's character offsets, which evaluation needs and training does not.
     """
     tpl = PairTemplate.from_tokenizer(tokenizer)
+    room = question_room(tpl, max_seq_length, doc_stride)
     unique: dict[str, int] = {}
     ctx_index = np.asarray([unique.setdefault(c, len(unique)) for c in examples.contexts], dtype=np.int64)
     ctx_ids, ctx_offs = tokenize_texts(tokenizer, list(unique), offsets=True)
     q_ids, _ = tokenize_texts(tokenizer, [q.lstrip() for q in examples.questions], offsets=False)
+    _check_tokens(examples, tokenizer, q_ids, [len(ctx_ids[c]) for c in ctx_index])
+    _report_cut_questions(examples, q_ids, room, max_seq_length, doc_stride)
 
     pieces: list[np.ndarray] = []
     types: list[np.ndarray] = []
@@ -183,19 +201,13 @@ def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: in
     no_span = np.full((max_seq_length, 2), -1, dtype=np.int32)
     meta: list[tuple[int, int, int, int, int, int]] = []
     for i, question in enumerate(q_ids):
-        q = question[:MAX_QUERY_LENGTH]
+        q = question[:room]
         c, off = ctx_ids[ctx_index[i]], ctx_offs[ctx_index[i]]
-        max_ctx = max_seq_length - len(q) - tpl.num_special
-        if max_ctx <= doc_stride:
-            raise DataError(f"{examples.source}: question {examples.ids[i]}: --max_seq_length {max_seq_length} "
-                            f"leaves {max_ctx} context tokens per window, not more than --doc_stride {doc_stride}")
+        max_ctx = max_seq_length - len(q) - tpl.num_special  # > doc_stride, as question_room leaves it
         head = np.concatenate([tpl.prefix, q, tpl.middle])
         head_types = np.full(len(head), tpl.type_question, dtype=np.int8)
         tail_types = np.full(max_ctx + len(tpl.suffix), tpl.type_context, dtype=np.int8)
-        ans_tok = None
-        if examples.answer_texts[i]:
-            s_char = examples.answer_starts[i][0]
-            ans_tok = _char_to_token(off, s_char, s_char + len(examples.answer_texts[i][0]))
+        ans_tok = _answer_tokens(examples, i, off, tokenizer)
         start = 0
         while True:
             end = min(start + max_ctx, len(c))
@@ -226,6 +238,49 @@ def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: in
     )
 
 
+def _tokenizer_name(tokenizer) -> str:
+    return f"--tokenizer_name {tokenizer.name_or_path!r}" if tokenizer.name_or_path else "the tokenizer"
+
+
+def _check_tokens(examples: Examples, tokenizer, q_ids: list[np.ndarray], ctx_lengths: list[int]) -> None:
+    """A question or context the tokenizer turns into no tokens at all (e.g. only U+FFFD, which BERT's
+    normaliser deletes) would train as an empty window: refuse it, naming the first one."""
+    for what, lengths in (("question", [len(q) for q in q_ids]), ("context", ctx_lengths)):
+        empty = [i for i, n in enumerate(lengths) if n == 0]
+        if empty:
+            i = empty[0]
+            raise DataError(f"{examples.source}: question {examples.ids[i]}: the {what} tokenises to nothing: "
+                            f"{_tokenizer_name(tokenizer)} drops every character of it ({len(empty)} question(s) "
+                            "like this)")
+
+
+def _answer_tokens(examples: Examples, i: int, offsets: np.ndarray, tokenizer) -> tuple[int, int] | None:
+    """The first gold answer's [first, last] context tokens; None for an unanswerable question."""
+    if not examples.answer_texts[i]:
+        return None
+    text, s_char = examples.answer_texts[i][0], examples.answer_starts[i][0]
+    tokens = _char_to_token(offsets, s_char, s_char + len(text))
+    if tokens is None:
+        raise DataError(f"{examples.source}: question {examples.ids[i]}: answer {text!r} at character {s_char} "
+                        f"covers no token: {_tokenizer_name(tokenizer)} drops every character of it")
+    return tokens
+
+
+def _report_cut_questions(examples: Examples, q_ids: list[np.ndarray], room: int, max_seq_length: int,
+                          doc_stride: int) -> None:
+    """Long questions are cut, as BERT's max_query_length does; a warning when the window, not that limit,
+    is what cuts them (small --max_seq_length or large --doc_stride), as the model then reads less of them."""
+    cut = sum(len(q) > room for q in q_ids)
+    if not cut:
+        return
+    if room < MAX_QUERY_LENGTH:
+        log.warning("%s: %d question(s) cut to their first %d tokens: --max_seq_length %d less --doc_stride %d "
+                    "leaves no more room", examples.source, cut, room, max_seq_length, doc_stride)
+    else:
+        log.info("%s: %d question(s) cut to their first %d tokens (as BERT's max_query_length)",
+                 examples.source, cut, room)
+
+
 def window_offsets(features: Features, width: int) -> np.ndarray:
     """[F, width, 2] character offsets of each window's tokens, (-1, -1) for non-context and padding.
 
@@ -252,7 +307,8 @@ def cache_key(examples: Examples, tokenizer, max_seq_length: int, doc_stride: in
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("QA_TRAIN_CACHE", Path.home() / ".cache" / "qa_train")) / "features"
+    # An empty QA_TRAIN_CACHE means unset: Path("") would put the cache in whatever folder the run started in.
+    return Path(os.environ.get("QA_TRAIN_CACHE") or Path.home() / ".cache" / "qa_train") / "features"
 
 
 # What np.load and Features(...) raise for a cache file that is truncated or damaged, found by flipping

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,8 @@ from qa_train.config import DataArgs, TrainArgs
 from qa_train.data import Examples, load_file, load_split
 from qa_train.features import Features, load_or_featurize
 from qa_train.preemption import shield_loader_worker
+
+log = logging.getLogger("qa_train")
 
 
 @dataclass
@@ -44,6 +47,25 @@ class Splits:
     train: Examples
     evaluation: Examples | None
     test: Examples | None = None
+    warnings: list[str] = field(default_factory=list)  # logged once, by the main process, when it featurises
+
+
+def shared_questions(train: Examples, evaluation: Examples | None, shown: int = 3) -> list[str]:
+    """Evaluation questions that also train make EM/F1 measure recall, not answering: a warning rather than a
+    refusal, as scoring the training data is a fair check that a model can fit it at all."""
+    if evaluation is None:
+        return []
+    training = set(train.ids)
+    shared = [qid for qid in evaluation.ids if qid in training]
+    if not shared:
+        return []
+    why = "EM/F1 will measure recall of the training data, not answering unseen questions"
+    if len(shared) == len(evaluation):
+        same = "; the files are identical" if train.fingerprint == evaluation.fingerprint else ""
+        return [f"{evaluation.source}: all {len(evaluation)} evaluation questions are training questions too "
+                f"(their ids are in {train.source}{same}); {why}"]
+    return [f"{evaluation.source}: {len(shared)} of {len(evaluation)} evaluation questions share an id with a "
+            f"training question in {train.source} (e.g. {', '.join(map(repr, shared[:shown]))}); {why}"]
 
 
 def load_splits(args: TrainArgs) -> Splits:
@@ -55,11 +77,14 @@ def load_splits(args: TrainArgs) -> Splits:
     evaluation = (load_split(d.validation_file, d.dataset_name, d.dataset_config_name, "validation",
                              d.max_eval_samples, rule) if args.eval.needs_eval_data else None)
     test = load_file(d.test_file, "optional").head(d.max_predict_samples) if args.eval.do_predict else None
-    return Splits(train, evaluation, test)
+    return Splits(train, evaluation, test, shared_questions(train, evaluation))
 
 
 def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> Inputs:
     """The first process on each node tokenises and caches; the others then read its cache."""
+    if accelerator.is_main_process:
+        for warning in splits.warnings:
+            log.warning("%s", warning)
     with accelerator.local_main_process_first():
         features, hit = load_or_featurize(splits.train, tokenizer, data.max_seq_length, data.doc_stride,
                                           overwrite=data.overwrite_cache)

@@ -6,7 +6,7 @@ import inspect
 import logging
 
 from qa_train.config import ConfigError, ModelArgs
-from qa_train.features import PairTemplate
+from qa_train.features import PairTemplate, question_room
 
 log = logging.getLogger("qa_train")
 
@@ -71,8 +71,10 @@ def uses_token_types(config, tokenizer) -> bool:
     return takes and "token_type_ids" in tokenizer.model_input_names
 
 
-def check_positions(config, tokenizer, max_seq_length: int) -> None:
-    """Refuse windows longer than the model can embed, before featurisation rather than at the first long batch."""
+def check_positions(config, tokenizer, max_seq_length: int, doc_stride: int | None = None) -> None:
+    """Refuse windows longer than the model can embed, before featurisation rather than at the first long batch;
+    with `doc_stride`, also windows whose stride leaves no room for the question (featurize would refuse them
+    too, but only after the run has started: with --overwrite_output_dir, after the old run is gone)."""
     positions = getattr(config, "max_position_embeddings", None)
     if positions is not None and config.model_type in OFFSET_POSITIONS:
         positions -= (config.pad_token_id or 0) + 1
@@ -83,6 +85,8 @@ def check_positions(config, tokenizer, max_seq_length: int) -> None:
         if limit is not None and max_seq_length > limit:
             raise ConfigError(f"--max_seq_length {max_seq_length}: the model has {limit} {what} "
                               f"({getattr(config, '_name_or_path', '') or config.model_type}); use at most {limit}")
+    if doc_stride is not None:
+        question_room(PairTemplate.from_tokenizer(tokenizer), max_seq_length, doc_stride)
 
 
 def load_model(args: ModelArgs, tokenizer, config):

@@ -68,7 +68,7 @@ class Trainer:
         # Preflight on every rank before any process group: limits and records are refused in one line.
         self.tokenizer = load_tokenizer(args.model)
         self.model_config = load_config(args.model)
-        check_positions(self.model_config, self.tokenizer, args.data.max_seq_length)
+        check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
         splits = load_splits(args)
         out = args.output
         trackers = build_trackers(out.trackers, self.output_dir, out.wandb_project, {
@@ -78,11 +78,6 @@ class Trainer:
         self.accelerator, self.mixed_precision = distributed.make_accelerator(args, trackers)
         self.is_main = self.accelerator.is_main_process
         setup_logging(self.is_main)
-        # Only now, with every record read and checked, may --overwrite_output_dir cost the old run.
-        replaced = clear_previous_run(out, self.is_main)
-        if replaced:
-            log.info("--overwrite_output_dir: removed the previous run's %s from %s", ", ".join(replaced),
-                     self.output_dir)
         distributed.check_world(self.accelerator)
         self.strategy = distributed.detect_strategy(self.accelerator)
         self.on_cuda = self.accelerator.device.type == "cuda"
@@ -93,6 +88,12 @@ class Trainer:
         self.host_memory = HostMemory(trim=not self.on_cuda)
         self.device_memory = DeviceMemory(self.accelerator.device)
         self._build_inputs(splits)
+        # Only now, with every record read and every window built (the tokenizer refuses some texts), may
+        # --overwrite_output_dir cost the old run.
+        replaced = clear_previous_run(out, self.is_main)
+        if replaced:
+            log.info("--overwrite_output_dir: removed the previous run's %s from %s", ", ".join(replaced),
+                     self.output_dir)
         self._build_model()
         self.state = self._resume()
         self.first_step = self.state.completed_steps

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from conftest import DEMO_DEV, DEMO_TRAIN, TINY
-from qa_train.data import DataError, load_file
-from qa_train.features import featurize, window_offsets
+from conftest import DEMO_DEV, DEMO_TRAIN, TINY, tiny_flags
+from qa_train.config import ConfigError
+from qa_train.data import DataError, build_examples, load_file
+from qa_train.features import MAX_QUERY_LENGTH, featurize, window_offsets
 
 CONTEXT = "The harbour of Quellin opened in 1871. Its first keeper, Orla Venn, lit the lamp each night."
 
@@ -146,3 +150,123 @@ def test_offsets_kept_by_featurisation_are_the_tokenizers_own(tokenizer, tmp_pat
     assert (hit, hit_again, plain_hit) == (False, True, False)  # with and without offsets are cached apart
     np.testing.assert_array_equal(window_offsets(again, 64), offsets)
     assert plain.offsets is None
+
+
+def one_question(context: str, question: str, text: str | None, start: int | None = None, qid: str = "q1"):
+    record = {"id": qid, "title": "", "context": context, "question": question,
+              "answers": {"text": [] if text is None else [text],
+                          "answer_start": [] if text is None else [context.index(text) if start is None else start]}}
+    return build_examples([("record 0", record)], "mem.json", "may_be_empty")
+
+
+def labelled_text(examples, features, width: int) -> list[str]:
+    """The context text each window's start/end labels cover ("" for windows labelled at CLS)."""
+    offsets = window_offsets(features, width)
+    out = []
+    for f, (s, e) in enumerate(zip(features.start_positions, features.end_positions)):
+        context = examples.contexts[features.example_index[f]]
+        out.append("" if s == features.cls_index[f] else context[offsets[f, s, 0]: offsets[f, e, 1]])
+    return out
+
+
+@pytest.mark.parametrize(("context", "text"), [
+    ("It opened in 1871 AD.", " 1871"), ("It opened in 1871 AD.", "1871 "),
+    ("It opened in\u00a01871\u00a0AD.", "\u00a01871\u00a0"),
+    ("It opened in\u200b1871 AD.", "\u200b1871"), ("It opened in 1871\u200bAD.", "1871\u200b"),
+], ids=["leading space", "trailing space", "NBSP both ends", "leading ZWSP", "trailing ZWSP"])
+def test_an_answer_with_blank_ends_labels_only_its_words(tokenizer, context: str, text: str) -> None:
+    """Labels are the tokens the answer overlaps: with "the token holding each end", an answer that began
+    with a space started at the word before ("in 1871"), one that ended with a space took the next ("1871 A")."""
+    ex = one_question(context, "When did it open?", text)
+    feats = featurize(ex, tokenizer, max_seq_length=64, doc_stride=16, with_offsets=True)
+    assert labelled_text(ex, feats, 64) == ["1871"]
+
+
+def test_a_question_longer_than_the_window_allows_is_cut_not_refused(tokenizer, caplog) -> None:
+    """It used to be refused at featurisation ("leaves -3 context tokens per window"), after the run had
+    started (and, with --overwrite_output_dir, after the old run was deleted); now it is cut, as BERT cuts
+    questions beyond max_query_length, to what leaves the context more than --doc_stride tokens."""
+    context = CONTEXT
+    ex = one_question(context, "When " * 200 + "did it open?", "1871")
+    with caplog.at_level(logging.INFO, logger="qa_train"):
+        feats = featurize(ex, tokenizer, max_seq_length=64, doc_stride=16, with_offsets=True)
+    room = 64 - 3 - 16 - 1  # [CLS] q [SEP] c [SEP]; the context keeps doc_stride + 1 tokens
+    assert (feats.context_offset == 2 + room).all() and (feats.lengths <= 64).all()
+    assert "1871" in labelled_text(ex, feats, 64)
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning == ("mem.json: 1 question(s) cut to their first 44 tokens: --max_seq_length 64 less "
+                       "--doc_stride 16 leaves no more room")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="qa_train"):  # BERT's own limit: no warning, just a note
+        wide = featurize(ex, tokenizer, max_seq_length=384, doc_stride=128)
+    assert (wide.context_offset == 2 + MAX_QUERY_LENGTH).all()
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+
+
+def test_flags_that_leave_no_room_for_a_question_are_a_flag_error(tokenizer) -> None:
+    """Not a DataError naming whichever question came first."""
+    ex = one_question(CONTEXT, "When?", "1871")
+    with pytest.raises(ConfigError, match=r"^--doc_stride 60: with --max_seq_length 64 .* use --doc_stride at most 59$"):
+        featurize(ex, tokenizer, max_seq_length=64, doc_stride=60)
+    assert len(featurize(ex, tokenizer, max_seq_length=64, doc_stride=59)) == 1  # one question token fits
+
+
+@pytest.mark.parametrize(("context", "question", "text", "match"), [
+    (CONTEXT, "\ufffd\ufffd", "1871", r"^mem\.json: question q1: the question tokenises to nothing: "
+                                        r"--tokenizer_name '.*tiny-bert' drops every character of it"),
+    ("\ufffd \ufffd", "When?", None, r"^mem\.json: question q1: the context tokenises to nothing"),
+    ("Opened in \ufffd 1871.", "What?", "\ufffd", r"^mem\.json: question q1: answer '\ufffd' at character 10 "
+                                                   r"covers no token"),
+], ids=["question", "context", "answer"])
+def test_text_the_tokenizer_drops_entirely_is_refused(tokenizer, context: str, question: str, text: str | None,
+                                                      match: str) -> None:
+    """BERT's normaliser deletes U+FFFD: such a question trained as a window without a question, and such an
+    answer was labelled on whatever token came next."""
+    with pytest.raises(DataError, match=match):
+        featurize(one_question(context, question, text), tokenizer, max_seq_length=64, doc_stride=16)
+
+
+def test_long_contexts_raise_no_indexing_errors_warning(caplog) -> None:
+    """Contexts longer than the model's positions are what windows are for; transformers' warning that they
+    "will result in indexing errors" was a false alarm in every run's log."""
+    fresh = AutoTokenizer.from_pretrained(TINY)  # transformers warns once per tokenizer
+    ex = one_question("word " * 700 + "1871.", "When?", "1871")
+    library = logging.getLogger("transformers")  # it does not propagate to the root logger caplog listens on
+    level = library.level
+    library.addHandler(caplog.handler)
+    library.setLevel(logging.WARNING)  # as a run's main process sets it
+    try:
+        featurize(ex, fresh, max_seq_length=64, doc_stride=16)
+    finally:
+        library.removeHandler(caplog.handler)
+        library.setLevel(level)
+    assert not [r for r in caplog.records if "indexing errors" in r.getMessage()]
+
+
+def test_evaluation_questions_that_also_train_are_warned_about_once(tmp_path: Path, monkeypatch,
+                                                                   caplog) -> None:
+    """--validation_file equal to --train_file trained and scored silently; now the main process warns, in one
+    line naming both, before featurising. A partial overlap names a few of the shared ids."""
+    from qa_train.flags import parse_args
+    from qa_train.inputs import featurize_splits, load_splits, shared_questions
+
+    args = parse_args(tiny_flags(tmp_path / "out", "--validation_file", str(DEMO_TRAIN), "--max_train_samples", "40",
+                                 "--max_eval_samples", "30"))
+    splits = load_splits(args)
+    assert splits.warnings == [f"{DEMO_TRAIN}: all 30 evaluation questions are training questions too (their ids "
+                               f"are in {DEMO_TRAIN}); EM/F1 will measure recall of the training data, not answering "
+                               "unseen questions"]
+    full = load_file(DEMO_TRAIN)
+    [same] = shared_questions(full, full)
+    assert "; the files are identical" in same
+    [partial] = shared_questions(full.head(3), full.head(5))
+    assert partial.startswith(f"{DEMO_TRAIN}: 3 of 5 evaluation questions share an id with a training question "
+                              f"in {DEMO_TRAIN} (e.g. {full.ids[0]!r}, {full.ids[1]!r}, {full.ids[2]!r})")
+    assert shared_questions(full, load_file(DEMO_DEV)) == []
+    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
+    tokenizer = AutoTokenizer.from_pretrained(TINY)
+    for is_main in (True, False):
+        accelerator = SimpleNamespace(is_main_process=is_main, local_main_process_first=contextlib.nullcontext)
+        with caplog.at_level(logging.WARNING, logger="qa_train"):
+            featurize_splits(accelerator, load_splits(args), args.data, tokenizer)
+    assert [r.getMessage() for r in caplog.records] == splits.warnings  # from the main process only

@@ -4,9 +4,11 @@ problem; what is valid but unusual (a BOM, U+2028 in a context) loads; a damaged
 from __future__ import annotations
 
 import codecs
+import gzip
 import hashlib
 import json
 import logging
+import lzma
 from pathlib import Path
 
 import numpy as np
@@ -232,3 +234,103 @@ def test_a_write_cut_short_leaves_no_cache_and_no_litter(tmp_path: Path, monkeyp
     assert not list((tmp_path / "features").iterdir())
     [warning] = [r.getMessage() for r in caplog.records if r.name == "qa_train"]
     assert "could not be written (No space left on device)" in warning
+
+
+# ---- inputs that used to load and then crash, mislead, or train as something they are not ----
+
+@pytest.mark.parametrize(("compress", "kind"), [(gzip.compress, "gzip"), (lzma.compress, "xz")], ids=["gzip", "xz"])
+def test_a_compressed_file_is_named_as_such_not_as_bad_utf8(tmp_path: Path, compress, kind: str) -> None:
+    path = tmp_path / "train.json"  # the name says JSON; the bytes are not
+    path.write_bytes(compress(json.dumps(nested_with()).encode()))
+    refused(path, rf"is {kind}-compressed, not JSON text; decompress it first")
+
+
+@pytest.mark.parametrize(("where", "match"), [
+    ("context", r"question q1: 'context' holds a lone UTF-16 surrogate U\+D83D at character 4"),
+    ("question", r"question q1: 'question' holds a lone UTF-16 surrogate U\+D83D at character 0"),
+    ("id", r"qas\[0\]: question 'q\\ud83d': 'id' holds a lone UTF-16 surrogate U\+D83D at character 1"),
+], ids=["context", "question", "id"])
+def test_a_lone_surrogate_is_refused_before_the_tokenizer_meets_it(tmp_path: Path, where: str, match: str) -> None:
+    """JSON's "\\ud83d" without its low half decodes to a str that no tokenizer (and no UTF-8 file) takes: it
+    loaded, then featurisation crashed with a TypeError from inside the tokenizer."""
+    context = "The \ud83d harbour opened in 1871."
+    qa = {"id": "q1", "question": "When did it open?", "answers": [{"text": "1871", "answer_start": 26}]}
+    if where == "question":
+        qa["question"] = "\ud83d When did it open?"
+    if where == "id":
+        qa["id"] = "q\ud83d"
+    para = {"context": context if where == "context" else context.replace("\ud83d", "x"), "qas": [qa]}
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(nested_with(para=[para])), encoding="ascii")  # the escape as tools write it
+    refused(path, match)
+
+
+def test_combining_marks_alone_are_blank(tmp_path: Path) -> None:
+    """An uncased tokenizer strips accents: a question of lone combining marks became a window without a question."""
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(nested_with(qas=[{**GOOD_QA, "question": "\u0301 \u0308"}])), encoding="utf-8")
+    refused(path, r"question q1: empty question \(only invisible characters and combining marks: U\+0301, U\+0308\)")
+    accented = {**GOOD_QA, "question": "Caf\u0301e?"}  # a mark on a letter is text
+    path.write_text(json.dumps(nested_with(qas=[accented])), encoding="utf-8")
+    assert load_file(path).questions == ["Caf\u0301e?"]
+
+
+@pytest.mark.parametrize(("flag", "answers", "match"), [
+    (True, [{"text": "1871", "answer_start": 33}], r"question q1: 'is_impossible' is true but it has 1 answer\(s\)"),
+    (False, [], r"question q1: 'is_impossible' is false but 'answers' is empty$"),
+    ("yes", [], r"question q1: 'is_impossible' must be true or false, found a string$"),
+], ids=["true with answers", "false without", "not a boolean"])
+def test_is_impossible_must_agree_with_the_answers(tmp_path: Path, flag: object, answers: list, match: str) -> None:
+    """Otherwise a question the file calls unanswerable trained as answerable (or the reverse), silently."""
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(nested_with(qas=[{**GOOD_QA, "is_impossible": flag, "answers": answers}])))
+    with pytest.raises(DataError, match=match):
+        load_file(path, "may_be_empty")
+    official = [{**GOOD_QA, "is_impossible": False},
+                {**GOOD_QA, "id": "q2", "is_impossible": True, "answers": [],
+                 "plausible_answers": [{"text": "Orla Venn", "answer_start": 57}]}]
+    path.write_text(json.dumps(nested_with(qas=official)))
+    assert load_file(path, "may_be_empty").answer_texts == [["1871"], []]
+
+
+def test_an_article_without_paragraphs_is_named_as_an_article(tmp_path: Path) -> None:
+    """It was read as a flat record and refused for "question has no 'id'"."""
+    doc = nested_with()
+    doc["data"].append({"title": "Second"})
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(doc))
+    refused(path, r"d\.json: data\[1\] lacks 'paragraphs' \(the articles before it are nested SQuAD\)$")
+
+
+def test_an_answer_in_another_unicode_form_says_so(tmp_path: Path) -> None:
+    """'café' precomposed and 'cafe' + U+0301 print the same: the message must not read as a contradiction."""
+    context = "The Cafe\u0301 Venn opened in 1871."
+    qa = {"id": "q1", "question": "Which cafe?", "answers": [{"text": "Caf\u00e9 Venn", "answer_start": 4}]}
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(nested_with(para=[{"context": context, "qas": [qa]}])))
+    refused(path, r"answer_start 4 does not match text .*another Unicode form: normalise the file to NFC$")
+
+
+def test_a_cache_is_never_reused_for_another_tokenizer_or_window(tmp_path: Path, monkeypatch, tokenizer,
+                                                                  examples) -> None:
+    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path))
+    cased = AutoTokenizer.from_pretrained(TINY)
+    cased.backend_tokenizer.normalizer.lowercase = False  # same vocabulary, different tokens
+    built = {}
+    for name, tok, length, stride in (("base", tokenizer, 64, 16), ("length", tokenizer, 96, 16),
+                                      ("stride", tokenizer, 64, 24), ("cased", cased, 64, 16)):
+        built[name], hit = load_or_featurize(examples, tok, length, stride)
+        assert not hit, name
+    assert len(list((tmp_path / "features").glob("*.npz"))) == 4
+    again, hit = load_or_featurize(examples, tokenizer, 64, 16)
+    assert hit
+    assert_same(again, built["base"])
+    assert not np.array_equal(built["cased"].input_ids, built["base"].input_ids)
+
+
+def test_an_empty_cache_variable_means_the_default_folder(monkeypatch) -> None:
+    """Path("") is the working directory: QA_TRAIN_CACHE= put a features/ folder wherever the run started."""
+    from qa_train.features import cache_dir
+
+    monkeypatch.setenv("QA_TRAIN_CACHE", "")
+    assert cache_dir() == Path.home() / ".cache" / "qa_train" / "features"

@@ -222,10 +222,11 @@ def test_preemption_exits_75_and_the_resumed_run_logs_each_step_once(tmp_path: P
 
 def test_windows_too_short_for_the_stride_are_one_line(tmp_path: Path, env: dict[str, str]) -> None:
     """Found by a GPU-session dry run: a --max_seq_length that leaves no more context than --doc_stride after a
-    question came out as a traceback; it names the file, the question and both flags, before any training."""
+    question came out as a traceback; flags that leave a window no room for any question are now refused in
+    one line naming both, before any data is read (a long question in roomier windows is cut instead)."""
     out = tmp_path / "out"
-    proc = run_cmd(qa_train(out, "--max_seq_length", "24", "--doc_stride", "16"), env)
+    proc = run_cmd(qa_train(out, "--max_seq_length", "24", "--doc_stride", "20"), env)
     assert proc.returncode == 2, proc.stderr[-3000:]
     [line] = error_lines(proc)
-    assert "train.json: question" in line and "--max_seq_length 24" in line and "--doc_stride 16" in line
+    assert "--doc_stride 20" in line and "--max_seq_length 24" in line and "at most 19" in line
     assert not (out / "metrics.json").exists()

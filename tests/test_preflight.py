@@ -125,6 +125,18 @@ def test_windows_longer_than_the_positions_are_refused() -> None:
         check_positions(config, SimpleNamespace(model_max_length=256), 384)
 
 
+def test_a_doc_stride_that_leaves_no_room_for_the_question_is_refused_before_any_data() -> None:
+    """It was refused only at featurisation, as a DataError naming the first question, after the run had started
+    (and, with --overwrite_output_dir, after the old run was deleted)."""
+    tokenizer = load_tokenizer(ModelArgs(tokenizer_name=str(TINY)))
+    config = SimpleNamespace(max_position_embeddings=512, model_type="bert", _name_or_path="tiny")
+    check_positions(config, tokenizer, 64)  # without a stride: positions only, as before
+    check_positions(config, tokenizer, 64, doc_stride=59)  # [CLS] q [SEP] c [SEP]: one question token, 60 context
+    with pytest.raises(ConfigError, match=r"^--doc_stride 60: with --max_seq_length 64 and this tokenizer's 3 special "
+                                          r"tokens a window has no room for the question; use --doc_stride at most 59$"):
+        check_positions(config, tokenizer, 64, doc_stride=60)
+
+
 def _xlnet_tokenizer(out: Path) -> str:
     """A tiny XLNet tokenizer trained offline: pair encoding `q <sep> c <sep> <cls>`, <cls> last; right padding
     (XLNet's own is left), so that only the classifier token's place is wrong."""
