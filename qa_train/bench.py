@@ -11,10 +11,12 @@ any repeats (so a slow spell of a shared machine spreads over every config). Wea
 default) keeps the per-device batch; strong scaling keeps the global batch and divides the per-device
 batch by the process count. Runs go one at a time through `python -m qa_train.launch` (so every rank
 has the machine to itself), each into OUTPUT_DIR/<config>-p<N>-r<k> with its log in launch.log there.
-A failed run is reported and the others still run; the exit status is 1 if any failed. Without
-model/data flags after `--`, the bundled tiny BERT and demo data are used. The report (OUTPUT_DIR/report)
-gives each point's median and min-max over its repeats, and speed-up and efficiency against the same
-config's smallest run.
+A failed run is reported and the others still run; the exit status is 1 if any failed. Ctrl-C stops
+the run in progress and reports the ones before it (exit 130). Without model/data flags after `--`, the
+bundled tiny BERT and demo data are used. The report (OUTPUT_DIR/report) covers this command's runs (a
+failed one as its point's `+ N failed`) and gives each point's median and min-max over its repeats, and
+speed-up and efficiency against the same config's smallest point with a throughput. A rerun into the
+same OUTPUT_DIR replaces the folders of the points it runs and leaves the others.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def model_and_data_defaults(user_flags: list[str]) -> list[str]:
 def strategy_plans(configs: list[str], process_counts: list[int], on_cpu: bool) -> list[Point]:
     """Each config at each process count; `single` runs one process whatever the counts."""
     plans = []
-    for name in configs:
+    for name in dict.fromkeys(configs):  # a config named twice would run twice into one folder
         if not (CONFIG_DIR / f"{name}.yaml").is_file():
             raise SystemExit(f"qa_train.bench: error: --configs {name}: no {CONFIG_DIR / name}.yaml "
                              f"(have: {', '.join(available_configs())})")
@@ -220,6 +222,8 @@ def check_options(opts: argparse.Namespace) -> str | None:
         return f"--max_train_steps must be positive, got {opts.max_train_steps}"
     if opts.repeats < 1:
         return f"--repeats must be at least 1, got {opts.repeats}"
+    if opts.timeout_s <= 0:
+        return f"--timeout_s must be positive, got {opts.timeout_s:g}"
     if any(n < 1 for n in opts.num_processes or []):
         return f"--num_processes: every count must be at least 1, got {opts.num_processes}"
     if opts.global_batch_size is not None and (opts.scaling != "strong" or opts.global_batch_size < 1):
@@ -253,17 +257,20 @@ def sweep_plans(opts: argparse.Namespace, train_flags: list[str]) -> list[Point]
 
 
 def finish(outcomes: list[Outcome], opts: argparse.Namespace) -> int:
-    """Name the failures, report the finished runs, and the exit status."""
+    """Name the failures, report every run (a failed one as a row that says so), and the exit status."""
     failed = [o for o in outcomes if not o.ok]
     for outcome in failed:
         print(describe_failure(outcome), file=sys.stderr, flush=True)
-    done = [o.run_dir for o in outcomes if o.ok]
-    if done:
+    if outcomes:
         out = Path(opts.output_dir) / "report"
-        rows, _ = report.build_report(done, out, wandb_project="qa-train" if opts.wandb else None)
-        print(report.markdown_table(rows))
-        print(f"\n[bench] report: {out / 'report.md'}")
-    print(f"[bench] {len(done)} of {len(outcomes)} runs finished"
+        try:
+            groups, _ = report.build_report([o.run_dir for o in outcomes], out,
+                                            wandb_project="qa-train" if opts.wandb else None)
+            print(report.markdown_table(groups))
+            print(f"\n[bench] report: {out / 'report.md'}")
+        except report.ReportError as err:
+            print(f"[bench] no report: {err}", file=sys.stderr, flush=True)
+    print(f"[bench] {len(outcomes) - len(failed)} of {len(outcomes)} runs finished"
           + (f"; failed: {', '.join(o.point.name for o in failed)}" if failed else ""), flush=True)
     return 1 if failed or not outcomes else 0
 
@@ -280,7 +287,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qa_train.bench: error: {err}", file=sys.stderr)
         return 2
     ports: set[int] = set()
-    outcomes = [run_one(point, opts, train_flags, free_port(ports)) for point in plans]
+    outcomes: list[Outcome] = []
+    try:
+        for point in plans:
+            outcomes.append(run_one(point, opts, train_flags, free_port(ports)))
+    except KeyboardInterrupt:  # the run in progress is killed (_run_logged); the finished ones are still reported
+        print(f"\n[bench] interrupted during run {len(outcomes) + 1} of {len(plans)}; reporting the runs before it",
+              file=sys.stderr, flush=True)
+        finish(outcomes, opts)
+        return 130
     return finish(outcomes, opts)
 
 

@@ -4,7 +4,8 @@
 
 Each RUN_DIR holds a metrics.json; a parent directory stands for every */metrics.json under it (a
 `qa_train.bench` sweep, local or SLURM). Runs of one sweep point (config x processes x nodes) are its
-repeats: the table gives their median and, where they differ, the min-max. Writes DIR/report.md,
+repeats: the table gives their median and, where they differ, the min-max; a sweep's run that left no
+readable metrics.json counts as failed in its point. Writes DIR/report.md,
 DIR/report.json, DIR/throughput.png, DIR/memory.png and, when a config ran at several scales,
 DIR/speedup.png (default DIR: ./report).
 """
@@ -51,7 +52,8 @@ def cells(group: Group) -> list[str]:
     memory = (f"{_stat(f.memory_max_gb, '.2f')} / {_stat(f.memory_mean_gb, '.2f')} GiB ({source})"
               if f.memory_max_gb is not None else DASH)
     scores = f"{_stat(f.exact_match)} / {_stat(f.f1)}" if f.exact_match is not None and f.f1 is not None else DASH
-    return [group.label, group.strategy, str(group.nodes), str(group.processes), str(len(group.runs)),
+    runs = str(len(group.runs)) + (f" + {len(group.failed)} failed" if group.failed else "")
+    return [group.label, group.strategy, str(group.nodes), str(group.processes), runs,
             _num(group.global_batch, "d"), _stat(f.train_time_s, ".2f"), _stat(f.samples_per_s),
             _stat(f.tokens_per_s, ",.0f"), _stat(f.mfu, ".1f", "%", 100), memory,
             _stat(f.host_rss_lifetime_max_gb, ".2f", " GiB"), scores, _num(group.vs_baseline, ".2f", "x"),
@@ -66,18 +68,33 @@ def markdown_table(groups: list[Group]) -> str:
 
 def notes(groups: list[Group], base: Group | None) -> list[str]:
     """What the columns mean for these runs."""
-    repeats = sorted({len(g.runs) for g in groups})
+    repeats = sorted({len(g.runs) for g in groups if g.runs}) or [0]
     out = [f"Each row is one point (config x processes x nodes) over its {'/'.join(map(str, repeats))} run(s): "
            "figures are the median, with the min-max in brackets where the runs differ."]
-    out.append(f"vs baseline: median samples/s relative to `{base.key}`." if base is not None
-               else "vs baseline: no one-process run among these, so none is computed.")
-    out.append("Speed-up: median samples/s relative to the same config's smallest run (fewest processes, then nodes); "
-               "its range divides each run's samples/s by that median. Efficiency: speed-up / (processes / that run's "
-               "processes).")
+    if base is None:
+        out.append("vs baseline: no one-process run with a throughput among these, so none is computed.")
+    elif base.figures.samples_per_s is None:
+        out.append(f"vs baseline: `{base.key}` has no throughput, so none is computed.")
+    else:
+        out.append(f"vs baseline: median samples/s relative to `{base.key}`.")
+    out.append("Speed-up: median samples/s relative to the same config's smallest point with a throughput (fewest "
+               "processes, then nodes); its range divides each run's samples/s by that median. Efficiency: speed-up / "
+               "(processes / that point's processes).")
+    bases = dict.fromkeys(g.scale_base for g in groups if g.scale_base)
+    if bases:
+        out.append("Speed-up bases: " + ", ".join(f"`{b}`" for b in bases) + ".")
     kinds = scaling_kind(groups)
     if kinds:
         out.append("Scaling: " + "; ".join(f"{label} {kind}" for label, kind in kinds.items()) + ".")
-    out.append("Peak memory per rank is CUDA's max allocated on GPUs and the host RSS peak during training on CPU; "
+    if len({g.workload for g in groups if g.runs}) > 1:
+        out.append("These runs are of more than one model or sequence length: the labels say which, and speed-up, "
+                   "efficiency and vs baseline compare only runs of the same one.")
+    failed = [f for g in groups for f in g.failed]
+    if failed:
+        out.append("Failed or unfinished runs (no figures; `+ N failed` in the runs column): "
+                   + "; ".join(failed) + ".")
+    out.append("samples/s counts training windows and tokens/s their non-padding tokens, all ranks together. "
+               "Peak memory per rank is CUDA's max allocated on GPUs and the host RSS peak during training on CPU; "
                "lifetime host RSS includes loading and evaluation. MFU needs a GPU with a known bf16/fp16 peak.")
     return out
 

@@ -1,19 +1,24 @@
 """What the report shows, as numbers: each run's figures, grouped into sweep points with median and min-max.
 
 A point is one config (or ablation label) at one process and node count; its runs are the repeats.
-Speed-up is samples/s against the same config's smallest run (fewest processes, then nodes), and
-efficiency is that speed-up over the growth in processes; `vs baseline` compares every point with
-one baseline point across configs (the first one-process point, or --baseline).
+Speed-up is samples/s against the same config's smallest point with a throughput (fewest processes, then
+nodes), and efficiency is that speed-up over the growth in processes; `vs baseline` compares every point
+with one baseline point across configs (the first one-process point with a throughput, or --baseline).
+Only runs of one workload (model and sequence length) are compared: labels carry the workload where the
+runs span several, and the folder where two sweeps hold the same point. A sweep's run without a readable
+metrics.json (failed, killed, still running) stays in its point as a failed run, with the reason.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
-from dataclasses import dataclass, fields
+from collections import Counter
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from qa_train.schema import MetricsFileError, RunMetrics
-from qa_train.sweep import read_point
+from qa_train.schema import MetricsFileError, PerRank, RunMetrics
+from qa_train.sweep import POINT_FILE, Point, read_point
 
 
 class ReportError(ValueError):
@@ -45,6 +50,14 @@ class Row:
     host_rss_lifetime_max_gb: float | None
     exact_match: float | None
     f1: float | None
+    model: str | None = None           # --config_name, else --model_name_or_path
+    max_seq_length: int | None = None
+    error: str | None = None           # why a sweep's run has no figures (no or unreadable metrics.json)
+
+    @property
+    def workload(self) -> tuple[str | None, int | None]:
+        """What must be equal for samples/s to compare: the model and the window length."""
+        return self.model, self.max_seq_length
 
 
 @dataclass
@@ -97,11 +110,14 @@ class Group:
     global_batch: int | None
     per_device_batch: int | None
     memory_source: str | None
-    runs: list[str]
+    runs: list[str]                  # the finished runs the figures are over
     figures: Figures
-    speedup: Stat | None = None      # samples/s against the same label's smallest point
-    efficiency: Stat | None = None   # speedup / (processes / the smallest point's processes)
-    scale_base: str | None = None    # that smallest point, e.g. "ddp x1"
+    failed: list[str] = field(default_factory=list)  # runs without figures, "name: why"
+    workload: tuple[str | None, int | None] = (None, None)
+    speedup: Stat | None = None      # samples/s against the same label's smallest point with a throughput
+    efficiency: Stat | None = None   # speedup / (processes / that point's processes)
+    scale_base: str | None = None    # that point, e.g. "ddp x1"
+    base_processes: int | None = None
     vs_baseline: float | None = None  # median samples/s against the baseline point's
 
     @property
@@ -111,28 +127,37 @@ class Group:
 
 # --- reading runs ----------------------------------------------------------------------------
 
+def is_run(path: Path) -> bool:
+    """A finished run, or a sweep's run (finished or not: its sweep_point.json is written before it starts)."""
+    return (path / "metrics.json").is_file() or (path / POINT_FILE).is_file()
+
+
 def find_runs(paths: list[str | Path]) -> list[Path]:
-    """Run directories in the order given; a parent directory expands to its runs, sorted."""
-    runs: list[Path] = []
+    """Run directories in the order given, each once; a parent directory expands to its runs, sorted."""
+    runs: dict[Path, Path] = {}
     for raw in paths:
         path = Path(raw)
         if not path.is_dir():
             raise ReportError(f"{path}: no such run directory")
-        if (path / "metrics.json").is_file():
-            runs.append(path)
-            continue
-        children = sorted(p.parent for p in path.glob("*/metrics.json"))
+        children = [path] if is_run(path) else sorted(p for p in path.iterdir() if p.is_dir() and is_run(p))
         if not children:
             raise ReportError(f"{path}: no metrics.json (not a finished run, nor a parent of finished runs)")
-        runs.extend(children)
-    return runs
+        for run in children:
+            runs.setdefault(run.resolve(), run)  # the same run named twice (a parent and a child) is one run
+    return list(runs.values())
 
 
 def load_metrics(run_dir: Path) -> RunMetrics:
     try:
-        return RunMetrics.read(run_dir)
+        m = RunMetrics.read(run_dir)
     except MetricsFileError as err:
         raise ReportError(str(err)) from None
+    except (TypeError, AttributeError) as err:  # valid JSON, but not the object of keys the schema reads
+        raise ReportError(f"{run_dir}: metrics.json is not in the layout this qa_train reads ({err})") from None
+    odd = [f.name for f in fields(m) if f.type == "PerRank" and not isinstance(getattr(m, f.name), PerRank)]
+    if odd:
+        raise ReportError(f"{run_dir}: metrics.json: {', '.join(odd)} not per-rank figures (a file of another layout)")
+    return m
 
 
 def make_row(run_dir: Path, m: RunMetrics) -> Row:
@@ -140,75 +165,146 @@ def make_row(run_dir: Path, m: RunMetrics) -> Row:
     strategy = m.strategy if offload == "none" else f"{m.strategy}+offload({offload})"
     on_gpu = m.peak_memory_source == "cuda_max_allocated"
     name = m.args.get("run_name") or run_dir.name
+    # A run that timed no step has no throughput; files from before that was None wrote 0 for it.
+    untimed = m.timed_steps == 0
     point = read_point(run_dir)
     return Row(
         run=name, run_dir=str(run_dir), label=point.label if point else name, repeat=point.repeat if point else 1,
         nodes=point.nodes if point else 1, strategy=str(strategy), processes=int(m.world_size or 0),
         global_batch=m.global_batch_size, per_device_batch=m.per_device_train_batch_size,
-        samples_per_s=m.train_samples_per_second, tokens_per_s=m.train_tokens_per_second,
-        train_time_s=m.train_runtime_s, mfu=m.mfu, memory_source=m.peak_memory_source,
+        samples_per_s=None if untimed else m.train_samples_per_second,
+        tokens_per_s=None if untimed else m.train_tokens_per_second,
+        train_time_s=m.train_runtime_s, mfu=None if untimed else m.mfu, memory_source=m.peak_memory_source,
         memory_max_gb=m.peak_memory_gb.max, memory_mean_gb=m.peak_memory_gb.mean,
         gpu_allocated_max_gb=m.peak_memory_gb.max if on_gpu else None,
         host_rss_train_max_gb=m.train_host_rss_gb.max, host_rss_lifetime_max_gb=m.peak_host_rss_gb.max,
-        exact_match=m.exact_match, f1=m.f1,
+        exact_match=m.exact_match, f1=m.f1, model=m.args.get("config_name") or m.args.get("model_name_or_path"),
+        max_seq_length=m.max_seq_length,
     )
 
 
+def failed_row(run_dir: Path, point: Point, why: str) -> Row:
+    """A sweep's run without figures: its point, and why."""
+    nothing = {f.name: None for f in fields(Row)}
+    return Row(**{**nothing, "run": point.name, "run_dir": str(run_dir), "label": point.label, "repeat": point.repeat,
+                  "nodes": point.nodes, "strategy": point.config, "processes": point.processes, "error": why})
+
+
+def read_row(run_dir: Path) -> Row:
+    """The run's figures; a sweep's run that has none is a failed row, any other run dir without them is refused."""
+    try:
+        return make_row(run_dir, load_metrics(run_dir))
+    except ReportError as err:
+        point = read_point(run_dir)
+        if point is None:
+            raise
+        return failed_row(run_dir, point, str(err).removeprefix(f"{run_dir}: "))
+
+
 def read_rows(run_dirs: list[Path]) -> list[Row]:
-    return [make_row(d, load_metrics(d)) for d in run_dirs]
+    rows = [read_row(d) for d in run_dirs]
+    set_apart(rows)
+    return rows
+
+
+# --- what must not be merged or compared --------------------------------------------------------
+
+def _short(model: str | None) -> str:
+    return Path(model).name if model else "model ?"
+
+
+def set_apart(rows: list[Row]) -> None:
+    """Relabel rows that the labels alone would wrongly merge or compare: runs of several workloads get theirs
+    in the label (a sweep dir rerun with another --max_seq_length keeps the old points); the same point from two
+    folders (two sweeps side by side) gets its folder; runs still alike (one --run_name in two run dirs) get
+    their own path."""
+    workloads = {r.workload for r in rows if r.error is None}
+    if len(workloads) > 1:
+        models, seqs = {w[0] for w in workloads}, {w[1] for w in workloads}
+        for r in rows:
+            if r.error is None:
+                parts = ([_short(r.model)] if len(models) > 1 else []) + (
+                    [f"seq {r.max_seq_length}"] if len(seqs) > 1 else [])
+                r.label = f"{r.label} ({', '.join(parts)})"
+    if not _clashes(rows):
+        return
+    dirs = [Path(r.run_dir).resolve() for r in rows]
+    root = Path(os.path.commonpath([d.parent for d in dirs]))
+    for r, d in zip(rows, dirs):
+        folder = d.parent.relative_to(root).as_posix()
+        r.label = r.label if folder == "." else f"{folder}/{r.label}"
+    clashing = _clashes(rows)
+    for r, d in zip(rows, dirs):
+        if _key(r) in clashing:
+            r.label = d.relative_to(root).as_posix()
+
+
+def _key(r: Row) -> tuple[str, int, int, int]:
+    return r.label, r.processes, r.nodes, r.repeat
+
+
+def _clashes(rows: list[Row]) -> set[tuple[str, int, int, int]]:
+    return {key for key, n in Counter(_key(r) for r in rows).items() if n > 1}
 
 
 # --- grouping --------------------------------------------------------------------------------
 
 def group_rows(rows: list[Row]) -> list[Group]:
     """Runs of the same label, processes and nodes become one point; points in the order their labels first
-    appear, then by scale."""
+    appear, then by scale. A failed run joins its point (a SLURM point's process count, unknown before the job
+    ran, is the finished repeats')."""
+    known = {(r.label, r.nodes): r.processes for r in rows if r.error is None}
     buckets: dict[tuple[str, int, int], list[Row]] = {}
     for row in rows:
-        buckets.setdefault((row.label, row.processes, row.nodes), []).append(row)
+        processes = row.processes or known.get((row.label, row.nodes), 0)
+        buckets.setdefault((row.label, processes, row.nodes), []).append(row)
     order = list(dict.fromkeys(r.label for r in rows))
     groups = []
     for (label, processes, nodes), members in sorted(buckets.items(), key=lambda kv: (order.index(kv[0][0]),
                                                                                        kv[0][1], kv[0][2])):
-        first = members[0]
+        members.sort(key=lambda r: r.repeat)
+        done = [r for r in members if r.error is None]
+        first = (done or members)[0]
         groups.append(Group(label, first.strategy, nodes, processes, first.global_batch, first.per_device_batch,
-                            first.memory_source, [r.run for r in sorted(members, key=lambda r: r.repeat)],
-                            Figures.of(members)))
+                            first.memory_source, [r.run for r in done], Figures.of(done),
+                            [f"{r.run}: {r.error}" for r in members if r.error is not None], first.workload))
     return groups
 
 
+def _rate(g: Group) -> float | None:
+    return g.figures.samples_per_s.median if g.figures.samples_per_s else None
+
+
 def add_scaling(groups: list[Group]) -> None:
-    """Speed-up and efficiency of each point against the same label's smallest point (itself: 1.00x); none for
-    a label run at one scale only (`vs_baseline` compares those)."""
+    """Speed-up and efficiency of each point against the same label's smallest point with a throughput (itself:
+    1.00x); none for a label with a throughput at one scale only (`vs_baseline` compares those). A smaller point
+    that failed, or timed no step, is skipped: the base is named (`scale_base`)."""
     for label in dict.fromkeys(g.label for g in groups):
-        mine = [g for g in groups if g.label == label]
-        base = min(mine, key=lambda g: (g.processes, g.nodes))
-        base_rate = base.figures.samples_per_s
-        if len(mine) < 2:
+        timed = [g for g in groups if g.label == label and _rate(g) and g.processes]
+        if len(timed) < 2:
             continue
-        for g in mine:
-            rate = g.figures.samples_per_s
-            if rate is None or base_rate is None or not base_rate.median or not base.processes:
-                continue
-            g.speedup = rate.over(base_rate.median)
+        base = min(timed, key=lambda g: (g.processes, g.nodes))
+        for g in timed:
+            g.speedup = g.figures.samples_per_s.over(base.figures.samples_per_s.median)
             g.efficiency = g.speedup.over(g.processes / base.processes)
-            g.scale_base = base.key
+            g.scale_base, g.base_processes = base.key, base.processes
 
 
 def add_baseline(groups: list[Group], baseline: str | None = None) -> Group | None:
-    """Median samples/s of every point against the point labelled `baseline`, else the first one-process point."""
+    """Median samples/s of every point of the baseline's workload against the point labelled `baseline`, else
+    the first one-process point with a throughput."""
     if baseline is not None:
         base = next((g for g in groups if baseline in (g.label, *g.runs)), None)
         if base is None:
             raise ReportError(f"--baseline {baseline}: no run or config of that name among "
                               f"{', '.join(dict.fromkeys(g.label for g in groups))}")
     else:
-        base = next((g for g in groups if g.processes == 1), None)
-    base_rate = base.figures.samples_per_s if base is not None else None
+        base = next((g for g in groups if g.processes == 1 and _rate(g)), None)
+    base_rate = _rate(base) if base is not None else None
     for g in groups:
-        rate = g.figures.samples_per_s
-        ok = base_rate is not None and base_rate.median and rate is not None
-        g.vs_baseline = round(rate.median / base_rate.median, 3) if ok else None
+        rate = _rate(g)
+        ok = base_rate and rate is not None and g.workload == base.workload
+        g.vs_baseline = round(rate / base_rate, 3) if ok else None
     return base
 
 
@@ -216,7 +312,7 @@ def scaling_kind(groups: list[Group]) -> dict[str, str]:
     """Per label swept over process counts: strong (one global batch), weak (one per-device batch) or mixed."""
     kinds = {}
     for label in dict.fromkeys(g.label for g in groups):
-        mine = [g for g in groups if g.label == label]
+        mine = [g for g in groups if g.label == label and g.runs]
         if len({g.processes for g in mine}) < 2:
             continue
         if len({g.global_batch for g in mine}) == 1:

@@ -13,6 +13,7 @@ from qa_train.report_data import Group, Stat
 GPU_SERIES = "GPU peak allocated"
 HOST_SERIES = "host RSS during training"
 IDEAL = "ideal (speed-up = process ratio)"
+NO_DATA = "no data"
 
 
 def bar_labels(groups: list[Group]) -> list[str]:
@@ -26,7 +27,11 @@ def bar_labels(groups: list[Group]) -> list[str]:
     for g, strategy in zip(groups, strategies):
         text = g.label if g.label == g.strategy else f"{g.label}\n({strategy})"
         if g.label in swept:
-            text += f"\n{g.nodes} nodes" if g.nodes > 1 or any(h.nodes > 1 for h in groups) else f"\n{g.processes} proc"
+            mine = [h for h in groups if h.label == g.label]
+            nodes = len({h.nodes for h in mine}) > 1
+            # Processes too where they vary at one node count (a local and a SLURM sweep of one config).
+            procs = not nodes or len({(h.nodes, h.processes) for h in mine}) > len({h.nodes for h in mine})
+            text += (f"\n{g.nodes} nodes" if nodes else "") + (f"\n{g.processes} proc" if procs else "")
         labels.append(text)
     return labels
 
@@ -44,12 +49,25 @@ def _heights_and_errors(stats: list[Stat | None]) -> tuple[list[float], list[lis
     return heights, errors
 
 
+def _value_labels(ax, bars: BarContainer, stats: list[Stat | None], fmt: str, color: str) -> None:
+    """Each bar's median in it; a point without the figure (failed, or no timed step) says so instead of 0."""
+    ax.bar_label(bars, labels=["" if s is None else f"{s.median:{fmt}}" for s in stats], label_type="center",
+                 color=color)
+    for bar, stat in zip(bars.patches, stats):
+        if stat is None:
+            ax.annotate(NO_DATA, (bar.get_x() + bar.get_width() / 2, 0), xytext=(0, 6), textcoords="offset points",
+                        ha="center", va="bottom", rotation=90, color="grey", fontsize="small")
+
+
 def throughput_figure(groups: list[Group]) -> Figure:
     fig = _new_figure(len(groups))
     ax = fig.add_subplot()
-    heights, errors = _heights_and_errors([g.figures.samples_per_s for g in groups])
-    bars = ax.bar(bar_labels(groups), heights, yerr=errors, capsize=4, label="samples/s", color="tab:blue")
-    ax.bar_label(bars, fmt="%.1f", label_type="center", color="white")
+    stats = [g.figures.samples_per_s for g in groups]
+    heights, errors = _heights_and_errors(stats)
+    # Positions, not the tick texts: two points with the same text would share one bar.
+    bars = ax.bar(range(len(groups)), heights, yerr=errors, capsize=4, label="samples/s", color="tab:blue")
+    ax.set_xticks(range(len(groups)), bar_labels(groups))
+    _value_labels(ax, bars, stats, ".1f", "white")
     ax.margins(y=0.1)
     ax.set_ylabel("training samples / s (all ranks)")
     repeats = max(len(g.runs) for g in groups)
@@ -65,10 +83,11 @@ def memory_figure(groups: list[Group]) -> Figure:
     gpu, gpu_err = _heights_and_errors([g.figures.gpu_allocated_max_gb for g in groups])
     gpu_label = GPU_SERIES + ("" if any_gpu else " (none: CPU runs)")
     ax.bar([i - width / 2 for i in x], gpu, width, yerr=gpu_err, capsize=3, label=gpu_label, color="tab:green")
-    host, host_err = _heights_and_errors([g.figures.host_rss_train_max_gb for g in groups])
+    host_stats = [g.figures.host_rss_train_max_gb for g in groups]
+    host, host_err = _heights_and_errors(host_stats)
     bars = ax.bar([i + width / 2 for i in x], host, width, yerr=host_err, capsize=3, label=HOST_SERIES,
                   color="tab:orange")
-    ax.bar_label(bars, fmt="%.2f", label_type="center")
+    _value_labels(ax, bars, host_stats, ".2f", "black")
     ax.set_xticks(x, bar_labels(groups))
     ax.margins(y=0.3)  # headroom for the legend and the value labels
     ax.set_ylabel("GiB, max over ranks")
@@ -85,18 +104,21 @@ def speedup_figure(groups: list[Group]) -> Figure | None:
         return None
     fig = _new_figure(4)
     ax = fig.add_subplot()
-    counts: set[int] = set()
+    counts: dict[int, set[int]] = {}  # the processes of each speed-up base -> the process counts measured against it
     for label in swept:
         mine = [g for g in groups if g.label == label and g.speedup is not None]
         xs = [g.processes for g in mine]
         heights, errors = _heights_and_errors([g.speedup for g in mine])
         ax.errorbar(xs, heights, yerr=errors, marker="o", capsize=4, label=label)
-        counts.update(xs)
-    ticks = sorted(counts)
-    ax.plot(ticks, [n / ticks[0] for n in ticks], linestyle="--", color="grey", label=IDEAL)
-    ax.set_xticks(ticks)
+        counts.setdefault(mine[0].base_processes or min(xs), set()).update(xs)
+    # Ideal speed-up is the process ratio to each config's own base: one line per base where those differ.
+    for base, xs in sorted(counts.items()):
+        ticks = sorted(xs)
+        ax.plot(ticks, [n / base for n in ticks], linestyle="--", color="grey",
+                label=IDEAL if len(counts) == 1 else f"{IDEAL}, from {base}")
+    ax.set_xticks(sorted(set().union(*counts.values())))
     ax.set_xlabel("processes")
-    ax.set_ylabel("speed-up (samples/s vs fewest processes)")
+    ax.set_ylabel("speed-up (samples/s vs smallest point)")
     ax.set_title("Scaling")
     ax.legend()
     return fig

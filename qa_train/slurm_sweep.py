@@ -99,10 +99,14 @@ def submit(point: Point, opts: argparse.Namespace, train_flags: list[str], confi
     with log.open("w") as f:
         f.write("+ " + shlex.join(cmd) + "\n")
         f.flush()
-        proc = subprocess.run(cmd, cwd=SCRIPT.parents[1], env=job_env(point, run_dir, opts, config_dir), stdout=f,
-                              stderr=subprocess.STDOUT, timeout=opts.timeout_s)
+        try:
+            code = subprocess.run(cmd, cwd=SCRIPT.parents[1], env=job_env(point, run_dir, opts, config_dir), stdout=f,
+                                  stderr=subprocess.STDOUT, timeout=opts.timeout_s).returncode
+        except subprocess.TimeoutExpired:  # a waiting sbatch (--wait) past --timeout_s; the next points still go
+            f.write(f"\n[bench] sbatch did not return within {opts.timeout_s:g} s (--timeout_s)\n")
+            code = 124
     found = JOB_ID.search(log.read_text(errors="replace"))
-    return run_dir, proc.returncode, found.group(1) if found else ""
+    return run_dir, code, found.group(1) if found else ""
 
 
 def submit_all(points: list[Point], opts: argparse.Namespace, train_flags: list[str], config_dir: Path) -> int:
@@ -116,9 +120,9 @@ def submit_all(points: list[Point], opts: argparse.Namespace, train_flags: list[
           + (f" ({', '.join(jobs)})" if jobs else ""), flush=True)
     finished = [d for d, code, _ in results if code == 0 and (d / "metrics.json").is_file()]
     out = Path(opts.output_dir) / "report"
-    if finished and len(finished) == len(results) - len(refused):
-        rows, _ = report.build_report(finished, out)
-        print(report.markdown_table(rows))
+    if finished and len(finished) == len(results) - len(refused):  # every accepted job is done: sbatch waited
+        groups, _ = report.build_report([d for d, _, _ in results], out)  # the refused ones as failed runs
+        print(report.markdown_table(groups))
         print(f"\n[bench] report: {out / 'report.md'}")
     else:
         print(f"[bench] when the jobs have finished: python -m qa_train.report {opts.output_dir} --output {out}",

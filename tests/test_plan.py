@@ -210,3 +210,32 @@ def test_estimate_is_within_20_percent_of_measured_cpu_peaks_for_two_model_sizes
         assert check.measured_gib is not None and check.measured_gib > 0.15, name  # mostly model states + activations
         print(f"{name}: estimate {check.estimate_gib:.3f} GiB, measured {check.measured_gib:.3f} GiB")
         assert 0.8 <= check.ratio <= 1.2, (name, check.estimate_gib, check.measured_gib)
+
+
+def test_check_says_why_a_run_has_no_estimate_or_measurement(tmp_path: Path) -> None:
+    """`plan --check` over a sweep dir: every run is a row, and a missing figure says why instead of stopping the
+    table (a strategy without a formula used to end in a ValueError traceback)."""
+    from test_report import fake_metrics, rewrite
+
+    from qa_train.plan_check import check_runs
+    from qa_train.sweep import Point
+
+    root = tmp_path / "runs"
+    tiny = {"config_name": str(TINY)}
+    rewrite(fake_metrics(root / "cpu-now", "ddp", 2, 40.0, 0.9), tiny,
+            host_rss_baseline_gb={"per_rank": [0.4, 0.5], "max": 0.5, "mean": 0.45})
+    rewrite(fake_metrics(root / "cpu-old", "ddp", 2, 40.0, 0.9), tiny)  # from before the baseline was written
+    rewrite(fake_metrics(root / "gpu", "zero2", 2, 40.0, 0.9, gpu=1.5), tiny)
+    rewrite(fake_metrics(root / "zero3-opt", "zero3", 2, 40.0, 0.9, offload="optimizer"), tiny)
+    rewrite(fake_metrics(root / "elsewhere", "single", 1, 40.0, 0.9), {"config_name": str(tmp_path / "gone")})
+    failed = root / "ddp-p2-r1"
+    failed.mkdir()
+    Point("ddp", "ddp", 2).write(failed)  # a sweep's failed run: no metrics.json
+    rows = {r[0]: r for r in (line.strip("|").split(" | ") for line in check_runs([root]).splitlines()[2:])}
+    rows = {name.strip(): [c.strip() for c in cells] for name, *cells in rows.values()}
+    assert rows["cpu-now"][3] == "0.500" and rows["cpu-now"][5] == "estimate is an upper bound: dynamic padding"
+    assert rows["cpu-old"][3:5] == ["—", "—"] and "no idle host-RSS baseline" in rows["cpu-old"][5]
+    assert rows["gpu"][3] == "1.500" and rows["gpu"][4] != "—"  # CUDA's peak needs no baseline
+    assert rows["zero3-opt"][2] == "—" and "no formula for zero3+offload(optimizer)" in rows["zero3-opt"][5]
+    assert rows["elsewhere"][2] == "—" and "no config for it on this machine" in rows["elsewhere"][5]
+    assert rows["ddp-p2-r1"][1:5] == ["—"] * 4 and "no metrics.json" in rows["ddp-p2-r1"][5]

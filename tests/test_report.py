@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, base_env, read_metrics, run_cmd, run_ok
-from qa_train import report
+from qa_train import report, report_plots
 from qa_train.report_plots import IDEAL
 from qa_train.schema import PerRank, RunMetrics
 from qa_train.sweep import Point
@@ -299,3 +299,124 @@ def test_ablation_flips_one_real_flag_per_run(on_cpu: bool) -> None:
         assert len(flipped) == 1, (plan.name, flipped)
     cuda_only = {"fp32", "unfused-adamw", "no-workers"}
     assert ({p.label for p in plans} & cuda_only) == (set() if on_cpu else cuda_only)
+
+
+def rewrite(run: Path, args: dict | None = None, **changes: object) -> Path:
+    """Set keys of a fake run's metrics.json (None is written as null) and of its flags."""
+    path = run / "metrics.json"
+    payload = json.loads(path.read_text())
+    payload.update(changes)
+    payload["args"].update(args or {})
+    path.write_text(json.dumps(payload))
+    return run
+
+
+def test_a_sweeps_failed_and_torn_runs_are_rows_and_speedup_names_its_base(tmp_path: Path) -> None:
+    """The 1-process point failed, one repeat at 2 processes left a torn metrics.json: neither vanishes nor stops
+    the report, and speed-up is against the smallest point that has a throughput, named in the notes."""
+    root = tmp_path / "sweep"
+    sweep(root, "ddp", "ddp", {1: [40.0], 2: [70.0, 99.0], 4: [126.0]}, {1: 8, 2: 8, 4: 8})
+    (root / "ddp-p1-r1" / "metrics.json").unlink()  # failed: the bench wrote sweep_point.json, the run nothing
+    (root / "ddp-p2-r2" / "metrics.json").write_text('{"strategy": "ddp", "world_si')  # killed mid-write
+    groups, paths = report.build_report([root], tmp_path / "report")
+    by = {g.processes: g for g in groups}
+    assert list(by) == [1, 2, 4] and by[1].runs == [] and by[2].runs == ["ddp-p2-r1"]
+    assert by[1].failed == ["ddp-p1-r1: no metrics.json (did the run finish?)"]
+    assert by[2].failed[0].startswith("ddp-p2-r2: metrics.json is not valid JSON")
+    assert by[2].figures.samples_per_s.median == 70.0  # the torn repeat is not a zero
+    assert by[1].speedup is None and by[2].speedup.median == 1.0 and by[2].scale_base == "ddp x2"
+    assert by[4].speedup.median == pytest.approx(1.8) and by[4].efficiency.median == pytest.approx(0.9)  # 4 vs 2
+    rows = {r["processes"]: r for r in table_rows(paths["markdown"].read_text())}
+    assert rows["1"]["runs"] == "0 + 1 failed" and rows["1"]["samples/s"] == report.DASH
+    assert rows["2"]["runs"] == "1 + 1 failed" and rows["4"]["efficiency"] == "90%"
+    text = paths["markdown"].read_text()
+    assert "Speed-up bases: `ddp x2`." in text and "ddp-p1-r1: no metrics.json" in text and "ddp-p2-r2" in text
+    # A run dir outside a sweep still has to hold a readable run (test_errors_name_the_run_dir).
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("null", "not in the layout this qa_train reads"),
+    ('{"strategy": "ddp", "world_size": 2, "train_samples_per_second": 1.0, "peak_memory_gb": 0.5}',
+     "peak_memory_gb not per-rank figures"),
+])
+def test_metrics_of_another_layout_are_one_line_not_a_traceback(content: str, message: str, tmp_path: Path) -> None:
+    run = tmp_path / "old-run"
+    run.mkdir()
+    (run / "metrics.json").write_text(content)
+    with pytest.raises(report.ReportError, match=f"old-run: .*{message}"):
+        report.build_report([run], tmp_path / "report")
+
+
+def test_no_timed_steps_is_no_throughput_in_the_table_plot_and_old_files(tmp_path: Path) -> None:
+    """None (today's files) and 0 with timed_steps 0 (files from before) both read as "no throughput", never 0."""
+    base = fake_metrics(tmp_path / "single", "single", 1, 40.0, 0.5)
+    now = rewrite(fake_metrics(tmp_path / "resumed-done", "single", 1, 1.0, 0.5), train_samples_per_second=None,
+                  train_tokens_per_second=None, timed_steps=0)
+    old = rewrite(fake_metrics(tmp_path / "old-untimed", "single", 1, 1.0, 0.5), train_samples_per_second=0.0,
+                  train_tokens_per_second=0.0, timed_steps=0)
+    _, groups, _ = report.build_groups([base, now, old])
+    for g in groups[1:]:
+        cells = dict(zip(report.COLUMNS, report.cells(g)))
+        assert (cells["samples/s"], cells["tokens/s"], cells["vs baseline"]) == (report.DASH,) * 3, g.label
+    fig = report.throughput_figure(groups)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "40.0" in texts and "0.0" not in texts and texts.count(report_plots.NO_DATA) == 2
+
+
+def test_runs_of_other_models_or_lengths_are_labelled_apart_and_not_compared(tmp_path: Path) -> None:
+    """A bench dir rerun at another --max_seq_length keeps the old points: a speed-up across them would compare
+    different work (here an "efficiency" of 225%)."""
+    root = tmp_path / "bench"
+    rewrite(fake_metrics(root / "ddp-p1-r1", "single", 1, 20.0, 0.5, point=Point("ddp", "ddp", 1)),
+            max_seq_length=384)
+    rewrite(fake_metrics(root / "ddp-p2-r1", "ddp", 2, 90.0, 0.5, point=Point("ddp", "ddp", 2)), max_seq_length=128)
+    groups, paths = report.build_report([root], tmp_path / "report")
+    assert [g.label for g in groups] == ["ddp (seq 384)", "ddp (seq 128)"]
+    assert all(g.speedup is None for g in groups) and [g.vs_baseline for g in groups] == [1.0, None]
+    assert "more than one model or sequence length" in paths["markdown"].read_text()
+    other = rewrite(fake_metrics(tmp_path / "large", "single", 1, 10.0, 0.5), {"config_name": "/models/bert-large"},
+                    max_seq_length=384)
+    _, groups, _ = report.build_groups([root / "ddp-p1-r1", other])
+    assert [g.label for g in groups] == ["ddp (model ?)", "large (bert-large)"]  # the fake runs name no model
+
+
+def test_the_same_point_in_two_sweeps_is_not_merged_and_a_run_counts_once(tmp_path: Path) -> None:
+    for name, rate in (("before", 40.0), ("after", 60.0)):
+        sweep(tmp_path / name, "ddp", "ddp", {1: [rate], 2: [2 * rate]}, {1: 8, 2: 8})
+    groups, _ = report.build_report([tmp_path / "before", tmp_path / "after"], tmp_path / "report")
+    assert [(g.label, g.processes, g.runs) for g in groups] == [
+        ("before/ddp", 1, ["ddp-p1-r1"]), ("before/ddp", 2, ["ddp-p2-r1"]),
+        ("after/ddp", 1, ["ddp-p1-r1"]), ("after/ddp", 2, ["ddp-p2-r1"])]
+    assert [g.speedup.median for g in groups] == [1.0, 2.0, 1.0, 2.0]
+    # One run given as itself and within its parent is one run, not two repeats.
+    _, groups, _ = report.build_groups(report.find_runs([tmp_path / "before", tmp_path / "before" / "ddp-p1-r1"]))
+    assert [len(g.runs) for g in groups] == [1, 1]
+    # Two run dirs with one --run_name are told apart by their folders.
+    a = rewrite(fake_metrics(tmp_path / "adhoc" / "a", "single", 1, 30.0, 0.5), {"run_name": "exp"})
+    b = rewrite(fake_metrics(tmp_path / "adhoc" / "b", "single", 1, 45.0, 0.5), {"run_name": "exp"})
+    _, groups, _ = report.build_groups([a, b])
+    assert [(g.label, g.runs) for g in groups] == [("a", ["exp"]), ("b", ["exp"])]
+
+
+def test_a_local_and_a_slurm_sweep_of_one_config_plot_as_separate_bars(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    for point, world in ((Point("ddp", "ddp", 2), 2), (Point("ddp", "ddp", 4), 4),
+                         (Point("ddp", "ddp", 8, nodes=2, slurm=True), 8)):
+        fake_metrics(root / point.name, "ddp", world, 10.0 * world, 0.5, point=point)
+    _, groups, _ = report.build_groups(report.find_runs([root]))
+    labels = report.bar_labels(groups)
+    assert len(set(labels)) == 3, labels
+    assert report.bar_heights(report.throughput_figure(groups)) == {"samples/s": [20.0, 40.0, 80.0]}
+
+
+def test_each_config_is_held_to_its_own_ideal_speedup(tmp_path: Path) -> None:
+    """zero2's 1-process run failed, so its speed-up is against 2 processes: its ideal is N/2, not N."""
+    root = tmp_path / "sweep"
+    sweep(root, "ddp", "ddp", {1: [40.0], 2: [80.0]}, {1: 8, 2: 8})
+    sweep(root, "zero2", "zero2", {1: [30.0], 2: [50.0], 4: [100.0]}, {1: 8, 2: 8, 4: 8})
+    (root / "zero2-p1-r1" / "metrics.json").unlink()
+    _, groups, _ = report.build_groups(report.find_runs([root]))
+    lines = report.line_data(report.speedup_figure(groups))
+    assert lines[f"{IDEAL}, from 1"] == ([1.0, 2.0], [1.0, 2.0])
+    assert lines[f"{IDEAL}, from 2"] == ([2.0, 4.0], [1.0, 2.0])
+    assert lines["zero2"] == ([2.0, 4.0], [1.0, 2.0])
