@@ -62,6 +62,14 @@ class IntervalMonitor:
         self.bad_grad_norms = torch.zeros((), device=device)
         self._restart()
 
+    def start(self) -> None:
+        """Training begins: the first interval is timed from here, not from when the monitor was built (an
+        evaluation before training, --eval_on_start, would otherwise count in the first interval's time)."""
+        self.loss_sum.zero_()
+        self.grad_norm_sum.zero_()
+        self.bad_grad_norms.zero_()
+        self._restart()
+
     def _restart(self) -> None:
         self.micro_batches = self.norms = self.samples = self.tokens = self.padded_tokens = 0
         self.excluded_s = 0.0
@@ -107,10 +115,7 @@ class IntervalMonitor:
         device = self.loss_sum.device
         mine = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in row]).unsqueeze(0)
         ranks = self.accelerator.gather(mine).cpu().tolist()
-        self.loss_sum.zero_()
-        self.grad_norm_sum.zero_()
-        self.bad_grad_norms.zero_()
-        self._restart()
+        self.start()
         return reduce_ranks([dict(zip(COLUMNS, r)) for r in ranks])
 
 

@@ -15,16 +15,24 @@ as `--do_predict` writes them; `accelerate launch -m qa_train.predict ...` share
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from qa_train.config import ConfigError, DataArgs, ModelArgs
-from qa_train.data import DataError, Examples, load_file
+from qa_train.data import DataError, Examples, build_examples, load_file
 from qa_train.postprocess import Answers, SpanRules
 
 DEVICES = ("auto", "cpu", "cuda")
+# Any of these makes a folder's tokenizer (tokenizer.json is what an export writes; the others are the hub's).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model")
+# What the hub takes as a model id ("bert-base-uncased", "org/name"); anything else must be a local folder.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 class Predictor:
@@ -44,14 +52,17 @@ class Predictor:
             raise ConfigError("--device cuda: no CUDA device is available (auto picks the CPU then)")
         self.data = data or DataArgs(dataset_name=None)
         self.rules = rules
+        check_model_dir(model_dir)
         model_args = ModelArgs(model_name_or_path=model_dir)
-        self.tokenizer = load_tokenizer(model_args)
-        config = load_config(model_args)
-        check_positions(config, self.tokenizer, self.data.max_seq_length)
+        with _loading(model_dir):
+            self.tokenizer = load_tokenizer(model_args)
+            config = load_config(model_args)
+        check_positions(config, self.tokenizer, self.data.max_seq_length, self.data.doc_stride)
         on_cuda = device != "cpu" and torch.cuda.is_available()
         precision = resolve_mixed_precision(mixed_precision, dict(os.environ), on_cuda and torch.cuda.is_bf16_supported())
         self.accelerator = Accelerator(cpu=not on_cuda, mixed_precision=precision)
-        model = load_model(model_args, self.tokenizer, config)
+        with _loading(model_dir):
+            model = load_model(model_args, self.tokenizer, config)
         self.model = self.accelerator.prepare_model(model, evaluation_mode=True)
         self.token_types = uses_token_types(config, self.tokenizer)
 
@@ -72,15 +83,83 @@ class Predictor:
         return answer(EvalSet.build(examples, features, data.max_seq_length), logits, self.rules)
 
 
+def check_model_dir(model_dir: str) -> None:
+    """A MODEL_DIR that cannot be an exported model is refused in one line (ConfigError) before transformers
+    tries it: a missing folder, a file, a training checkpoint or a run folder (both say which final/ to use)."""
+    from qa_train.checkpoint import STATE_FILE
+
+    path = Path(model_dir).expanduser()
+    if not path.exists():
+        if HUB_ID.fullmatch(model_dir):
+            return  # a hub model id; transformers says whether it can be had
+        raise ConfigError(f"MODEL_DIR {model_dir}: no such directory")
+    if not path.is_dir():
+        raise ConfigError(f"MODEL_DIR {model_dir}: is a file, not a model directory")
+    if (path / STATE_FILE).is_file():
+        final = path.resolve().parent.parent / "final"
+        use = f"use {final}" if (final / "config.json").is_file() else "use the run's final/, which the run exports"
+        raise ConfigError(f"MODEL_DIR {model_dir}: is a training checkpoint (weights and optimizer state, without "
+                          f"the model config and tokenizer), not an exported model: {use}")
+    if not (path / "config.json").is_file():
+        if (path / "final" / "config.json").is_file():
+            raise ConfigError(f"MODEL_DIR {model_dir}: is a run directory, not a model: use {path / 'final'}")
+        raise ConfigError(f"MODEL_DIR {model_dir}: no config.json, so not an exported model (a run's final/ holds "
+                          "config.json, the weights and the tokenizer)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"MODEL_DIR {model_dir}: no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...): a run's "
+                          "final/ holds the tokenizer it trained with")
+
+
+@contextlib.contextmanager
+def _loading(model_dir: str) -> Iterator[None]:
+    """transformers' own failures (no tokenizer files, no weights, a hub id offline) as one ConfigError line."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as err:
+        reason = " ".join((str(err).strip().splitlines() or [""])[0].split())[:300]
+        raise ConfigError(f"MODEL_DIR {model_dir}: cannot load the model ({type(err).__name__}: {reason})") from None
+
+
+def check_output_dir(output_dir: str) -> None:
+    """--output_dir must be a folder that can be made and written: refused before the model loads, not after."""
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--output_dir {output_dir}: is a file, not a directory")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"--output_dir {output_dir}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output_dir {output_dir}: {existing} is not writable")
+
+
+def command_line_question(question: str, context: str, source: str = "<command line>",
+                          given_as: str = "-q/-c") -> Examples:
+    """One question "q", checked as a file's questions are (empty, only invisible characters, ...)."""
+    return build_examples([(given_as, {"id": "q", "question": question, "context": context})], source, "optional")
+
+
+def v2_note(examples: Examples, v2: bool) -> str | None:
+    """A labelled file where some questions have no answer is SQuAD v2.0 data: without --version_2_with_negative
+    each of them still gets a span, which the user may not expect."""
+    unanswered = sum(not texts for texts in examples.answer_texts)
+    if v2 or not 0 < unanswered < len(examples):
+        return None
+    return (f"note: {examples.source}: {unanswered} of {len(examples)} questions have no answer (SQuAD v2.0 data?); "
+            "without --version_2_with_negative every question gets a span, never \"\"")
+
+
 def best_entry(answers: Answers, qid: str) -> dict:
-    """{"answer", "score", "probability", "start", "end"} of the question's answer (start/end: characters)."""
+    """{"answer", "score", "probability", "start", "end"} of the question's answer (start/end: characters);
+    score None when no window held a valid span (the answer is then "")."""
     text = answers.predictions[qid]
     # The answer's own n-best entry: under SQuAD v2.0 the null may rank first yet lose to the threshold,
     # and a v2.0 "" is the null (start = end = 0), not a zero-width span ranked above it.
     is_null = text == "" and answers.null_odds is not None
     entry = next((e for e in answers.nbest[qid] if e["text"] == text and not (is_null and e["end"])), None)
     if entry is None:
-        return {"answer": text, "score": float("nan"), "probability": 0.0, "start": 0, "end": 0}
+        return {"answer": text, "score": None, "probability": 0.0, "start": 0, "end": 0}
     return {"answer": text, "score": float(entry["score"]), "probability": float(entry["probability"]),
             "start": int(entry["start"]), "end": int(entry["end"])}
 
@@ -89,8 +168,7 @@ def answer(model_dir: str, question: str, context: str, max_seq_length: int = 38
            rules: SpanRules = SpanRules()) -> dict:
     """One question: {"answer", "score", "probability", "start", "end"}; loads the model on every call
     (use a Predictor for many questions)."""
-    examples = Examples(source="<input>")
-    examples.append("q", "", context, question, [], [])
+    examples = command_line_question(question, context, "<input>", "answer()")
     data = DataArgs(dataset_name=None, max_seq_length=max_seq_length, doc_stride=doc_stride)
     return best_entry(Predictor(model_dir, data, rules).predict(examples), "q")
 
@@ -137,18 +215,22 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         data, rules = _settings(args)
+        if args.output_dir:
+            check_output_dir(args.output_dir)
         if args.test_file:
             examples = load_file(args.test_file, "optional").head(args.max_predict_samples)
         else:
-            examples = Examples(source="<command line>")
-            examples.append("q", "", args.context, args.question, [], [])
+            examples = command_line_question(args.question, args.context)
         predictor = Predictor(args.model_dir, data, rules, args.device, args.mixed_precision)
+        answers = predictor.predict(examples)
     except (ConfigError, DataError) as err:
         print(f"qa_train.predict: error: {err}", file=sys.stderr)
         return 2
-    answers = predictor.predict(examples)
     if answers is None:  # not the main process
         return 0
+    note = v2_note(examples, args.version_2_with_negative)
+    if note:
+        print(note, file=sys.stderr)
     if args.output_dir:
         from qa_train.evaluation import write_answers
 

@@ -3,10 +3,12 @@ trackers (trackers.py) the interval metrics, the config, the summary and W&B's t
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +41,33 @@ class Tracker:
         self.enabled = accelerator.is_main_process
         self.output_dir = output_dir
         self.step_log = output_dir / "train_log.jsonl"
+        self.wandb_floor = 0  # the lowest step the W&B run still takes (above 0 when it continues an earlier run)
+        self.metrics: RunMetrics | None = None
 
     def start(self, project: str, config: dict[str, Any], resumed_at: int) -> None:
         """Start the trackers; a resumed run (resumed_at > 0) keeps its step log up to its checkpoint's step."""
         if not self.enabled:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        logged_up_to = 0
         if resumed_at:
+            logged_up_to = last_logged_step(self.step_log)
             forget_steps_after(self.step_log, resumed_at)
         elif self.step_log.exists():
             self.step_log.unlink()
         self.accelerator.init_trackers(project, config)
+        self._wandb("resume", lambda run: self._continue_wandb_run(run, resumed_at, logged_up_to))
+
+    def _continue_wandb_run(self, run: Any, resumed_at: int, logged_up_to: int) -> None:
+        """W&B drops (with a warning per call) any step below the last one its run holds. A resumed run logs
+        again from its checkpoint's step, so when its W&B run is the interrupted one (the same id, as
+        WANDB_RUN_ID gives across SLURM requeues) the steps that one already logged are not sent to W&B."""
+        self.wandb_floor = wandb_floor(run, self.output_dir, logged_up_to)
+        if self.wandb_floor > resumed_at:
+            log.warning("W&B run %s already holds steps up to %d (logged by the interrupted run with this id): this "
+                        "run, resumed at step %d, sends W&B only its steps after %d; the others go to %s and the "
+                        "other trackers", getattr(run, "id", "?"), self.wandb_floor - 1, resumed_at,
+                        self.wandb_floor - 1, self.step_log.name)
 
     def _wandb(self, what: str, fn: Any) -> None:
         """fn(run) on the live W&B run, if there is one; a failure warns and leaves the run as it is."""
@@ -62,30 +80,51 @@ class Tracker:
             return
         with self.step_log.open("a") as f:
             f.write(json.dumps({"step": step, **values}) + "\n")
-        self.accelerator.log(values, step=step)
+        if step >= self.wandb_floor:
+            self.accelerator.log(values, step=step)
+            return
+        for tracker in self.accelerator.trackers:  # as accelerator.log does, less the W&B run that has this step
+            if tracker.name != "wandb":
+                tracker.log(values, step=step)
 
     def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
         """A W&B Table (other trackers have no table type: the rows are in the predictions file)."""
         def table(run: Any) -> None:
             import wandb
 
-            run.log({key: wandb.Table(columns=columns, data=rows)}, step=step)
+            # A step the W&B run already holds (a resumed run with nothing left to train) would drop the table;
+            # no step at all would be W&B's own count, which an offline run starts at 0.
+            run.log({key: wandb.Table(columns=columns, data=rows)}, step=max(step, self.wandb_floor))
         self._wandb("table", table)
 
     def log_model(self, folder: Path, name: str) -> None:
-        """The exported model as a W&B artifact (type model), uploaded with the run or by `wandb sync`."""
+        """The exported model as a W&B artifact (type model), uploaded with the run or by `wandb sync`; its
+        metadata says which step the export is (with --save_best maybe not the last) and its scores."""
         def artifact(run: Any) -> None:
             import wandb
 
-            art = wandb.Artifact(name, type="model", metadata={"path": str(folder)})
+            art = wandb.Artifact(artifact_name(name), type="model", metadata=self._model_metadata(folder))
             art.add_dir(str(folder))
             run.log_artifact(art, aliases=["final"])
         self._wandb("model artifact", artifact)
+
+    def _model_metadata(self, folder: Path) -> dict[str, Any]:
+        m = self.metrics
+        if m is None or m.exported_step is None:
+            return {"path": str(folder)}
+        if m.exported_step == m.train_steps:
+            scores = (m.exact_match, m.f1)
+        elif m.exported_step == m.best_eval_step:  # --save_best kept an earlier model
+            scores = (m.best_exact_match, m.best_f1)
+        else:
+            scores = (None, None)
+        return {"path": str(folder), "step": m.exported_step, "exact_match": scores[0], "f1": scores[1]}
 
     def finish(self, metrics: RunMetrics) -> None:
         """metrics.json, and the same figures as the W&B run's summary."""
         if not self.enabled:
             return
+        self.metrics = metrics
         payload = metrics.to_json()
         atomic_write_json(self.output_dir / "metrics.json", payload)
         summary = {k: v for k, v in _flatten(payload).items() if not k.startswith("args/")}
@@ -99,46 +138,74 @@ class Tracker:
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested keys joined by "/"; lists (per-rank figures) left out, and so is a per_rank that is None, so that
+    the summary has the same keys on every device."""
     out: dict[str, Any] = {}
     for key, value in d.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             out.update(_flatten(value, f"{name}/"))
-        elif not isinstance(value, list):
+        elif not isinstance(value, list) and not name.endswith("per_rank"):
             out[name] = value
     return out
 
 
-def _fmt(value: Any, unit: str = "") -> str:
+def wandb_floor(run: Any, output_dir: Path, logged_up_to: int) -> int:
+    """The lowest step `run` takes: past the last step of the run it resumes (W&B says so when it resumed an online
+    run), or past the interrupted run's last logged step when an earlier run of this id wrote into output_dir/wandb
+    (offline, W&B knows nothing of it until `wandb sync`)."""
+    floor = int(getattr(run, "starting_step", 0) or 0) if getattr(run, "resumed", False) else 0
+    run_id, run_dir = getattr(run, "id", None), getattr(run, "dir", None)
+    if logged_up_to and run_id:
+        here = Path(run_dir).parent if run_dir else None
+        if any(d != here for d in (output_dir / "wandb").glob(f"*run-*-{glob.escape(run_id)}")):
+            floor = max(floor, logged_up_to + 1)
+    return floor
+
+
+def artifact_name(name: str) -> str:
+    """W&B refuses an artifact name with characters other than letters, digits, '-', '_' and '.', or over 128
+    characters; --run_name (by default the output dir's name) may hold any."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name)[:128]
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     if isinstance(value, float):
-        return f"{value:,.2f}{unit}"
+        return f"{value:,.{digits}f}{unit}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}{unit}"
     return f"{value}{unit}"
 
 
+def _percent(fraction: float | None) -> str:
+    return "n/a" if fraction is None or math.isnan(fraction) else f"{100 * fraction:.1f}%"
+
+
 def summary_table(m: RunMetrics) -> str:
-    """One screen: what a user compares strategies by."""
+    """One screen: what a user compares strategies by. Memory in GiB, as every *_gb field of metrics.json."""
     mem, rss = m.peak_memory_gb, m.peak_host_rss_gb
     before = ""
     if m.initial_exact_match is not None:
         label = f"at step {m.initial_eval_step}, resumed" if m.initial_eval_step else "untrained"
         before = f"  ({label}: EM {_fmt(m.initial_exact_match)}, F1 {_fmt(m.initial_f1)})"
     rows = [
-        ("strategy", f"{m.strategy} (zero_stage={m.zero_stage}, offload={m.offload}), "
-                     f"world_size={m.world_size}, {m.mixed_precision}"),
+        ("strategy", f"{_fmt(m.strategy)} (zero_stage={_fmt(m.zero_stage)}, offload={_fmt(m.offload)}), "
+                     f"world_size={_fmt(m.world_size)}, {_fmt(m.mixed_precision)}"),
         ("exact match / F1", f"{_fmt(m.exact_match)} / {_fmt(m.f1)}{before}"),
-        ("train steps", f"{m.train_steps} x global batch {m.global_batch_size} "
-                        f"({m.num_train_features} windows of {m.max_seq_length} max)"),
+        ("train steps", f"{_fmt(m.train_steps)} x global batch {_fmt(m.global_batch_size)} "
+                        f"({_fmt(m.num_train_features)} windows of {_fmt(m.max_seq_length)} max)"),
         ("throughput", f"{_fmt(m.train_samples_per_second)} samples/s, "
                        f"{_fmt(m.train_tokens_per_second)} tokens/s "
                        f"({_fmt(m.train_padded_tokens_per_second)} padded)"),
-        ("step time", f"{_fmt(m.train_step_time_s_mean, ' s')}, MFU {_fmt(m.mfu)}"),
+        # Steps of a small model on a GPU take milliseconds: two decimals of a second would read 0.00.
+        ("step time", f"{_fmt(m.train_step_time_s_mean, ' s', digits=4)}, MFU {_percent(m.mfu)}"),
         ("peak memory", f"max {_fmt(mem.max, ' GiB')} / mean {_fmt(mem.mean, ' GiB')} per rank "
-                        f"[{m.peak_memory_source}]"),
+                        f"[{_fmt(m.peak_memory_source)}]"),
         ("peak host RSS", f"max {_fmt(rss.max, ' GiB')} per rank (lifetime)"),
         ("runtime", f"{_fmt(m.train_runtime_s, ' s')} training, {_fmt(m.total_runtime_s, ' s')} total"),
-        ("output", str(m.output_dir)),
+        ("output", _fmt(m.output_dir)),
     ]
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 60)
@@ -154,6 +221,18 @@ def forget_steps_after(step_log: Path, step: int) -> None:
             if line.strip() and _logged_step(step_log, number, line) <= step]
     if len(kept) != len(lines):
         atomic_write_text(step_log, "".join(f"{line}\n" for line in kept))
+
+
+def last_logged_step(step_log: Path) -> int:
+    """The highest step the step log holds (0 without one): what the trackers were last sent, as the log is
+    written before them."""
+    steps = [0]
+    for line in step_log.read_text().splitlines() if step_log.exists() else []:
+        try:
+            steps.append(int(_step_record(line).get("step", 0)))
+        except (ValueError, TypeError):
+            continue  # a torn line: forget_steps_after drops it, with its warning
+    return max(steps)
 
 
 def read_step_log(step_log: Path) -> list[dict[str, Any]]:

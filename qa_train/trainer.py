@@ -206,6 +206,7 @@ class Trainer:
                                        self.global_batch_size)
         t0 = time.perf_counter()
         self.meter.start()
+        self.monitor.start()  # the first interval is timed from here, not from before --eval_on_start
         self.model.train()
         while self.state.completed_steps < plan.total_steps and not self.preempted:
             self._train_epoch(profiler)

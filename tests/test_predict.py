@@ -1,5 +1,6 @@
 """--do_predict on two DDP processes, and qa_train.predict on a file: one answer per question, the same answers
-whatever the world size, batch size or entry point (on a model whose padding logits beat every real token's)."""
+whatever the world size, batch size or entry point (on a model whose padding logits beat every real token's).
+Then qa_train.predict's refusals: one line, exit 2, before any work is spent."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEMO_DEV, DEMO_TRAIN, PY, base_env, high_padding_model, run_ok
-from qa_train.data import load_file
-
-pytestmark = pytest.mark.distributed
+from conftest import DEMO_DEV, DEMO_TRAIN, PY, TINY, base_env, high_padding_model, run_ok
+from qa_train import predict
+from qa_train.data import Examples, load_file
+from qa_train.postprocess import Answers
 
 
 def _unlabelled(path: Path) -> Path:
@@ -40,6 +41,7 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
+@pytest.mark.distributed
 def test_ddp_writes_exactly_one_prediction_per_question(ddp_run: dict[str, Path]) -> None:
     out = ddp_run["out"]
     ids = load_file(ddp_run["test"], "optional").ids
@@ -56,6 +58,7 @@ def test_ddp_writes_exactly_one_prediction_per_question(ddp_run: dict[str, Path]
     assert json.loads((out / "metrics.json").read_text())["world_size"] == 2
 
 
+@pytest.mark.distributed
 def test_answers_do_not_depend_on_world_size_or_entry_point(ddp_run: dict[str, Path], tmp_path: Path) -> None:
     """One process, batch 64, through qa_train.predict's file mode: the DDP run's answers, for evaluation
     (the same questions, labelled) and prediction alike."""
@@ -75,6 +78,7 @@ def test_answers_do_not_depend_on_world_size_or_entry_point(ddp_run: dict[str, P
         assert [e["score"] for e in entries] == pytest.approx([e["score"] for e in theirs[qid]], abs=1e-4)
 
 
+@pytest.mark.distributed
 def test_predict_cli_answers_one_question_and_refuses_bad_input(ddp_run: dict[str, Path], tmp_path: Path) -> None:
     from conftest import run_cmd
 
@@ -91,3 +95,128 @@ def test_predict_cli_answers_one_question_and_refuses_bad_input(ddp_run: dict[st
     proc = run_cmd([PY, "-m", "qa_train.predict", str(ddp_run["model"]), "--test_file", str(bad)], env)
     assert proc.returncode == 2 and f"{bad}: line 1: question x1: empty question" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# --- refusals: one line, exit 2, before the model loads where they can -----------------------------------------
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """predict.main(argv)'s one-line refusal (exit 2, no answer, no traceback; libraries that got to load may
+    still print their own notices)."""
+    code = predict.main(argv)
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.startswith("qa_train.predict")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out + err, (code, out, err)
+    assert not [line for line in out.splitlines() if line.startswith(("{", "/"))], out
+    assert lines[0].startswith("qa_train.predict: error: ")
+    return lines[0][len("qa_train.predict: error: "):]
+
+
+def a_run(tmp_path: Path) -> Path:
+    """A run folder as training leaves it: a checkpoint, and the export in final/."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_00000010").mkdir(parents=True)
+    (run / "checkpoints" / "step_00000010" / "trainer_state.json").write_text("{}")
+    (run / "checkpoints" / "step_00000010" / "model.safetensors").write_bytes(b"")
+    (run / "final").mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (run / "final" / name).write_text((TINY / name).read_text())
+    return run
+
+
+@pytest.mark.parametrize(("model_dir", "says"), [
+    ("empty", "empty: no config.json, so not an exported model (a run's final/ holds config.json, the weights and "
+              "the tokenizer)"),
+    ("nope/x", "nope/x: no such directory"),
+    ("run/final/config.json", "config.json: is a file, not a model directory"),
+    ("run/checkpoints/step_00000010", "step_00000010: is a training checkpoint (weights and optimizer state, "
+                                      "without the model config and tokenizer), not an exported model: use {final}"),
+    ("run", "run: is a run directory, not a model: use {final}"),
+    ("config_only", "config_only: no tokenizer (tokenizer.json, vocab.txt, ...): a run's final/ holds the "
+                    "tokenizer it trained with"),
+])
+def test_a_model_dir_that_is_not_an_exported_model_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], model_dir: str, says: str) -> None:
+    """Each was a transformers traceback (exit 1); a checkpoint or run folder now says which final/ to use."""
+    run = a_run(tmp_path)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "config_only").mkdir()
+    (tmp_path / "config_only" / "config.json").write_text((TINY / "config.json").read_text())
+    message = refused([str(tmp_path / model_dir), "-q", "Who?", "-c", "Somebody."], capsys)
+    assert message.startswith("MODEL_DIR ") and message.endswith(says.format(final=(run / "final").resolve()))
+
+
+def test_a_model_dir_transformers_cannot_load_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundled tiny BERT has a config and a tokenizer but no weights."""
+    message = refused([str(TINY), "-q", "Who?", "-c", "Somebody."], capsys)
+    assert message.startswith(f"MODEL_DIR {TINY}: cannot load the model (OSError: ")
+    assert "model.safetensors" in message
+
+
+def test_a_hub_id_transformers_cannot_fetch_is_refused_in_one_line() -> None:
+    predict.check_model_dir("org/model")  # no such folder here, but a hub id: left to transformers
+    with pytest.raises(predict.ConfigError, match=r"^MODEL_DIR org/model: cannot load the model \(OSError: "
+                                                  r"We couldn't connect\)$"):
+        with predict._loading("org/model"):
+            raise OSError("We couldn't connect\nto the hub")
+
+
+@pytest.mark.parametrize(("question", "context", "says"), [
+    ("Who?", "", "empty context"), ("Who?", "  \u200b", "empty context (only invisible characters: U+200B)"),
+    ("", "Somebody did it.", "empty question"), ("   ", "Somebody did it.", "empty question")])
+def test_an_empty_question_or_context_is_refused(capsys: pytest.CaptureFixture[str], question: str, context: str,
+                                                 says: str) -> None:
+    """A file's empty question is refused; -q/-c answered it: "" with score NaN (not JSON), or a span of a
+    context for an empty question."""
+    message = refused([str(TINY), "-q", question, "-c", context], capsys)
+    assert message == f"<command line>: -q/-c: question q: {says}"
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_an_output_dir_that_is_a_file_is_refused_before_the_model_loads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], inside: bool) -> None:
+    """It was a FileExistsError / NotADirectoryError traceback after every question had been answered."""
+    file = tmp_path / "preds"
+    file.write_text("not a folder")
+    target = file / "sub" if inside else file
+    message = refused([str(tmp_path / "no-model"), "--test_file", str(DEMO_DEV), "--output_dir", str(target)],
+                      capsys)
+    assert message == (f"--output_dir {target}: {file} is a file, not a directory" if inside
+                       else f"--output_dir {target}: is a file, not a directory")
+
+
+def test_data_refused_while_windowing_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windowing refuses some questions (a text the tokenizer turns into nothing, flags that leave a question no
+    room): that was a traceback (exit 1) from Predictor.predict."""
+    import qa_train.features
+
+    def refuse(examples: Examples, *args: object, **kwargs: object) -> None:
+        raise predict.DataError(f"{examples.source}: question q: the context tokenises to nothing")
+
+    model = high_padding_model(tmp_path / "model")
+    monkeypatch.setattr(qa_train.features, "featurize", refuse)
+    message = refused([str(model), "-q", "Who?", "-c", "\ufffd", "--device", "cpu"], capsys)
+    assert message == "<command line>: question q: the context tokenises to nothing"
+
+
+def test_no_answer_at_all_prints_json_not_nan() -> None:
+    """No window held a valid span: the score was NaN, which json.dumps writes and JSON readers refuse."""
+    entry = predict.best_entry(Answers({"q": ""}, {"q": []}), "q")
+    assert json.loads(json.dumps(entry, allow_nan=False)) == {"answer": "", "score": None, "probability": 0.0,
+                                                              "start": 0, "end": 0}
+
+
+def test_v2_data_without_version_2_with_negative_gets_a_note() -> None:
+    """Its unanswerable questions would each get a span, silently."""
+    v2 = load_file(DEMO_DEV.parent.parent / "demo-v2" / "dev.json", "optional")
+    unanswered = sum(not texts for texts in v2.answer_texts)
+    assert 0 < unanswered < len(v2)
+    assert predict.v2_note(v2, v2=False) == (
+        f"note: {v2.source}: {unanswered} of {len(v2)} questions have no answer (SQuAD v2.0 data?); without "
+        "--version_2_with_negative every question gets a span, never \"\"")
+    assert predict.v2_note(v2, v2=True) is None
+    assert predict.v2_note(load_file(DEMO_DEV, "optional"), v2=False) is None  # v1.1: every question answered
+    unlabelled = Examples("questions.jsonl")
+    unlabelled.append("q1", "", "Some text.", "Who?", [], [])
+    assert predict.v2_note(unlabelled, v2=False) is None  # no answers at all: nothing to tell v1.1 from v2.0

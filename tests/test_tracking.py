@@ -489,7 +489,7 @@ def test_summary_table_shows_strategy_and_scores() -> None:
     table = summary_table(metrics())
     assert row(table, "strategy") == "zero2 (zero_stage=2, offload=none), world_size=2, bf16"
     assert row(table, "exact match / F1") == "81.25 / 88.50"
-    assert row(table, "peak memory") == "max 2.50 GiB / mean 2.00 GiB per rank [None]"
+    assert row(table, "peak memory") == "max 2.50 GiB / mean 2.00 GiB per rank [n/a]"
 
 
 def test_summary_table_shows_untrained_scores_when_measured() -> None:
@@ -555,3 +555,209 @@ def test_real_wandb_with_a_key_and_no_server_goes_offline_in_seconds(tmp_path: P
     offline = list((out / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and str(offline[0]) in result["dir"]
     assert list(offline[0].glob("*.wandb")), "the offline run writes the file `wandb sync` uploads"
+
+
+# --- a resumed run and its W&B run ------------------------------------------------------------------
+
+
+def interrupted(out: Path, run_id: str, logged: list[int]) -> FakeRun:
+    """An output dir as a run killed after logging `logged` leaves it (its W&B run's folder included), and the
+    W&B run a resumed run with `run_id` gets."""
+    out.mkdir(parents=True)
+    (out / "train_log.jsonl").write_text("".join(json.dumps({"step": s, "train/loss": 1.0}) + "\n" for s in logged))
+    (out / "wandb" / f"offline-run-20260101_000000-{run_id}").mkdir(parents=True)
+    run = FakeRun()
+    run.id, run.dir = run_id, str(out / "wandb" / f"offline-run-20260102_000000-{run_id}" / "files")
+    return run
+
+
+def board_steps(out: Path, key: str) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    return [e.step for e in events.Scalars(key)]
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_a_resumed_run_sends_its_wandb_run_no_step_that_run_already_holds(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """WANDB_RUN_ID across a SLURM requeue: the killed run logged up to step 15, its checkpoint is at 10. W&B
+    drops a step below its run's last (a warning each, and the value is lost); before, the resumed run sent
+    steps 10 and 15 again."""
+    out = tmp_path / "run"
+    fake = install(monkeypatch, FakeWandb(interrupted(out, "job-42", [5, 10, 15])))
+    fake.Table = lambda columns, data: ("table", columns, data)
+    tracker = recorder(out, [wandb_tracker(out, id="job-42", resume="allow"),
+                             build_trackers(["tensorboard"], out, "qa", {})[0]], resumed_at=10)
+    tracker.log_step(10, {"eval/f1": 50.0})  # the evaluation the checkpoint owed
+    for step in (15, 20):
+        tracker.log_step(step, {"train/loss": 0.5})
+    tracker.log_table("eval/samples", ["id"], [["q1"]], 20)
+    tracker.close()
+    assert [step for _, step in fake.run.logged] == [20, 20]  # the step and the table, nothing backwards
+    assert board_steps(out, "train/loss") == [15, 20] and board_steps(out, "eval/f1") == [10]
+    assert [(r["step"], sorted(r)) for r in step_lines(out)] == [
+        (5, ["step", "train/loss"]), (10, ["step", "train/loss"]), (10, ["eval/f1", "step"]),
+        (15, ["step", "train/loss"]), (20, ["step", "train/loss"])]
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert line.startswith("W&B run job-42 already holds steps up to 15 (logged by the interrupted run with this id)")
+    assert "resumed at step 10, sends W&B only its steps after 15" in line
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_a_resumed_run_under_a_new_wandb_id_sends_every_step(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """No WANDB_RUN_ID: the resumed run is a new W&B run, whose steps start at the checkpoint's."""
+    out = tmp_path / "run"
+    run = interrupted(out, "first", [5, 10, 15])
+    run.id, run.dir = "second", str(out / "wandb" / "offline-run-20260102_000000-second" / "files")
+    fake = install(monkeypatch, FakeWandb(run))
+    tracker = recorder(out, [wandb_tracker(out, resume="allow")], resumed_at=10)
+    tracker.log_step(10, {"eval/f1": 50.0})
+    tracker.log_step(15, {"train/loss": 0.5})
+    assert [step for _, step in fake.run.logged] == [10, 15]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_an_online_resumed_wandb_run_takes_steps_from_where_wandb_says_it_is(monkeypatch: pytest.MonkeyPatch,
+                                                                             tmp_path: Path) -> None:
+    """Online, W&B itself says where the run it resumed stands, also without its folder here."""
+    run = FakeRun()
+    run.id, run.resumed, run.starting_step = "job-42", True, 13
+    fake = install(monkeypatch, FakeWandb(run))
+    tracker = recorder(tmp_path, [wandb_tracker(tmp_path, id="job-42", resume="allow")], resumed_at=10)
+    for step in (10, 12, 13, 14):
+        tracker.log_step(step, {"train/loss": 0.5})
+    assert [step for _, step in fake.run.logged] == [13, 14]
+
+
+def test_a_fresh_run_sends_every_step_even_beside_an_old_wandb_folder(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    install(monkeypatch, FakeWandb(interrupted(tmp_path / "run", "job-42", [5, 10])))
+    tracker = recorder(tmp_path / "run", [wandb_tracker(tmp_path / "run", id="job-42")], resumed_at=0)
+    assert tracker.wandb_floor == 0
+
+
+def test_last_logged_step_ignores_a_torn_line_and_a_missing_log(tmp_path: Path) -> None:
+    log = tmp_path / "train_log.jsonl"
+    assert tracking.last_logged_step(log) == 0
+    log.write_text('{"step": 5}\n{"step": 15, "eval/f1": 1.0}\n{"step": 10}\n{"step": 20, "tr')
+    assert tracking.last_logged_step(log) == 15
+
+
+RESUME_PROBE = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from qa_train.trackers import build_trackers
+from qa_train.tracking import Tracker
+from test_tracking import Stand
+
+out, resumed_at, steps = Path(sys.argv[1]), int(sys.argv[3]), json.loads(sys.argv[4])
+tracker = Tracker(Stand(build_trackers(["wandb"], out, "qa-test", {"id": "job-42", "resume": "allow"})), out)
+tracker.start("qa-test", {"lr": 1e-3}, resumed_at=resumed_at)
+for step in steps:
+    tracker.log_step(step, {"train/loss": 1.0 / step})
+tracker.close()
+"""
+
+
+def test_real_offline_wandb_resumed_under_the_same_id_logs_no_step_backwards(tmp_path: Path) -> None:
+    """wandb's own offline runs (a few seconds): the killed run logged steps 5 to 15, the resumed one (checkpoint
+    10) logs 10 to 20; each offline run's history, uploaded into one W&B run by `wandb sync`, goes forward."""
+    import wandb_records as w
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "config"),
+                "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data"),
+                "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    out = tmp_path / "run"
+    for resumed_at, steps in ((0, [5, 10, 15]), (10, [15, 20])):
+        proc = subprocess.run([sys.executable, "-c", RESUME_PROBE, str(out), str(Path(__file__).parent),
+                               str(resumed_at), json.dumps(steps)], env=env, capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = sorted((out / "wandb").glob("offline-run-*-job-42/run-job-42.wandb"))
+    assert [h["_step"] for h in w.history(w.records(first))] == [5, 10, 15]
+    assert [h["_step"] for h in w.history(w.records(second))] == [20]
+    assert [r["step"] for r in step_lines(out)] == [5, 10, 15, 20]
+
+
+# --- the model artifact ------------------------------------------------------------------------------
+
+
+class FakeArtifact:
+    def __init__(self, name: str, type: str, metadata: dict) -> None:  # noqa: A002 - wandb's own argument name
+        self.name, self.type, self.metadata, self.dirs = name, type, metadata, []
+
+    def add_dir(self, path: str) -> None:
+        self.dirs.append(path)
+
+
+@pytest.mark.usefixtures("no_credentials")
+@pytest.mark.parametrize(("exported", "scores"), [(30, {"exact_match": 81.25, "f1": 88.5}),
+                                                  (20, {"exact_match": 84.0, "f1": 90.0})])
+def test_model_artifact_has_a_valid_name_and_says_which_model_it_is(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                    exported: int, scores: dict) -> None:
+    """--run_name (by default the output dir's name) may hold characters W&B refuses in an artifact name: the
+    artifact was lost with a warning. With --save_best the export may be an earlier step's model."""
+    fake = install(monkeypatch, FakeWandb())
+    fake.Artifact = FakeArtifact
+    logged: list[tuple[FakeArtifact, list[str]]] = []
+    fake.run.log_artifact = lambda art, aliases: logged.append((art, aliases))
+    tracker = recorder(tmp_path, [wandb_tracker(tmp_path)])
+    tracker.finish(metrics(best_eval_step=20, best_exact_match=84.0, best_f1=90.0, exported_step=exported))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tracker.log_model(tmp_path / "final", "model-my run/1: é")
+    ((art, aliases),) = logged
+    assert art.name == "model-my-run-1-" and art.type == "model" and aliases == ["final"]
+    assert art.dirs == [str(tmp_path / "final")]
+    assert art.metadata == {"path": str(tmp_path / "final"), "step": exported, **scores}
+
+
+def test_artifact_names_pass_wandbs_own_check() -> None:
+    import wandb
+
+    for name in ("model-my run/1", "model-" + "x" * 200, "model-ok_1.2-3", "model-é"):
+        wandb.Artifact(tracking.artifact_name(name), type="model")  # raises ValueError on a name it refuses
+    assert tracking.artifact_name("model-ok_1.2-3") == "model-ok_1.2-3"
+
+
+# --- the summary, as W&B and the end-of-run table show it ---------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_summary_has_the_same_keys_with_and_without_per_rank_figures(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    """On CPU peak_memory_reserved_gb has no per_rank list (None): it was logged then, and left out on a GPU."""
+    fake = install(monkeypatch, FakeWandb())
+    tracker = recorder(tmp_path, [wandb_tracker(tmp_path)])
+    tracker.finish(metrics(peak_memory_reserved_gb=PerRank()))
+    tracker.finish(metrics(peak_memory_reserved_gb=PerRank.of([1.0, 2.0])))
+    cpu, gpu = fake.run.summaries
+    assert set(cpu) == set(gpu) and not [k for k in cpu if k.endswith("per_rank")]
+    assert cpu["peak_memory_reserved_gb/max"] is None and gpu["peak_memory_reserved_gb/max"] == 2.0
+    assert json.loads((tmp_path / "metrics.json").read_text())["peak_memory_reserved_gb"]["per_rank"] == [1.0, 2.0]
+
+
+def test_summary_table_shows_every_missing_value_as_na() -> None:
+    table = summary_table(RunMetrics(strategy="ddp", world_size=1))
+    assert "None" not in table
+    assert row(table, "strategy") == "ddp (zero_stage=n/a, offload=n/a), world_size=1, n/a"
+    assert row(table, "train steps") == "n/a x global batch n/a (n/a windows of n/a max)"
+    assert row(table, "peak memory") == "max n/a / mean n/a per rank [n/a]"
+    assert row(table, "output") == "n/a"
+
+
+def test_summary_table_units_step_time_and_mfu() -> None:
+    """A 4 ms step read "0.00 s"; MFU is a fraction in metrics.json and a percentage on screen."""
+    table = summary_table(metrics(train_step_time_s_mean=0.00412, mfu=0.4123, num_train_features=88000,
+                                  max_seq_length=384))
+    assert row(table, "step time") == "0.0041 s, MFU 41.2%"
+    assert row(table, "train steps") == "30 x global batch 16 (88,000 windows of 384 max)"
+    width = len("exact match / F1")  # the longest label
+    rows = table.splitlines()[1:-1]
+    assert all(line[width:width + 2] == "  " and line[width + 2] != " " for line in rows), "values in one column"
