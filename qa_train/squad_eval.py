@@ -223,8 +223,10 @@ def _answer_texts(path: Path, qid: str, texts: object) -> list[str]:
 
 
 def _add(path: Path, refs: dict[str, list[str]], qid: object, texts: list[str]) -> None:
-    if not isinstance(qid, str):
-        raise ValueError(f"{path}: question id must be a string, got {qid!r}")
+    # Integer ids as training takes them (qa_train.data): the predictions file keys them as strings.
+    if isinstance(qid, bool) or not isinstance(qid, (str, int)):
+        raise ValueError(f"{path}: question id must be a string or an integer, got {qid!r}")
+    qid = str(qid)
     # A dict would silently keep the last copy; the official script would
     # count both, so a duplicate means the file is not what the caller thinks.
     if qid in refs:

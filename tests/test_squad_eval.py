@@ -154,6 +154,15 @@ def test_load_references_jsonl(tmp_path: Path) -> None:
     assert load_references(_write_jsonl(tmp_path / "dev.jsonl", FLAT)) == EXPECTED_REFS
 
 
+def test_integer_ids_are_read_as_training_reads_them(tmp_path: Path) -> None:
+    """Training accepts integer ids and keys its predictions by their text; the scorer must match them."""
+    records = [{**FLAT[0], "id": 7}, FLAT[1]]
+    refs = load_references(_write_jsonl(tmp_path / "dev.jsonl", records))
+    assert refs["7"] == EXPECTED_REFS[FLAT[0]["id"]]
+    with pytest.raises(ValueError, match="question id must be a string or an integer, got True"):
+        load_references(_write_jsonl(tmp_path / "bad.jsonl", [{**FLAT[0], "id": True}]))
+
+
 def test_load_references_jsonl_with_raw_line_separators_in_strings(tmp_path: Path) -> None:
     """json.dumps(ensure_ascii=False) writes U+2028/U+2029/U+0085 raw; they are not line ends in JSON lines."""
     records = [{**FLAT[0], "context": "Super Bowl 50\u2028was played\u2029in\x85Santa Clara, California."}, FLAT[1]]
