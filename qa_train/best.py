@@ -61,7 +61,7 @@ class BestModel:
         self.kept = read_best(output_dir) if keep and resumed else None
         seen = [b for b in (self.kept, BestScore(**carried) if resumed and carried else None) if b is not None]
         self.score = max(seen, key=lambda b: b.f1) if seen else None
-        if keep and self.score is not None and self.score != self.kept:
+        if keep and self.score is not None and self.score != self.kept and accelerator.is_main_process:
             log.warning("the best evaluation so far (step %d, F1 %.2f) predates --save_best and has no model in "
                         "%s: metrics.json's best_* count it; the export is chosen among the models evaluated "
                         "from now on", self.score.step, self.score.f1, output_dir / "best")

@@ -65,8 +65,11 @@ def _complete(tmp: Path, final: Path, state: TrainerState, output_dir: str | Pat
     (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
     _write_manifest(tmp)  # last: only now is the folder complete
     _replace(tmp, final, state.run_id)
-    _rotate(output_dir, keep, state.run_id, final)
     log.info("checkpoint saved: %s", final)
+    try:
+        _rotate(output_dir, keep, state.run_id, final)
+    except OSError as err:  # the new checkpoint is complete: an old one left behind costs space, not the run
+        log.warning("--save_total_limit: older checkpoints could not all be removed (%s)", one_line(err))
 
 
 def _phase(accelerator, final: Path, tmp: Path, work: Callable[[], object] | None) -> None:

@@ -496,6 +496,22 @@ def test_rotation_never_deletes_the_checkpoint_just_written(tmp_path: Path) -> N
     assert later.is_dir()
 
 
+def test_a_rotation_that_fails_leaves_the_new_checkpoint_saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Removing an old checkpoint can fail (a permission, a busy file system) after the new one is complete:
+    that is a warning, not a failed save."""
+    save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=1, run_id=RUN), keep=1)
+
+    def refuse(path: Path) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr("qa_train.saving.delete_folder", refuse)
+    final = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=2, run_id=RUN), keep=1)
+    assert ckpt.verify(final) is None
+    assert names(complete_checkpoints(tmp_path)) == ["step_00000001", "step_00000002"]
+    assert "older checkpoints could not all be removed" in caplog.text
+
+
 def test_rotation_keeps_damaged_checkpoints_and_does_not_count_them(tmp_path: Path) -> None:
     damaged = make(tmp_path, "step_00000002")
     truncate(damaged / "model.safetensors")
