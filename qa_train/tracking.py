@@ -51,8 +51,7 @@ class Tracker:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         logged_up_to = 0
         if resumed_at:
-            logged_up_to = last_logged_step(self.step_log)
-            forget_steps_after(self.step_log, resumed_at)
+            logged_up_to = forget_steps_after(self.step_log, resumed_at)
         elif self.step_log.exists():
             self.step_log.unlink()
         self.accelerator.init_trackers(project, config)
@@ -212,27 +211,18 @@ def summary_table(m: RunMetrics) -> str:
     return "\n".join([line, *(f"{k:<{width}}  {v}" for k, v in rows), line])
 
 
-def forget_steps_after(step_log: Path, step: int) -> None:
-    """A resumed run logs again the steps after its checkpoint: drop the interrupted run's lines for them."""
+def forget_steps_after(step_log: Path, step: int) -> int:
+    """A resumed run logs again the steps after its checkpoint: drop the interrupted run's lines for them.
+    Returns the highest step the log held (0 without one): what the trackers were last sent, as the log is
+    written before them."""
     if not step_log.exists():
-        return
+        return 0
     lines = step_log.read_text().splitlines()
-    kept = [line for number, line in enumerate(lines, 1)
-            if line.strip() and _logged_step(step_log, number, line) <= step]
+    logged = [(line, _logged_step(step_log, number, line)) for number, line in enumerate(lines, 1) if line.strip()]
+    kept = [line for line, logged_step in logged if logged_step <= step]
     if len(kept) != len(lines):
         atomic_write_text(step_log, "".join(f"{line}\n" for line in kept))
-
-
-def last_logged_step(step_log: Path) -> int:
-    """The highest step the step log holds (0 without one): what the trackers were last sent, as the log is
-    written before them."""
-    steps = [0]
-    for line in step_log.read_text().splitlines() if step_log.exists() else []:
-        try:
-            steps.append(int(_step_record(line).get("step", 0)))
-        except (ValueError, TypeError):
-            continue  # a torn line: forget_steps_after drops it, with its warning
-    return max(steps)
+    return max([int(s) for _, s in logged if math.isfinite(s)], default=0)
 
 
 def read_step_log(step_log: Path) -> list[dict[str, Any]]:

@@ -640,11 +640,11 @@ def test_a_fresh_run_sends_every_step_even_beside_an_old_wandb_folder(monkeypatc
     assert tracker.wandb_floor == 0
 
 
-def test_last_logged_step_ignores_a_torn_line_and_a_missing_log(tmp_path: Path) -> None:
+def test_the_last_logged_step_ignores_a_torn_line_and_a_missing_log(tmp_path: Path) -> None:
     log = tmp_path / "train_log.jsonl"
-    assert tracking.last_logged_step(log) == 0
+    assert tracking.forget_steps_after(log, 10) == 0
     log.write_text('{"step": 5}\n{"step": 15, "eval/f1": 1.0}\n{"step": 10}\n{"step": 20, "tr')
-    assert tracking.last_logged_step(log) == 15
+    assert tracking.forget_steps_after(log, 10) == 15
 
 
 RESUME_PROBE = """
