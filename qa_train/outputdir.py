@@ -76,10 +76,14 @@ def clear_previous_run(output: OutputArgs, is_main: bool) -> list[str]:
 
 
 def remove(folder: Path, names: list[str]) -> None:
-    """Delete these entries of `folder` (folders with their contents; a link, not what it points to)."""
+    """Delete these entries of `folder`."""
     for name in names:
-        target = folder / name
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        elif target.exists() or target.is_symlink():
-            target.unlink()
+        remove_entry(folder / name)
+
+
+def remove_entry(target: Path) -> None:
+    """Delete a file or a folder with its contents; a link, not what it points to; nothing if it is absent."""
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    elif target.exists() or target.is_symlink():
+        target.unlink()

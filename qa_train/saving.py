@@ -19,6 +19,7 @@ from pathlib import Path
 
 from qa_train.checkpoint import (MANIFEST, STATE_FILE, TrainerState, checkpoint_root, complete_checkpoints,
                                  delete_folder, latest_usable, move_aside, one_line, run_id_of, verify)
+from qa_train.outputdir import remove_entry
 
 log = logging.getLogger("qa_train")
 
@@ -176,7 +177,7 @@ def export_final(accelerator, model, tokenizer, final: Path) -> Path:
     tmp = final.with_name(f".tmp-{final.name}")
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        _clear(tmp)
+        remove_entry(tmp)
         unwrapped = accelerator.unwrap_model(model)
         unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
@@ -184,18 +185,11 @@ def export_final(accelerator, model, tokenizer, final: Path) -> Path:
         if not any(tmp.glob("*.safetensors")):
             raise OSError(f"{tmp}: no weights were written")
         _share_like_umask(tmp)
-        _clear(final)
+        remove_entry(final)
         tmp.rename(final)
         log.info("model exported: %s", final)
     accelerator.wait_for_everyone()
     return final
-
-
-def _clear(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
 
 
 def _share_like_umask(folder: Path) -> None:
