@@ -145,3 +145,25 @@ def test_no_timed_step_means_no_throughput_not_zero() -> None:
     figures = summarize([rank], 1e9, None, False)
     assert figures.train_samples_per_second is None and figures.tflops_per_device is None
     assert figures.train_step_time_s_mean is None and figures.timed_steps == 0
+
+
+@pytest.mark.parametrize(("warmup", "steps"), [(0, 4), (2, 2)])
+def test_evaluation_during_training_is_left_out_of_the_clock_with_any_warm_up(
+        warmup: int, steps: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --throughput_warmup_steps 0, or a run no longer than its warm-up, the clock runs from the first step;
+    evaluations in the loop used to count in it (a 1 s step with a 10 s evaluation after each read as 11 s)."""
+    from qa_train import metrics
+
+    now = [100.0]
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: now[0])
+    meter = metrics.ThroughputMeter(warmup_steps=warmup)
+    meter.start()
+    for _ in range(steps):
+        meter.micro_batch(8, 700, 1024)
+        now[0] += 1.0  # the step
+        meter.optimizer_step(lambda: None)
+        now[0] += 10.0  # an evaluation (Trainer._not_training)
+        meter.exclude(10.0)
+    meter.finish(lambda: None)
+    assert (meter.timed_steps, meter.timed[0]) == (steps, 8 * steps)
+    assert meter.elapsed == pytest.approx(steps * 1.0)
