@@ -118,8 +118,11 @@ def collator(tokenizer, data: DataArgs, token_types: bool = True) -> Collator:
 def inference_loader(features: Features, collate: Collator, data: DataArgs, on_cuda: bool) -> DataLoader:
     """Windows in order, without labels: evaluation and prediction alike (unprepared)."""
     windows = WindowDataset(features, with_labels=False)
+    # An own generator, as the training loader's: without one every iterator draws its seed from the global RNG,
+    # so each evaluation would shift the dropout of every later step (and a resumed run's --eval_on_start would
+    # leave it on another path than the uninterrupted run).
     return DataLoader(windows, batch_size=data.per_device_eval_batch_size, sampler=SequentialSampler(windows),
-                      collate_fn=collate, **_loader_options(data, on_cuda))
+                      generator=torch.Generator(), collate_fn=collate, **_loader_options(data, on_cuda))
 
 
 def build_loaders(inputs: Inputs, tokenizer, data: DataArgs, seed: int, on_cuda: bool,

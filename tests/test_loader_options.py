@@ -3,11 +3,12 @@ windows a step trains on: the per-step losses are a function of the seed alone."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from conftest import tiny_flags
+from conftest import TINY, tiny_flags
 from test_strategies import step_log
 
 
@@ -31,3 +32,19 @@ def test_workers_and_length_grouping_keep_each_steps_batch(tmp_path: Path, monke
     assert grouped != plain, "--group_by_length left the batches as they were"
     assert _losses(tmp_path, monkeypatch, "grouped-workers", "--group_by_length",
                    "--dataloader_num_workers", "2") == grouped
+
+
+def test_evaluations_during_training_leave_dropout_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An evaluation used to draw its loader's seed from the global RNG: every later step saw other dropout masks,
+    and a resumed run's --eval_on_start took it off the uninterrupted run's path. The bundled model has no
+    dropout, so this one adds some."""
+    config = json.loads((TINY / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    dropout = tmp_path / "tiny-dropout"
+    dropout.mkdir()
+    (dropout / "config.json").write_text(json.dumps(config))
+    model = ("--config_name", str(dropout))
+    plain = _losses(tmp_path, monkeypatch, "plain", *model)
+    evaluated = _losses(tmp_path, monkeypatch, "evaluated", *model, "--eval_on_start", "--eval_strategy", "steps",
+                        "--eval_steps", "2", "--max_eval_samples", "8")
+    assert evaluated == plain
