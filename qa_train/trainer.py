@@ -254,7 +254,8 @@ class Trainer:
         accelerator, max_norm = self.accelerator, self.args.optim.max_grad_norm
         with accelerator.accumulate(self.model):
             loss = self.model(**batch).loss
-            accelerator.backward(loss)
+            scale = self._window_scale()
+            accelerator.backward(loss * scale if scale != 1 else loss)
             if accelerator.sync_gradients:
                 # Only a clipping run measures the norm (as transformers' Trainer): measuring costs a pass.
                 clipped = accelerator.clip_grad_norm_(self.model.parameters(), max_norm) if max_norm > 0 else None
@@ -266,6 +267,16 @@ class Trainer:
         self.monitor.micro_batch(loss, len(batch["input_ids"]), (real, padded))
         self.meter.micro_batch(len(batch["input_ids"]), real, padded)
         self.host_memory.step()
+
+    def _window_scale(self) -> float:
+        """accelerate (and DeepSpeed's engine) divide every micro-batch's loss by --gradient_accumulation_steps, also
+        in an epoch's last window, which may hold fewer: its update would be the mean gradient shrunk by their share
+        (its norm logged and clipped as such). Trainer divides by the window's own count; this makes up the
+        difference. Windows start with the epoch (accelerate syncs at the loader's end), so the one the current
+        micro-batch belongs to is known from its position."""
+        accumulation = self.args.optim.gradient_accumulation_steps
+        start = self.state.batches_in_epoch - self.state.batches_in_epoch % accumulation
+        return accumulation / max(1, min(accumulation, len(self.train_dl) - start))
 
     def _after_update(self, profiler) -> bool:
         """Count the update, log, checkpoint; True when the epoch loop must end (done or stopping)."""
