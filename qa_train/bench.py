@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+import psutil
 
 from qa_train import launch, report, slurm_sweep
 from qa_train.config import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
@@ -158,20 +159,37 @@ def thread_env(processes: int, on_cpu: bool) -> dict[str, str]:
 
 
 def _run_logged(cmd: list[str], env: dict[str, str], log: IO[str], timeout_s: float) -> int:
-    # From the repo root: the configs name their DeepSpeed JSON relative to it. Own session, so a
-    # timeout takes down the launcher and every rank it started.
+    # From the repo root: the configs name their DeepSpeed JSON relative to it. Own session, so Ctrl-C in the
+    # terminal reaches only the bench, which then ends the run itself.
     proc = subprocess.Popen(cmd, cwd=CONFIG_DIR.parent, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_tree(proc.pid)
         proc.wait()
         log.write(f"\n[bench] killed after {timeout_s} s\n")
         return 124
     except BaseException:  # Ctrl-C: the ranks are in their own session and would not see it
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_tree(proc.pid)
         raise
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the launcher and every process under it. Its launch runs in a session of its own (and torchrun
+    starts each rank in another), so killing the launcher's group would reach the launcher alone: its ranks would
+    get only the parent-death SIGTERM, a stop request, and train on unsupervised to their next logged step (or
+    forever, if they hung) beside the bench's next run."""
+    try:
+        top = psutil.Process(pid)
+        tree = [top, *top.children(recursive=True)]  # listed before any dies and its children move to init
+    except psutil.NoSuchProcess:
+        return
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass  # already gone
 
 
 def describe_failure(outcome: Outcome) -> str:
