@@ -94,4 +94,7 @@ def _report_status(code: int) -> int:
 
 
 if __name__ == "__main__":
+    from qa_train.preemption import catch_early_stop_signals
+
+    catch_early_stop_signals()  # before the seconds of imports and loading that precede the trainer's own handler
     sys.exit(_report_status(main()))

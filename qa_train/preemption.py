@@ -15,6 +15,21 @@ PREEMPT_FILE = "PREEMPT"
 # goes on after HOLD_LIMIT_S, so a failed test cannot leave processes waiting forever.
 HOLD_ENV = "QA_TRAIN_TEST_HOLD_AT_STEP"
 HOLD_LIMIT_S = 300.0
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+_early_request = False  # a stop signal that came before the run's StopRequest existed
+
+
+def _early_stop(signum, frame) -> None:  # noqa: ARG001
+    global _early_request
+    _early_request = True
+
+
+def catch_early_stop_signals() -> None:
+    """From a rank's first line: a stop signal during start-up (imports, data, model; minutes on SQuAD) is kept
+    for StopRequest, which acts on it at the first logged step. Left at their default, SIGUSR1 and SIGTERM would
+    kill the rank there without a word (exit 138 or 143, where a stop request promises a checkpoint and 75)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _early_stop)
 
 
 class StopRequest:
@@ -25,8 +40,10 @@ class StopRequest:
         self.output_dir = output_dir
         self.file = output_dir / PREEMPT_FILE
         self.hold_at = int(os.environ.get(HOLD_ENV, "0"))
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
+        if _early_request:  # after the handlers: a signal in between lands in one of the two
+            self.flag = True
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
         self.flag = True

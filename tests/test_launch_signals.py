@@ -316,3 +316,33 @@ def test_sigterm_to_the_group_of_a_run_with_loader_workers_checkpoints(tmp_path:
     assert [p.name for p in complete_checkpoints(out)] == ["step_00000003"], run.log[-3000:]
     assert verify(out / "checkpoints" / "step_00000003") is None
     assert not run.left, "a dataloader worker outlived its run"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["SIGUSR1", "SIGTERM"])
+def test_a_stop_signal_during_start_up_is_kept_for_the_first_logged_step(sig: signal.Signals, tmp_path: Path) -> None:
+    """The signal comes once the output dir is claimed, while the rank still imports and loads (seconds here,
+    minutes on SQuAD) before the trainer's own handler exists: it must not kill the rank by the default action
+    (exit 138/143, which torchrun reports as a crash) but stop it with a checkpoint, as at any other moment."""
+    from qa_train.__main__ import PREEMPTED
+    from qa_train.checkpoint import complete_checkpoints
+
+    out = tmp_path / "run"
+    env = {**base_env(tmp_path), "OMP_NUM_THREADS": "1"}
+    cmd = [PY, "-m", "qa_train", *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval",
+                                             "--disable_tqdm")]
+    log = tmp_path / "run.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not out.is_dir():  # claimed: the flags are parsed, torch and the data are still to come
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.01)
+        proc.send_signal(sig)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == PREEMPTED, log.read_text()[-3000:]
+    assert [p.name for p in complete_checkpoints(out)] == ["step_00000001"]
