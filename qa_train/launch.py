@@ -105,9 +105,16 @@ def cuda_available() -> bool:
 
 def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) -> tuple[list[str], dict[str, str]]:
     kind = str(cfg.get("distributed_type", "NO"))
-    machines = opts.num_machines or int(cfg.get("num_machines", 1))
-    procs = opts.num_processes or int(cfg.get("num_processes", 1))
+    # `is None`, not `or`: an explicit 0 is a mistake to refuse, not a request for the config's count.
+    machines = opts.num_machines if opts.num_machines is not None else _config_int(cfg, "num_machines", 1, opts)
+    procs = opts.num_processes if opts.num_processes is not None else _config_int(cfg, "num_processes", 1, opts)
     env = dict(os.environ)
+    for flag, count in (("--num_processes", procs), ("--num_machines", machines)):
+        if count < 1:
+            raise LaunchConfigError(f"{flag} must be at least 1, got {count}")
+    if not 0 <= opts.machine_rank < machines:  # the other machines would wait for this one at the rendezvous
+        raise LaunchConfigError(f"--machine_rank {opts.machine_rank} is not one of the {machines} machine(s): "
+                                f"give 0 to {machines - 1}")
     if procs % machines:  # accelerate would start procs // machines per node without a word
         raise LaunchConfigError(f"--num_processes {procs} is not a multiple of --num_machines {machines}")
     refusal = cpu_refusal(cfg) if opts.cpu else None
@@ -134,8 +141,20 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
 def main_process(cfg: dict, opts: argparse.Namespace) -> tuple[str, int]:
     """Rank 0's address and port: the flags, else the config's own keys, else accelerate's defaults."""
     ip = opts.main_process_ip or cfg.get("main_process_ip") or DEFAULT_IP
-    port = opts.main_process_port if opts.main_process_port is not None else cfg.get("main_process_port")
-    return str(ip), int(port if port is not None else DEFAULT_PORT)
+    if opts.main_process_port is not None:
+        return str(ip), opts.main_process_port
+    return str(ip), _config_int(cfg, "main_process_port", DEFAULT_PORT, opts)
+
+
+def _config_int(cfg: dict, key: str, default: int, opts: argparse.Namespace) -> int:
+    """An integer setting of the config (absent or null: `default`), refused in one line when it is not one."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise LaunchConfigError(f"{opts.config_file}: {key} must be an integer, got {value!r}") from None
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

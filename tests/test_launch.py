@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -413,6 +414,22 @@ def test_gpu_processes_not_a_multiple_of_machines_is_refused() -> None:
         build(MULTI_GPU, "--num_processes", "3", "--num_machines", "2")
 
 
+@pytest.mark.parametrize(("argv", "msg"), [
+    (("--num_processes", "0"), "--num_processes must be at least 1, got 0"),  # not the config's 8
+    (("--num_processes", "-2"), "--num_processes must be at least 1, got -2"),
+    (("--num_processes", "2", "--num_machines", "0"), "--num_machines must be at least 1, got 0"),
+    (("--num_processes", "4", "--num_machines", "2", "--machine_rank", "2"), "--machine_rank 2 is not one of the 2"),
+    (("--num_processes", "4", "--num_machines", "2", "--machine_rank", "-1"), "--machine_rank -1 is not one of"),
+    (("--num_processes", "2", "--machine_rank", "1"), "--machine_rank 1 is not one of the 1 machine"),
+], ids=["procs-0", "procs-negative", "machines-0", "rank-past-machines", "rank-negative", "rank-on-one-machine"])
+@pytest.mark.parametrize("device", [(), ("--cpu",)], ids=["gpu", "cpu"])
+def test_impossible_counts_and_ranks_are_refused(argv: tuple[str, ...], msg: str, device: tuple[str, ...]) -> None:
+    """An explicit 0 fell back to the config's count without a word, and a count below 1 or a machine rank outside
+    the machines went on to torchrun (a node with a rank no other node waits for hangs at the rendezvous)."""
+    with pytest.raises(LaunchConfigError, match=re.escape(msg)):
+        build(MULTI_GPU, *device, *argv)
+
+
 # --- main --------------------------------------------------------------------------------------
 
 
@@ -462,6 +479,19 @@ def test_main_refuses_a_bad_config_with_one_line(tmp_path: Path, capsys: pytest.
     lines = out.err.splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("qa_train.launch: error: zero2.yaml: deepspeed_config_file ds/zero2.json")
+
+
+@pytest.mark.usefixtures("no_exec")
+@pytest.mark.parametrize(("key", "value"), [("num_processes", "two"), ("num_machines", "[2]"),
+                                            ("main_process_port", "port")])
+def test_main_refuses_a_config_count_that_is_not_an_integer_with_one_line(key: str, value: str, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "ddp.yaml"
+    path.write_text(f"distributed_type: MULTI_GPU\n{key}: {value}\n")
+    code = launch.main(["--config_file", str(path), "--cpu", "--dry_run"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err  # not int()'s traceback
+    assert err.startswith(f"qa_train.launch: error: {path}: {key} must be an integer, got ")
 
 
 @pytest.mark.usefixtures("no_exec")
