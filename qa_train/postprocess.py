@@ -327,22 +327,27 @@ def answer_questions(
         if null is None:  # no window at all: nothing to say but ""
             odds[qid], predictions[qid] = NO_SPAN_ODDS, ""
             continue
+        # The null competes with the best span that has text among all the spans, not only among those left
+        # in the n-best once the null joins it: with n_best_size 1 a null above the best span would push it
+        # out, and the answer and odds would then depend on n_best_size.
+        best = next((c for c in nbest[qid] if c["text"]), None)
         # As utils_qa: the null joins the spans (after those of equal score: the sort is stable) and
-        # stays in the list even when n_best_size spans beat it.
+        # stays in the list even when n_best_size spans beat it; so does the best span with text, which
+        # may be the answer.
         ranked = sorted([*nbest[qid], null], key=lambda c: -c["score"])[: rules.n_best_size]
-        nbest[qid] = ranked if null in ranked else [*ranked, null]
-        odds[qid], predictions[qid] = _null_or_span(nbest[qid], null, rules.null_score_diff_threshold)
+        kept = [c for c in (null, best) if c is not None and not any(c is r for r in ranked)]
+        nbest[qid] = sorted([*ranked, *kept], key=lambda c: -c["score"])
+        odds[qid], predictions[qid] = _null_or_span(best, null, rules.null_score_diff_threshold)
     return Answers(predictions, {qid: _with_probabilities(v) for qid, v in nbest.items()}, odds)
 
 
-def _null_or_span(ranked: list[dict], null: dict, threshold: float) -> tuple[float, str]:
-    """(null odds, answer) of one v2.0 question from its ranked n-best, null included.
+def _null_or_span(best: dict | None, null: dict, threshold: float) -> tuple[float, str]:
+    """(null odds, answer) of one v2.0 question from its best span with non-empty text and its null.
 
     The null competes with the best span whose text is non-empty, as utils_qa's best_non_null_pred:
     byte-level BPE (RoBERTa, ModernBERT) gives a lone 'Ġ' zero-width offsets, and such a span would
     otherwise answer "" with odds against a span that says nothing.
     """
-    best = next((c for c in ranked if c["text"]), None)
     if best is None:  # no span with text (utils_qa invents "empty" or fails): the null is all there is
         return NO_SPAN_ODDS, ""
     odds = null["score"] - best["score"]

@@ -322,3 +322,16 @@ def test_best_entry_of_a_v2_null_answer_is_the_null_not_an_empty_span() -> None:
     answers = _v2(*_zero_width_window(), [0], null_score_diff_threshold=-3.5)
     entry = best_entry(answers, "q")
     assert (entry["answer"], entry["score"], entry["start"], entry["end"]) == ("", 6.0, 0, 0)
+
+
+def test_v2_null_above_the_only_listed_span_still_competes_with_it() -> None:
+    """n_best_size 1: the null (score 7) takes the n-best's one place ahead of "Bowl 50" (6), yet it is that span
+    the null is compared with, so the answer and odds do not depend on n_best_size, and the span stays listed."""
+    start, end, offsets = _cls_window()
+    start[0, 0] = end[0, 0] = 3.5
+    for n_best_size in (1, 2, 20):
+        answers = _v2(start, end, offsets, [0], null_score_diff_threshold=5.0, n_best_size=n_best_size)
+        assert answers.predictions == {"q": "Bowl 50"} and answers.null_odds == {"q": 1.0}
+        assert [e["text"] for e in answers.nbest["q"]][:2] == ["", "Bowl 50"]
+        assert best_entry(answers, "q")["score"] == 6.0
+    assert _v2(start, end, offsets, [0], null_score_diff_threshold=0.0, n_best_size=1).predictions == {"q": ""}
