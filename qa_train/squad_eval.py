@@ -158,8 +158,9 @@ def _summary(exact: dict[str, float], f1s: dict[str, float], qids: Sequence[str]
 def _best_threshold(predictions: Mapping[str, str], scores: dict[str, float], na_probs: Mapping[str, float],
                     has_ans: dict[str, bool]) -> tuple[float, float]:
     """The official find_best_thresh: start from "every question answered no-answer" and let questions
-    in rising na_prob order answer, one at a time; the best score seen and the na_prob where it was."""
-    current = best = sum(1 for v in has_ans.values() if not v)
+    in rising na_prob order answer, one at a time; the best score seen and the na_prob where it was.
+    A question without a prediction scores 0 at every threshold, so it is not counted as a right no-answer."""
+    current = best = sum(1 for qid, v in has_ans.items() if not v and qid in predictions)
     best_thresh = 0.0
     for qid in sorted(na_probs, key=lambda q: na_probs[q]):  # stable: file order among equal values
         if qid not in scores:
@@ -192,7 +193,12 @@ def score_v2(
     if absent:
         raise ValueError(f"score_v2: question {absent[0]}: a prediction without a no-answer probability")
     exact_raw, f1_raw = _raw_scores_v2(references, predictions)
-    probs = na_probs if na_probs is not None else {qid: 0.0 for qid in predictions}
+    # Only predicted questions can be turned into "no answer": one without a prediction scores 0 whatever
+    # its no-answer probability (the official script leaves it out of every score).
+    if na_probs is None:
+        probs = {qid: 0.0 for qid in predictions}
+    else:
+        probs = {qid: p for qid, p in na_probs.items() if qid in predictions}
     exact = _threshold(exact_raw, probs, has_ans, na_prob_thresh)
     f1s = _threshold(f1_raw, probs, has_ans, na_prob_thresh)
     result = _summary(exact, f1s, list(references))
@@ -201,8 +207,8 @@ def score_v2(
         if qids:
             result.update({f"{prefix}_{k}": v for k, v in _summary(exact, f1s, qids).items()})
     if na_probs is not None:
-        result["best_exact"], result["best_exact_thresh"] = _best_threshold(predictions, exact_raw, na_probs, has_ans)
-        result["best_f1"], result["best_f1_thresh"] = _best_threshold(predictions, f1_raw, na_probs, has_ans)
+        result["best_exact"], result["best_exact_thresh"] = _best_threshold(predictions, exact_raw, probs, has_ans)
+        result["best_f1"], result["best_f1_thresh"] = _best_threshold(predictions, f1_raw, probs, has_ans)
     return result
 
 

@@ -131,3 +131,13 @@ def test_cli_refuses_bad_no_answer_file(tmp_path: Path) -> None:
     probs.write_text(json.dumps({**NA_PROBS, "q2": "high"}))
     proc = _cli(_v2_file(tmp_path), preds, "--na-prob-file", probs)
     assert proc.returncode == 1 and "na_prob.json: question q2: no-answer probability must be a number" in proc.stderr
+
+
+def test_missing_prediction_scores_zero_at_every_threshold() -> None:
+    """The unanswered "b" is unanswerable: it must not count as a right no-answer, neither from a no-answer
+    probability the file gives it nor in the walk for the best threshold (which starts from all no-answer)."""
+    gold, preds = {"a": ["x"], "b": []}, {"a": "x"}
+    for na_probs in ({"a": 0.0}, {"a": 0.0, "b": 5.0}):
+        result = score_v2(gold, preds, na_probs)
+        assert (result["exact"], result["NoAns_exact"]) == (50.0, 0.0)
+        assert (result["best_exact"], result["best_f1"]) == (50.0, 50.0)
