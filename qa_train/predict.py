@@ -207,6 +207,9 @@ def _settings(args: argparse.Namespace) -> tuple[DataArgs, SpanRules]:
     for flag in ("n_best_size", "max_answer_length"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag}: must be positive, got {getattr(args, flag)}")
+    # As training refuses it: every comparison with nan is false, so the null answer could never win.
+    if args.null_score_diff_threshold != args.null_score_diff_threshold:
+        raise ConfigError("--null_score_diff_threshold: must be a number, got nan")
     threshold = args.null_score_diff_threshold if args.version_2_with_negative else None
     return data, SpanRules(args.n_best_size, args.max_answer_length, threshold)
 

@@ -220,3 +220,10 @@ def test_v2_data_without_version_2_with_negative_gets_a_note() -> None:
     unlabelled = Examples("questions.jsonl")
     unlabelled.append("q1", "", "Some text.", "Who?", [], [])
     assert predict.v2_note(unlabelled, v2=False) is None  # no answers at all: nothing to tell v1.1 from v2.0
+
+
+def test_a_nan_null_threshold_is_refused_as_training_refuses_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every comparison with nan is false: the null answer could never win, and every question got a span."""
+    message = refused([str(TINY), "-q", "Who?", "-c", "Somebody did it.", "--version_2_with_negative",
+                       "--null_score_diff_threshold", "nan"], capsys)
+    assert message == "--null_score_diff_threshold: must be a number, got nan"
