@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     from qa_train.distributed import LaunchError
     from qa_train.run import Preempted, run
     from qa_train.saving import OUT_OF_SPACE, CheckpointSaveError
-    from qa_train.trainer import ExportError, TrainingDiverged
+    from qa_train.outcome import ExportError
+    from qa_train.trainer import TrainingDiverged
 
     try:
         run(args)

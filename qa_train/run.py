@@ -6,6 +6,7 @@ import logging
 import time
 from pathlib import Path
 
+from qa_train import outcome
 from qa_train.config import TrainArgs
 from qa_train.schema import RunMetrics
 from qa_train.tracking import summary_table
@@ -38,7 +39,7 @@ def run(args: TrainArgs) -> RunMetrics | None:
     scores = trainer.evaluate(Path(args.output.output_dir) / "eval_predictions.json") if args.eval.do_eval else None
     trainer.log_eval(scores)
     trainer.log_samples(scores)
-    metrics = trainer.metrics(scores, initial)
+    metrics = outcome.run_metrics(trainer, scores, initial)
     if metrics is not None:
         metrics.total_runtime_s = round(time.perf_counter() - t_start, 3)
         metrics.squad_v2 = scores.squad_v2 if scores else None
@@ -46,8 +47,8 @@ def run(args: TrainArgs) -> RunMetrics | None:
             log.info("SQuAD v2.0: %s", ", ".join(f"{k} {v:.4g}" for k, v in metrics.squad_v2.items()))
     trainer.record(metrics)  # before the export: a full disk there must not lose EM/F1
     if args.eval.do_predict:
-        trainer.predict(scores)  # with the model the export will be: with --save_best, maybe not the last
-    trainer.log_model(trainer.export(scores))
+        outcome.predict(trainer, scores)  # with the model the export will be: with --save_best, maybe not the last
+    trainer.log_model(outcome.export(trainer, scores))
     trainer.finish()
     if metrics is not None:
         print(summary_table(metrics), flush=True)

@@ -1,4 +1,5 @@
-"""The Trainer: everything one run trains with, as named attributes; fit, evaluate and export are its phases.
+"""The Trainer: everything one run trains with, as named attributes; fit and evaluate are its phases
+(outcome.py hands over what it trained: predictions, metrics.json's figures, the export).
 
 The loop never knows which strategy it runs under: that is the accelerate config's business, and
 distributed.py's where a library forces a difference.
@@ -7,11 +8,9 @@ distributed.py's where a library forces a difference.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,15 +18,14 @@ from pathlib import Path
 import torch
 
 from qa_train import __version__, best, checkpoint, distributed, saving
-from qa_train.config import ModelArgs, TrainArgs, every_n_steps
-from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer, answer_and_score, predict_logits,
-                                 sample_rows, span_rules, write_answers, write_predictions)
+from qa_train.config import TrainArgs, every_n_steps
+from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer_and_score, predict_logits, sample_rows,
+                                 span_rules, write_predictions)
 from qa_train.hostmem import HostMemory
-from qa_train.inputs import Splits, build_loaders, collator, featurize_splits, inference_loader, load_splits
-from qa_train.metrics import (DeviceMemory, RankFigures, ThroughputMeter, device_name, gather_figures,
-                              lifetime_rss_gib, peak_tflops, summarize)
+from qa_train.inputs import Splits, build_loaders, featurize_splits, load_splits
+from qa_train.metrics import DeviceMemory, ThroughputMeter, device_name, peak_tflops
 from qa_train.modeling import (check_positions, flops_per_token, import_model_code, load_config, load_model,
-                               load_tokenizer, resolve_attention, uses_token_types)
+                               load_tokenizer, uses_token_types)
 from qa_train.monitor import IntervalMonitor, ModelCost, interval_log
 from qa_train.optimization import batches_per_rank, build_optimizer, hyperparameters, plan_steps, reapply
 from qa_train.outputdir import clear_previous_run
@@ -43,10 +41,6 @@ log = logging.getLogger("qa_train")
 
 class TrainingDiverged(RuntimeError):
     """Non-finite loss, gradients or weights: the run stops before anything non-finite is saved."""
-
-
-class ExportError(RuntimeError):
-    """The final model could not be written; metrics.json already was."""
 
 
 def setup_logging(is_main: bool) -> None:
@@ -337,7 +331,7 @@ class Trainer:
         with self._not_training():
             result = self.evaluate()
             self.log_eval(result)
-            self.best.offer(result, self.state.completed_steps, self._export_to)
+            self.best.offer(result, self.state.completed_steps, self.export_to)
 
     def log_eval(self, result: EvalResult | None) -> None:
         """eval/* against the current step (main process; None elsewhere)."""
@@ -355,7 +349,9 @@ class Trainer:
         if folder is not None and self.args.output.wandb_log_model:
             self.tracker.log_model(folder, f"model-{self.args.output.run_name or 'qa_train'}")
 
-    def _export_to(self, folder: Path) -> Path:
+    def export_to(self, folder: Path) -> Path:
+        """The consolidated model and tokenizer in `folder` (every rank must call it): the export, and
+        --save_best's copies."""
         return saving.export_final(self.accelerator, self.model, self.tokenizer, folder)
 
     def _save_checkpoint(self) -> None:
@@ -376,7 +372,7 @@ class Trainer:
                 f"{self.scheduler.get_last_lr()[0]:.3g}); nothing was exported and {kept}. Try a lower "
                 "--learning_rate, more warm-up (--warmup_ratio 0.1), --max_grad_norm 1.0, or bf16 instead of fp16")
 
-    # --- evaluation, export, report --------------------------------------------------------------
+    # --- evaluation, record, finish ------------------------------------------------------------
 
     def evaluate(self, predictions_path: Path | None = None) -> EvalResult | None:
         """EM/F1 on the main process (None elsewhere, and without an eval split); every rank must call it."""
@@ -396,101 +392,6 @@ class Trainer:
             write_predictions(predictions_path, answers)
         result.runtime_s = round(time.perf_counter() - t0, 3)
         return result
-
-    def predict(self, final_scores: EvalResult | None) -> Path | None:
-        """Answer --test_file (every rank must call it) with the model the export will be: the kept best one when
-        it replaces the last (`final_scores` as `export` takes them), else the trained one. Writes
-        predict_predictions.json and predict_nbest_predictions.json on the main process, which returns the
-        predictions file."""
-        from accelerate.utils import release_memory
-
-        data, inputs = self.args.data, self.inputs
-        loader = self.accelerator.prepare_data_loader(
-            inference_loader(inputs.test_features, collator(self.tokenizer, data, self.token_types), data, self.on_cuda))
-        if not self.best.replaces_last(final_scores):
-            logits = predict_logits(self.accelerator, self.model, loader, data.max_seq_length, self.host_memory)
-        else:
-            kept = self._best_for_inference()
-            # The trained model's forward carries the autocast prepare() gave it; the copy gets the same here
-            # (none under DeepSpeed, whose engine casts weights instead: there the copy answers in fp32).
-            with self.accelerator.autocast():
-                logits = predict_logits(self.accelerator, kept, loader, data.max_seq_length, self.host_memory)
-            kept, = release_memory(kept)  # before the export, which under ZeRO-3 gathers the whole model
-        self.host_memory.trim()
-        if not self.is_main:
-            return None
-        test_set = EvalSet.build(inputs.test_examples, inputs.test_features, data.max_seq_length)
-        path = write_answers(self.output_dir, "predict", answer(test_set, logits, span_rules(self.args)))
-        log.info("predict: %d questions answered -> %s", len(inputs.test_examples), path)
-        return path
-
-    def _best_for_inference(self) -> torch.nn.Module:
-        """The kept best model (output_dir/best), in fp32 on this rank's device, for inference alone: loaded beside
-        the trained one, which under ZeRO-3 or FSDP is sharded and cannot simply take its weights. Left unwrapped
-        (no DDP, no DeepSpeed engine), so its forward needs no collective."""
-        score = self.best.kept
-        log.info("predict: answering with the best model (step %d, F1 %.2f)", score.step, score.f1)
-        source = ModelArgs(model_name_or_path=str(self.output_dir / "best"),
-                           attn_implementation=resolve_attention(self.args.model, self.model_config))
-        with distributed.built_whole(self.accelerator):
-            model = load_model(source, self.tokenizer, load_config(source))
-        return model.to(self.accelerator.device)
-
-    def export(self, final_scores: EvalResult | None) -> Path | None:
-        """The consolidated model and tokenizer in output_dir/final (every rank must call it): with --save_best
-        the best model evaluated, which is the last one unless an earlier evaluation scored a higher F1."""
-        if not self.args.output.save_final_model:
-            return None
-        if self.best.replaces_last(final_scores):
-            self.accelerator.wait_for_everyone()
-            if self.is_main:
-                best.promote(self.output_dir)
-                log.info("exported the best model (step %d, F1 %.2f) to %s", self.best.kept.step,
-                         self.best.kept.f1, self.output_dir / "final")
-            return self.output_dir / "final"
-        try:
-            final = self._export_to(self.output_dir / "final")
-            if self.is_main:
-                shutil.rmtree(self.output_dir / "best", ignore_errors=True)
-            return final
-        except Exception as err:  # a full disk surfaces as OSError, or as safetensors' own error type
-            reason = " ".join(str(err).split())[:300]
-            raise ExportError(f"export to {self.output_dir / 'final'} failed: {type(err).__name__}: {reason}; "
-                              "metrics.json is written, and the last checkpoint (if any) still holds the "
-                              "weights") from err
-
-    def metrics(self, scores: EvalResult | None, initial: EvalResult | None) -> RunMetrics | None:
-        """Gather every rank's figures (a collective) and build metrics.json's content on the main process."""
-        m = self.meter
-        mine = RankFigures(*m.timed, m.elapsed, m.timed_steps, *self.train_memory,
-                           self.host_memory.baseline_gib, lifetime_rss_gib(), self.last_loss)
-        ranks = gather_figures(self.accelerator, mine)
-        if not self.is_main:
-            return None
-        model = self.accelerator.unwrap_model(self.model)
-        seq, device = self.args.data.max_seq_length, self.device
-        figures = summarize(ranks, self.monitor.cost.flops_per_token, self.monitor.cost.peak_tflops, self.on_cuda)
-        inputs, s = self.inputs, self.strategy
-        return RunMetrics(
-            **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},
-            exact_match=scores.exact_match if scores else None, f1=scores.f1 if scores else None,
-            **self.best.fields(scores, self.state.completed_steps, self.args.output.save_final_model),
-            initial_exact_match=initial.exact_match if initial else None, initial_f1=initial.f1 if initial else None,
-            initial_eval_step=self.first_step if initial else None,
-            train_runtime_s=round(self.train_runtime_s, 3), eval_runtime_s=scores.runtime_s if scores else None,
-            train_steps=self.state.completed_steps,
-            train_loss=self.last_loss if math.isfinite(self.last_loss) else None,  # NaN: no step was logged
-            train_loss_per_rank=[r.last_loss if math.isfinite(r.last_loss) else None for r in ranks],
-            world_size=self.accelerator.num_processes,
-            strategy=s.name, zero_stage=s.zero_stage, offload=s.offload, distributed_type=s.distributed_type,
-            mixed_precision=self.mixed_precision, device=device, num_parameters=distributed.num_parameters(model),
-            num_train_examples=inputs.num_train_examples, num_train_features=len(inputs.train_features),
-            num_eval_examples=len(inputs.eval_examples) if inputs.eval_examples else 0,
-            num_eval_features=len(inputs.eval_features) if inputs.eval_features else 0,
-            global_batch_size=self.global_batch_size,
-            per_device_train_batch_size=self.args.data.per_device_train_batch_size, max_seq_length=seq,
-            output_dir=str(self.output_dir), qa_train_version=__version__, args=self.args.to_dict(),
-        )
 
     def record(self, metrics: RunMetrics | None) -> None:
         """metrics.json and the tracker's summary (main process), before the export that may still fail."""

@@ -1,0 +1,129 @@
+"""What a fitted run hands over: answers to --test_file, metrics.json's figures, and the exported model.
+
+Each is a phase of the run after `Trainer.fit` (run.py calls them in order), reading the trainer's state; every
+rank calls each one (they gather or save collectively).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import shutil
+from pathlib import Path
+
+import torch
+
+from qa_train import __version__, best, distributed
+from qa_train.config import ModelArgs
+from qa_train.evaluation import EvalResult, EvalSet, answer, predict_logits, span_rules, write_answers
+from qa_train.inputs import collator, inference_loader
+from qa_train.metrics import RankFigures, gather_figures, lifetime_rss_gib, summarize
+from qa_train.modeling import load_config, load_model, resolve_attention
+from qa_train.schema import RunMetrics
+from qa_train.trainer import Trainer
+
+log = logging.getLogger("qa_train")
+
+
+class ExportError(RuntimeError):
+    """The final model could not be written; metrics.json already was."""
+
+
+def predict(t: Trainer, final_scores: EvalResult | None) -> Path | None:
+    """Answer --test_file (every rank must call it) with the model the export will be: the kept best one when
+    it replaces the last (`final_scores` as `export` takes them), else the trained one. Writes
+    predict_predictions.json and predict_nbest_predictions.json on the main process, which returns the
+    predictions file."""
+    from accelerate.utils import release_memory
+
+    data, inputs = t.args.data, t.inputs
+    loader = t.accelerator.prepare_data_loader(
+        inference_loader(inputs.test_features, collator(t.tokenizer, data, t.token_types), data, t.on_cuda))
+    if not t.best.replaces_last(final_scores):
+        logits = predict_logits(t.accelerator, t.model, loader, data.max_seq_length, t.host_memory)
+    else:
+        kept = _best_for_inference(t)
+        # The trained model's forward carries the autocast prepare() gave it; the copy gets the same here
+        # (none under DeepSpeed, whose engine casts weights instead: there the copy answers in fp32).
+        with t.accelerator.autocast():
+            logits = predict_logits(t.accelerator, kept, loader, data.max_seq_length, t.host_memory)
+        kept, = release_memory(kept)  # before the export, which under ZeRO-3 gathers the whole model
+    t.host_memory.trim()
+    if not t.is_main:
+        return None
+    test_set = EvalSet.build(inputs.test_examples, inputs.test_features, data.max_seq_length)
+    path = write_answers(t.output_dir, "predict", answer(test_set, logits, span_rules(t.args)))
+    log.info("predict: %d questions answered -> %s", len(inputs.test_examples), path)
+    return path
+
+
+def _best_for_inference(t: Trainer) -> torch.nn.Module:
+    """The kept best model (output_dir/best), in fp32 on this rank's device, for inference alone: loaded beside
+    the trained one, which under ZeRO-3 or FSDP is sharded and cannot simply take its weights. Left unwrapped
+    (no DDP, no DeepSpeed engine), so its forward needs no collective."""
+    score = t.best.kept
+    log.info("predict: answering with the best model (step %d, F1 %.2f)", score.step, score.f1)
+    source = ModelArgs(model_name_or_path=str(t.output_dir / "best"),
+                       attn_implementation=resolve_attention(t.args.model, t.model_config))
+    with distributed.built_whole(t.accelerator):
+        model = load_model(source, t.tokenizer, load_config(source))
+    return model.to(t.accelerator.device)
+
+
+def export(t: Trainer, final_scores: EvalResult | None) -> Path | None:
+    """The consolidated model and tokenizer in output_dir/final (every rank must call it): with --save_best
+    the best model evaluated, which is the last one unless an earlier evaluation scored a higher F1."""
+    if not t.args.output.save_final_model:
+        return None
+    if t.best.replaces_last(final_scores):
+        t.accelerator.wait_for_everyone()
+        if t.is_main:
+            best.promote(t.output_dir)
+            log.info("exported the best model (step %d, F1 %.2f) to %s", t.best.kept.step,
+                     t.best.kept.f1, t.output_dir / "final")
+        return t.output_dir / "final"
+    try:
+        final = t.export_to(t.output_dir / "final")
+        if t.is_main:
+            shutil.rmtree(t.output_dir / "best", ignore_errors=True)
+        return final
+    except Exception as err:  # a full disk surfaces as OSError, or as safetensors' own error type
+        reason = " ".join(str(err).split())[:300]
+        raise ExportError(f"export to {t.output_dir / 'final'} failed: {type(err).__name__}: {reason}; "
+                          "metrics.json is written, and the last checkpoint (if any) still holds the "
+                          "weights") from err
+
+
+def run_metrics(t: Trainer, scores: EvalResult | None, initial: EvalResult | None) -> RunMetrics | None:
+    """Gather every rank's figures (a collective) and build metrics.json's content on the main process."""
+    m = t.meter
+    mine = RankFigures(*m.timed, m.elapsed, m.timed_steps, *t.train_memory,
+                       t.host_memory.baseline_gib, lifetime_rss_gib(), t.last_loss)
+    ranks = gather_figures(t.accelerator, mine)
+    if not t.is_main:
+        return None
+    model = t.accelerator.unwrap_model(t.model)
+    seq, device = t.args.data.max_seq_length, t.device
+    figures = summarize(ranks, t.monitor.cost.flops_per_token, t.monitor.cost.peak_tflops, t.on_cuda)
+    inputs, s = t.inputs, t.strategy
+    return RunMetrics(
+        **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},
+        exact_match=scores.exact_match if scores else None, f1=scores.f1 if scores else None,
+        **t.best.fields(scores, t.state.completed_steps, t.args.output.save_final_model),
+        initial_exact_match=initial.exact_match if initial else None, initial_f1=initial.f1 if initial else None,
+        initial_eval_step=t.first_step if initial else None,
+        train_runtime_s=round(t.train_runtime_s, 3), eval_runtime_s=scores.runtime_s if scores else None,
+        train_steps=t.state.completed_steps,
+        train_loss=t.last_loss if math.isfinite(t.last_loss) else None,  # NaN: no step was logged
+        train_loss_per_rank=[r.last_loss if math.isfinite(r.last_loss) else None for r in ranks],
+        world_size=t.accelerator.num_processes,
+        strategy=s.name, zero_stage=s.zero_stage, offload=s.offload, distributed_type=s.distributed_type,
+        mixed_precision=t.mixed_precision, device=device, num_parameters=distributed.num_parameters(model),
+        num_train_examples=inputs.num_train_examples, num_train_features=len(inputs.train_features),
+        num_eval_examples=len(inputs.eval_examples) if inputs.eval_examples else 0,
+        num_eval_features=len(inputs.eval_features) if inputs.eval_features else 0,
+        global_batch_size=t.global_batch_size,
+        per_device_train_batch_size=t.args.data.per_device_train_batch_size, max_seq_length=seq,
+        output_dir=str(t.output_dir), qa_train_version=__version__, args=t.args.to_dict(),
+    )
