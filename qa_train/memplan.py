@@ -106,6 +106,17 @@ class Estimate:
         return self.model_states + self.activations
 
 
+def unplanned(config: str, setup: Setup) -> str | None:
+    """Why the planner has no figure for `config` on `setup`'s device, or None. On CPU processes the host is the
+    device: the states offload moves stay in the same process's RSS (DeepSpeed's host figure, counted apart from
+    the device's, would read as freed), and the launcher refuses FSDP there."""
+    if setup.device == "cpu" and config.endswith("_offload"):
+        return f"{config} on CPU: offloading to the host frees nothing when the host is the device"
+    if setup.device == "cpu" and config == "fsdp":
+        return "fsdp on CPU: accelerate does not apply FSDP there (the launcher refuses it)"
+    return None
+
+
 def autocasts(config: str, setup: Setup) -> bool:
     """accelerate runs the forward pass under autocast except under DeepSpeed, whose engine holds 16-bit weights."""
     return setup.half and config in ("single", "ddp", "fsdp")

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
-from qa_train.memplan import CONFIGS, GIB, SPEED_ORDER, Estimate, ModelShape, Setup, calibration, estimate
+from qa_train.config import ConfigError, ModelArgs
+from qa_train.memplan import (CONFIGS, GIB, SPEED_ORDER, Estimate, ModelShape, Setup, calibration, estimate,
+                              unplanned)
+from qa_train.modeling import OFFSET_POSITIONS, qa_model_class, resolve_attention
 from qa_train.report_data import ReportError
 
 # Shapes of the public BERT checkpoints (their config.json), so the planner answers without the hub.
@@ -60,6 +63,10 @@ def model_shape(config) -> ModelShape:
     import torch
     from transformers import AutoModelForQuestionAnswering
 
+    try:
+        qa_model_class(config)
+    except ConfigError as err:  # transformers' own ValueError would be a traceback listing 80 config classes
+        raise PlanError(str(err)) from None
     with torch.device("meta"):
         model = AutoModelForQuestionAnswering.from_config(config)
     total = sum({id(p): p.numel() for p in model.parameters()}.values())
@@ -75,13 +82,31 @@ def model_shape(config) -> ModelShape:
                                         getattr(config, "attention_dropout", 0.0)) or 0.0))
 
 
+def attention_of(config, requested: str | None) -> str:
+    """The attention kernel training uses for --attn_implementation `requested` (auto, training's default: SDPA
+    where the model supports it, else eager; DeBERTa's eager attention keeps its s x s probabilities)."""
+    try:
+        return resolve_attention(ModelArgs(attn_implementation=requested or "auto"), config)
+    except ConfigError as err:
+        raise PlanError(str(err)) from None
+
+
+def position_limit(config) -> int | None:
+    """The longest window the model embeds: RoBERTa-style models start their positions after the padding index,
+    so max_position_embeddings 514 holds 512 tokens (as training's check_positions counts them)."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and config.model_type in OFFSET_POSITIONS:
+        limit -= (config.pad_token_id or 0) + 1
+    return limit
+
+
 # --- the plan ------------------------------------------------------------------------------------
 
 def plan(shape: ModelShape, setup: Setup, gpu_memory_gib: float) -> tuple[list[Estimate], Estimate | None]:
     """Every config's estimate, and the first in SPEED_ORDER whose total fits (None if none does)."""
     # On one device only offload saves anything: partitioning over one rank keeps everything.
     configs = ["single", "zero2_offload", "zero3_offload"] if setup.num_gpus == 1 else list(CONFIGS)
-    estimates = [estimate(c, shape, setup) for c in configs]
+    estimates = [estimate(c, shape, setup) for c in configs if not unplanned(c, setup)]
     usable = gpu_memory_gib * (1 - HEADROOM) * GIB
     fitting = [e for e in estimates if e.total <= usable]
     order = ["single", *SPEED_ORDER]
@@ -132,7 +157,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max_seq_length", type=int, default=384, help="Tokens per window (default 384).")
     p.add_argument("--mixed_precision", choices=("bf16", "fp16", "no"), default=None,
                    help="bf16 on GPUs by default; CPU training is fp32.")
-    p.add_argument("--attn_implementation", choices=("sdpa", "eager"), default="sdpa")
+    p.add_argument("--attn_implementation", choices=("auto", "sdpa", "eager"), default="auto",
+                   help="As training's flag: auto (default) is SDPA where the model supports it, else eager.")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: plan CPU processes (fp32; memory is host RSS above the idle baseline).")
     p.add_argument("--json", action="store_true", help="Print the estimates as JSON.")
@@ -153,8 +179,11 @@ def check_flags(opts: argparse.Namespace) -> str | None:
         if getattr(opts, flag) is None:
             return f"--{flag} is required"
     for flag in ("num_gpus", "num_nodes", "gpu_memory_gib", "per_device_train_batch_size", "max_seq_length"):
-        if getattr(opts, flag) <= 0:
+        # not (x > 0) also refuses nan, which compares false both ways
+        if not getattr(opts, flag) > 0:
             return f"--{flag} must be positive, got {getattr(opts, flag)}"
+    if not math.isfinite(opts.gpu_memory_gib):  # inf would make every config "fit"
+        return f"--gpu_memory_gib must be a finite number of GiB, got {opts.gpu_memory_gib}"
     if opts.num_gpus % opts.num_nodes:
         return f"--num_gpus {opts.num_gpus} does not split evenly over --num_nodes {opts.num_nodes}"
     if opts.device == "cpu" and opts.mixed_precision not in (None, "no"):
@@ -162,10 +191,10 @@ def check_flags(opts: argparse.Namespace) -> str | None:
     return None
 
 
-def setup_of(opts: argparse.Namespace) -> Setup:
+def setup_of(opts: argparse.Namespace, attention: str) -> Setup:
     precision = opts.mixed_precision or ("bf16" if opts.device == "cuda" else "no")
     return Setup(opts.num_gpus, opts.num_nodes, opts.per_device_train_batch_size, opts.max_seq_length, precision,
-                 opts.attn_implementation, opts.device)
+                 attention, opts.device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,10 +206,10 @@ def main(argv: list[str] | None = None) -> int:
             print(check_runs(opts.check))
             return 0
         config = load_config(opts.model_name_or_path, opts.config_name)
-        limit = getattr(config, "max_position_embeddings", None)
+        limit = position_limit(config)
         if limit and opts.max_seq_length > limit:
             raise PlanError(f"--max_seq_length {opts.max_seq_length}: the model has {limit} position embeddings")
-        shape, setup = model_shape(config), setup_of(opts)
+        shape, setup = model_shape(config), setup_of(opts, attention_of(config, opts.attn_implementation))
     except (PlanError, ReportError) as err:
         print(f"qa_train.plan: error: {err}", file=sys.stderr)
         return 2

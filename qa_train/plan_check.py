@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from qa_train.memplan import CONFIGS, GIB, Setup, estimate
-from qa_train.plan import PlanError, load_config, model_shape
+from qa_train.config import DEFAULT_MODEL
+from qa_train.memplan import CONFIGS, GIB, Setup, estimate, unplanned
+from qa_train.plan import PlanError, attention_of, load_config, model_shape
 from qa_train.report_data import ReportError, find_runs, load_metrics
 from qa_train.schema import RunMetrics
 from qa_train.sweep import read_point
@@ -58,6 +59,19 @@ def measured_gib(m: RunMetrics) -> tuple[float | None, str | None]:
     return max(p - b for p, b in zip(peaks, bases)), None
 
 
+def grow_vocabulary(model_config, tokenizer_name: str) -> None:
+    """A model trained from scratch has at least its tokenizer's vocabulary (training grows vocab_size to it, as
+    load_model does), so its embeddings may outgrow the config's. A tokenizer not on this machine leaves the
+    config's size: the count of the built-in names' own tokenizers."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokens = len(AutoTokenizer.from_pretrained(tokenizer_name, local_files_only=True))
+    except (OSError, ValueError):
+        return
+    model_config.vocab_size = max(model_config.vocab_size, tokens)
+
+
 def check_run(run_dir: Path) -> Check:
     try:
         m = load_metrics(run_dir)
@@ -70,13 +84,20 @@ def check_run(run_dir: Path) -> Check:
     if config not in ("single", *CONFIGS):
         return Check(name, config, world, None, measured, padded, f"the planner has no formula for {config}")
     try:
-        shape = model_shape(load_config(args.get("model_name_or_path"), args.get("config_name")))
+        model_config = load_config(args.get("model_name_or_path"), args.get("config_name"))
+        if not args.get("model_name_or_path"):
+            grow_vocabulary(model_config, args.get("tokenizer_name") or DEFAULT_MODEL)
+        # the kernel the run used: its flag is "auto" by default, eager for models without SDPA (DeBERTa)
+        shape, attention = model_shape(model_config), attention_of(model_config, args.get("attn_implementation"))
     except PlanError as err:
         return Check(name, config, world, None, measured, padded, str(err))
     point = read_point(run_dir)
     setup = Setup(world, point.nodes if point else 1, int(m.per_device_train_batch_size or 1),
-                  int(m.max_seq_length or 384), m.mixed_precision or "no", args.get("attn_implementation", "sdpa"),
+                  int(m.max_seq_length or 384), m.mixed_precision or "no", attention,
                   "cpu" if m.device == "cpu" else "cuda")
+    why_not = unplanned(config, setup)
+    if why_not:
+        return Check(name, config, world, None, measured, padded, f"the planner has no formula for {why_not}")
     planned = estimate(config, shape, setup)
     return Check(name, config, world, planned.total / GIB, measured, padded, why)
 

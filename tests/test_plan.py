@@ -239,3 +239,108 @@ def test_check_says_why_a_run_has_no_estimate_or_measurement(tmp_path: Path) -> 
     assert rows["zero3-opt"][2] == "—" and "no formula for zero3+offload(optimizer)" in rows["zero3-opt"][5]
     assert rows["elsewhere"][2] == "—" and "no config for it on this machine" in rows["elsewhere"][5]
     assert rows["ddp-p2-r1"][1:5] == ["—"] * 4 and "no metrics.json" in rows["ddp-p2-r1"][5]
+
+
+@pytest.mark.parametrize(("memory", "message"), [("nan", "--gpu_memory_gib must be positive, got nan"),
+                                                 ("inf", "--gpu_memory_gib must be a finite number of GiB, got inf")])
+def test_a_gpu_memory_that_is_no_number_is_refused(memory: str, message: str, capsys: pytest.CaptureFixture) -> None:
+    """nan used to plan "nothing fits in nan GiB" and inf to make every config fit in "inf of inf GiB"."""
+    code, _, err = run_plan(["--model_name_or_path", "bert-base-uncased", "--gpu_memory_gib", memory, *FLAGS], capsys)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_a_model_training_refuses_is_one_line_not_a_plan(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A config without a QA head was a ValueError traceback; RoBERTa's 514 positions hold 512 tokens, as training
+    counts them (513 and 514 were planned, then refused by training); SDPA for a model without it likewise."""
+    clip = tmp_path / "clip"
+    clip.mkdir()
+    (clip / "config.json").write_text(json.dumps({"model_type": "clip"}))
+    roberta = write_config(tmp_path / "roberta", model_type="roberta", max_position_embeddings=514, pad_token_id=1)
+    deberta = write_config(tmp_path / "deberta", model_type="deberta-v2")
+    memory = ["--gpu_memory_gib", "80", "--num_gpus", "2", "--per_device_train_batch_size", "8"]
+    for flags, message in [
+        (["--config_name", str(clip)], "model type 'clip' has no question-answering head"),
+        (["--config_name", str(roberta), "--max_seq_length", "513"], "--max_seq_length 513: the model has 512 position"),
+        (["--config_name", str(deberta), "--max_seq_length", "128", "--attn_implementation", "sdpa"],
+         "--attn_implementation sdpa: DebertaV2ForQuestionAnswering does not support"),
+    ]:
+        code, _, err = run_plan([*flags, *memory], capsys)
+        assert code == 2 and message in err and "Traceback" not in err, flags
+    code, out, _ = run_plan(["--config_name", str(roberta), "--max_seq_length", "512", *memory], capsys)
+    assert code == 0 and "recommended: ddp" in out
+
+
+def test_attention_is_what_training_resolves_auto_to(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Training's --attn_implementation auto (its default) is eager for DeBERTa, which keeps the s x s
+    probabilities: the plan and `plan --check` of such a run used to count SDPA's activations (0.19 against
+    0.34 GiB here)."""
+    from test_report import fake_metrics, rewrite
+
+    deberta = write_config(tmp_path / "deberta", model_type="deberta-v2", hidden_dropout_prob=0.1,
+                           attention_probs_dropout_prob=0.1)
+    code, out, _ = run_plan(["--config_name", str(deberta), "--gpu_memory_gib", "80", "--num_gpus", "1",
+                             "--per_device_train_batch_size", "32", "--max_seq_length", "384", "--json"], capsys)
+    payload = json.loads(out)
+    assert code == 0 and payload["setup"]["attention"] == "eager"
+    shape = plan.model_shape(plan.load_config(None, str(deberta)))
+    eager = memplan.estimate("single", shape, Setup(1, 1, 32, 384, "bf16", "eager")).total
+    sdpa = memplan.estimate("single", shape, Setup(1, 1, 32, 384, "bf16", "sdpa")).total
+    assert eager > 1.5 * sdpa
+    run = rewrite(fake_metrics(tmp_path / "runs" / "deberta", "single", 1, 40.0, 0.9, gpu=1.0),
+                  {"config_name": str(deberta), "attn_implementation": "auto"}, device="cuda", mixed_precision="bf16",
+                  per_device_train_batch_size=32, max_seq_length=384)
+    assert check_run(run).estimate_gib == pytest.approx(eager / GIB)
+
+
+def test_on_cpu_offload_and_fsdp_are_not_planned(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """On CPU processes the host is the device: ZeRO-2 offload used to "fit" in 1.5 GiB at 0.91 GiB while its own
+    host column said 2.43 GiB of that same memory, and FSDP (refused by the launcher on CPU) was planned."""
+    from test_report import fake_metrics, rewrite
+
+    cpu = ["--model_name_or_path", "bert-base-uncased", "--device", "cpu", "--per_device_train_batch_size", "4",
+           "--max_seq_length", "128"]
+    code, out, _ = run_plan([*cpu, "--num_gpus", "1", "--gpu_memory_gib", "1.5"], capsys)
+    assert code == 0 and "nothing fits in 1.35 GiB" in out and "offload" not in out
+    code, out, _ = run_plan([*cpu, "--num_gpus", "2", "--gpu_memory_gib", "80", "--json"], capsys)
+    assert [e["config"] for e in json.loads(out)["estimates"]] == ["ddp", "zero1", "zero2", "zero3"]
+    run = rewrite(fake_metrics(tmp_path / "zero2-offload", "zero2", 2, 40.0, 0.9, offload="optimizer"),
+                  {"config_name": str(TINY)}, host_rss_baseline_gb={"per_rank": [0.4, 0.5], "max": 0.5, "mean": 0.45})
+    check = check_run(run)
+    assert check.estimate_gib is None and check.measured_gib == pytest.approx(0.5)
+    assert "offloading to the host frees nothing" in check.why
+
+
+def test_calibration_tool_reads_the_measured_figure(tmp_path: Path) -> None:
+    """tools/calibrate_planner.py multiplied measured_gib's (value, why) pair by 2^30: a billion-fold tuple, a
+    MemoryError before any fit."""
+    import importlib.util
+
+    from test_report import fake_metrics, rewrite
+
+    spec = importlib.util.spec_from_file_location("calibrate_planner", ROOT / "tools" / "calibrate_planner.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    run = rewrite(fake_metrics(tmp_path / "tiny-b8-s192", "single", 1, 40.0, 0.9),
+                  {"config_name": str(TINY), "attn_implementation": "sdpa"},
+                  host_rss_baseline_gb={"per_rank": [0.4], "max": 0.4, "mean": 0.4})
+    states, tensors, measured, _ = tool.terms(run)
+    assert measured == pytest.approx(0.5 * GIB) and states > 0 and tensors > 0
+    old = rewrite(fake_metrics(tmp_path / "old", "single", 1, 40.0, 0.9),
+                  {"config_name": str(TINY), "attn_implementation": "sdpa"})
+    with pytest.raises(SystemExit, match="no idle host-RSS baseline"):
+        tool.terms(old)
+
+
+def test_check_counts_the_vocabulary_a_from_scratch_run_grew_to(tmp_path: Path) -> None:
+    """Training from --config_name grows vocab_size to the tokenizer's (3,707 tokens for the tiny BERT's): a config
+    of 1,000 trains the tiny BERT's 937,346 parameters, which the check used to plan as 590,850."""
+    from test_report import fake_metrics, rewrite
+
+    small = write_config(tmp_path / "small-vocab", vocab_size=1000)
+    estimates = {}
+    for name, config in (("small-vocab", small), ("tiny", TINY)):
+        run = rewrite(fake_metrics(tmp_path / "runs" / name, "single", 1, 40.0, 0.9),
+                      {"config_name": str(config), "tokenizer_name": str(TINY)},
+                      host_rss_baseline_gb={"per_rank": [0.4], "max": 0.4, "mean": 0.4})
+        estimates[name] = check_run(run).estimate_gib
+    assert estimates["small-vocab"] == pytest.approx(estimates["tiny"])

@@ -75,7 +75,10 @@ def terms(run_dir: Path) -> tuple[float, float, float, RunMetrics]:
                           "cpu")
     states = memplan.model_states("single", shape, setup)[0]
     tensors = memplan.saved_activation_bytes(shape, setup) + memplan.backward_transient_bytes(shape, setup)
-    return states, tensors, measured_gib(m) * memplan.GIB, m
+    measured, why = measured_gib(m)  # (GiB, None) or (None, why): multiplying the pair itself repeats the tuple
+    if measured is None:
+        raise SystemExit(f"{run_dir}: {why}")
+    return states, tensors, measured * memplan.GIB, m
 
 
 def main() -> None:
