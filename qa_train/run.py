@@ -31,8 +31,9 @@ def run(args: TrainArgs) -> RunMetrics | None:
         log.info("%s: exact_match %.2f, f1 %.2f", label, initial.exact_match, initial.f1)
 
     if not trainer.fit():
-        log.warning("stop requested: checkpoint saved at step %d; rerun with --resume_from_checkpoint latest",
-                    trainer.state.completed_steps)
+        if trainer.is_main:  # every rank stops, and a non-main rank still shows warnings: one line is enough
+            log.warning("stop requested: checkpoint saved at step %d; rerun with --resume_from_checkpoint latest",
+                        trainer.state.completed_steps)
         trainer.finish()
         raise Preempted
 

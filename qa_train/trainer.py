@@ -48,6 +48,12 @@ def setup_logging(is_main: bool) -> None:
                         level=logging.INFO if is_main else logging.WARNING, force=True)
     for noisy in ("transformers", "datasets", "accelerate", "DeepSpeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING if is_main else logging.ERROR)
+    if not is_main:
+        # Every rank loads weights (the model at start-up, --do_predict's kept best model), and transformers
+        # draws a "Loading weights" bar for each: the bars are the main process's alone, as its log lines are.
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 class Trainer:

@@ -110,3 +110,23 @@ def test_a_run_on_a_terminal_draws_train_and_eval_bars(tmp_path: Path, env: dict
     assert bar, text[-3000:]
     assert re.search(r"eval: +100%\|[^|]*\| (\d+)/\1 \[", text)
     assert not re.search(r"train \d/6 steps \(", text)  # the plain log lines are for pipes only
+
+
+def test_library_progress_bars_are_the_main_process_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank loads weights, and transformers drew a "Loading weights" bar for each: off on the other ranks."""
+    from transformers.utils import logging as hf_logging
+
+    from qa_train.trainer import setup_logging
+
+    monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: None)  # leave pytest's handlers alone
+    levels = {name: logging.getLogger(name).level
+              for name in ("transformers", "datasets", "accelerate", "DeepSpeed", "torch.distributed")}
+    try:
+        setup_logging(is_main=True)
+        assert hf_logging.is_progress_bar_enabled()
+        setup_logging(is_main=False)
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)

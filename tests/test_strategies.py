@@ -185,3 +185,20 @@ def test_kill_and_resume_matches_uninterrupted(config: str, tol: float, uninterr
     expected = load_file(reference / "final" / "model.safetensors")
     for name, tensor in expected.items():
         torch.testing.assert_close(resumed[name], tensor, rtol=tol, atol=tol, msg=name)
+
+
+def test_a_stop_request_is_said_once_and_only_the_main_process_draws_library_bars(tmp_path: Path) -> None:
+    """Found by a rank-discipline hunt: under two processes the "stop requested" warning came once per rank, and so
+    did transformers' "Loading weights" bar (every rank loads the model): both are the main process's alone now."""
+    from conftest import high_padding_model
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "PREEMPT").touch()  # a stop requested before the run: it stops at its first logged step
+    model = high_padding_model(tmp_path / "model")
+    proc = subprocess.run([*launch_cmd("ddp", out), "--model_name_or_path", str(model)], cwd=ROOT,
+                          env=base_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    said = proc.stdout + proc.stderr
+    assert said.count("stop requested: checkpoint saved at step 1") == 1, said[-3000:]
+    assert said.count("Loading weights: 100%") == 1, said[-3000:]
