@@ -333,10 +333,12 @@ def _read_cache(path: Path, with_offsets: bool) -> Features | None:
 
 
 def load_or_featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int, *,
-                      overwrite: bool = False, with_offsets: bool = False) -> tuple[Features, bool]:
-    """Reuse cached windows when the data, tokenizer and window settings are the same; returns (features, hit)."""
+                      fresh_since: float = 0.0, with_offsets: bool = False) -> tuple[Features, bool]:
+    """Reuse cached windows when the data, tokenizer and window settings are the same; returns (features, hit).
+    Only a cache written at or after `fresh_since` (a `time.time()`) is reused: inf featurises again and
+    replaces it (--overwrite_cache), a moment reuses one another process has replaced since."""
     path = cache_dir() / f"{cache_key(examples, tokenizer, max_seq_length, doc_stride, with_offsets)}.npz"
-    if path.is_file() and not overwrite:
+    if path.is_file() and path.stat().st_mtime >= fresh_since:
         features = _read_cache(path, with_offsets)
         if features is not None:
             return features, True

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,21 +87,24 @@ def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> 
     if accelerator.is_main_process:
         for warning in splits.warnings:
             log.warning("%s", warning)
+    # --overwrite_cache: only the first process on each node featurises again and replaces the cache; the others
+    # read what it has just written (a file older than this moment is the cache the flag refuses, left in place
+    # if the first process could not replace it), instead of each featurising and writing the same files again.
+    since = 0.0 if not data.overwrite_cache else math.inf if accelerator.is_local_main_process else time.time()
     with accelerator.local_main_process_first():
         features, hit = load_or_featurize(splits.train, tokenizer, data.max_seq_length, data.doc_stride,
-                                          overwrite=data.overwrite_cache)
+                                          fresh_since=since)
         inputs = Inputs(len(splits.train), features, cache_hits=[hit])
         splits.train = None  # type: ignore[assignment]  # the text is not needed once the windows are cut
         if splits.evaluation is not None:
             inputs.eval_examples = splits.evaluation
             inputs.eval_features, hit = load_or_featurize(splits.evaluation, tokenizer, data.max_seq_length,
-                                                          data.doc_stride, overwrite=data.overwrite_cache,
-                                                          with_offsets=True)
+                                                          data.doc_stride, fresh_since=since, with_offsets=True)
             inputs.cache_hits.append(hit)
         if splits.test is not None:
             inputs.test_examples = splits.test
             inputs.test_features, hit = load_or_featurize(splits.test, tokenizer, data.max_seq_length, data.doc_stride,
-                                                          overwrite=data.overwrite_cache, with_offsets=True)
+                                                          fresh_since=since, with_offsets=True)
             inputs.cache_hits.append(hit)
     return inputs
 

@@ -266,7 +266,50 @@ def test_evaluation_questions_that_also_train_are_warned_about_once(tmp_path: Pa
     monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
     tokenizer = AutoTokenizer.from_pretrained(TINY)
     for is_main in (True, False):
-        accelerator = SimpleNamespace(is_main_process=is_main, local_main_process_first=contextlib.nullcontext)
+        accelerator = SimpleNamespace(is_main_process=is_main, is_local_main_process=is_main,
+                                      local_main_process_first=contextlib.nullcontext)
         with caplog.at_level(logging.WARNING, logger="qa_train"):
             featurize_splits(accelerator, load_splits(args), args.data, tokenizer)
     assert [r.getMessage() for r in caplog.records] == splits.warnings  # from the main process only
+
+
+def test_overwrite_cache_is_rewritten_by_the_first_process_alone(tmp_path: Path, monkeypatch) -> None:
+    """Found by a rank-discipline hunt: with --overwrite_cache every rank featurised again and wrote the same cache
+    files. Now the node's first process does, and the others read what it has just written; a cache older than
+    that (the first could not replace it) is still not reused."""
+    import os
+    import time
+
+    from qa_train import features
+    from qa_train.flags import parse_args
+    from qa_train.inputs import featurize_splits, load_splits
+
+    args = parse_args(tiny_flags(tmp_path / "out", "--max_train_samples", "40", "--max_eval_samples", "30",
+                                 "--overwrite_cache"))
+    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
+    tokenizer = AutoTokenizer.from_pretrained(TINY)
+    built: list[int] = []
+    real = features.featurize
+    monkeypatch.setattr(features, "featurize", lambda *a, **k: built.append(1) or real(*a, **k))
+
+    def first_process() -> SimpleNamespace:
+        return SimpleNamespace(is_main_process=True, is_local_main_process=True,
+                               local_main_process_first=contextlib.nullcontext)
+
+    @contextlib.contextmanager
+    def after_the_first():  # the others wait here while the node's first process featurises
+        time.sleep(0.05)  # past the coarse clock some file systems stamp files with
+        featurize_splits(first_process(), load_splits(args), args.data, tokenizer)
+        yield
+
+    other = SimpleNamespace(is_main_process=False, is_local_main_process=False,
+                            local_main_process_first=after_the_first)
+    featurize_splits(first_process(), load_splits(args), args.data, tokenizer)  # an earlier run's cache
+    assert len(built) == 2
+    assert featurize_splits(other, load_splits(args), args.data, tokenizer).cache_hits == [True, True]
+    assert len(built) == 4  # the first process featurised again; the other read what it wrote
+    for cached in (tmp_path / "cache" / "features").iterdir():  # a cache from before this run only
+        os.utime(cached, (time.time() - 3600, time.time() - 3600))
+    other.local_main_process_first = contextlib.nullcontext
+    assert featurize_splits(other, load_splits(args), args.data, tokenizer).cache_hits == [False, False]
+    assert len(built) == 6
