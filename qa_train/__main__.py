@@ -61,8 +61,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         run(args)
-    except (LaunchError, ConfigError, DataError, CheckpointError) as err:
+    except (LaunchError, ConfigError, DataError) as err:
         _say(str(err), rank)
+        return REFUSED
+    except CheckpointError as err:  # raised on every rank; where only some failed, the lowest of them says why
+        _say(str(err), rank, speaker=err.reporter)
         return REFUSED
     except TrainingDiverged as err:
         _say(str(err), rank)

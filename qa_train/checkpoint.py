@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from qa_train.distributed import failed_ranks
+
 log = logging.getLogger("qa_train")
 STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -31,7 +33,12 @@ DATA_ORDER = {  # name: (what it is, how to resume as before)
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed from, said in one line that names it."""
+    """A checkpoint that cannot be resumed from, said in one line that names it, by rank `reporter` (the one
+    that knows why, where only some ranks failed)."""
+
+    def __init__(self, message: str, reporter: int = 0) -> None:
+        super().__init__(message)
+        self.reporter = reporter
 
 
 @dataclass
@@ -306,12 +313,23 @@ def load_checkpoint(accelerator, path: Path, now: TrainerState | None = None) ->
     saved = read_state(path)
     if now is not None:
         _check_contract(accelerator, path, saved, now)
+    error = None
     try:
         accelerator.load_state(str(path))
     except Exception as err:  # corrupt content surfaces as SafetensorError, RuntimeError, pickle errors, ...
         if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
             raise  # not the checkpoint's fault
-        raise CheckpointError(_load_failure(path, err)) from err
+        error = err
+    # A rank's own files (its ZeRO optimizer shard) can fail where the others load: every rank learns which failed
+    # and all refuse the checkpoint together. Alone, the failed rank left the others to meet it at the next
+    # collective (a "connection closed by peer" traceback, or a hang), and its reason was never said (only rank
+    # 0 speaks).
+    failed = failed_ranks(accelerator, error is not None)
+    if failed:
+        rank = accelerator.process_index
+        message = (_load_failure(path, error, rank if accelerator.num_processes > 1 else None)
+                   if rank == failed[0] else f"checkpoint {path} could not be loaded: rank {failed[0]} failed")
+        raise CheckpointError(message, reporter=failed[0]) from error
     _warn_on_rng(path, accelerator.process_index)
     return saved if now is None else replace(saved, **now.contract())
 
@@ -326,12 +344,14 @@ def _check_contract(accelerator, path: Path, saved: TrainerState, now: TrainerSt
             log.warning("resuming from %s: %s", path, note)
 
 
-def _load_failure(path: Path, err: Exception) -> str:
+def _load_failure(path: Path, err: Exception, rank: int | None = None) -> str:
     step = _step_of(path)
     earlier = [p for p in _good_siblings(path) if step is None or (_step_of(p) or 0) < step]
     hint = (f"if it is damaged, resume from the previous complete checkpoint: --resume_from_checkpoint {earlier[0]}"
             if earlier else f"there is no earlier complete checkpoint in {path.parent}")
-    return f"checkpoint {path} could not be loaded: {one_line(err)}; {hint}"
+    who = f"rank {rank}: " if rank is not None else ""
+    return f"checkpoint {path} could not be loaded: {who}{one_line(err)}; {hint}"
+
 
 
 def _warn_on_rng(path: Path, process_index: int) -> None:

@@ -304,3 +304,14 @@ def resolved_config(accelerator) -> dict[str, Any]:
     if fsdp is not None:
         return {"fsdp_config": {k: str(v) for k, v in vars(fsdp).items() if not k.startswith("_")}}
     return {}
+
+
+def failed_ranks(accelerator, failed: bool) -> list[int]:
+    """The ranks for which `failed` is true, the same list on every rank (a collective): one sum over a flag per
+    rank."""
+    import torch
+
+    flags = torch.zeros(accelerator.num_processes, device=accelerator.device)
+    flags[accelerator.process_index] = float(failed)
+    total = accelerator.reduce(flags, reduction="sum")
+    return [rank for rank, flag in enumerate(total.tolist()) if flag > 0]

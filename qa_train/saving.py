@@ -19,6 +19,7 @@ from pathlib import Path
 
 from qa_train.checkpoint import (MANIFEST, STATE_FILE, TrainerState, checkpoint_root, complete_checkpoints,
                                  delete_folder, latest_usable, move_aside, one_line, run_id_of, verify)
+from qa_train.distributed import failed_ranks
 from qa_train.outputdir import remove_entry
 
 log = logging.getLogger("qa_train")
@@ -83,7 +84,7 @@ def _phase(accelerator, final: Path, tmp: Path, work: Callable[[], object] | Non
         except Exception as err:  # a full disk: OSError, or torch's RuntimeError, or safetensors' own error
             error = err
     reason = _failure_reason(error, tmp.parent) if error is not None else None  # before the removal frees space
-    failed = _failed_ranks(accelerator, error is not None)
+    failed = failed_ranks(accelerator, error is not None)
     if not failed:
         return
     if accelerator.is_main_process:
@@ -92,16 +93,6 @@ def _phase(accelerator, final: Path, tmp: Path, work: Callable[[], object] | Non
     message = (_save_failure(final, reason, error, rank, failed, accelerator.num_processes) if rank == failed[0]
                else f"checkpoint {final} could not be saved: rank {failed[0]} failed")
     raise CheckpointSaveError(message, reporter=failed[0]) from error
-
-
-def _failed_ranks(accelerator, failed: bool) -> list[int]:
-    """The ranks whose part failed, the same list on every rank: one sum over a flag per rank."""
-    import torch
-
-    flags = torch.zeros(accelerator.num_processes, device=accelerator.device)
-    flags[accelerator.process_index] = float(failed)
-    total = accelerator.reduce(flags, reduction="sum")
-    return [rank for rank, flag in enumerate(total.tolist()) if flag > 0]
 
 
 def _failure_reason(err: Exception, root: Path) -> str:

@@ -653,3 +653,48 @@ def test_load_adopts_this_runs_contract_and_keeps_the_run_id(tmp_path: Path, cap
         state = load_checkpoint(FakeAccelerator(), path, now)
     assert (state.completed_steps, state.epoch, state.run_id, state.total_steps) == (40, 1, saved.run_id, 150)
     assert f"resuming from {path}: total steps 100 -> 150: " in caplog.text
+
+
+class LoadingRank(FakeAccelerator):
+    """One rank of a two-process resume; the other rank's load_state (its own ZeRO optimizer shard) fails or not."""
+
+    num_processes = 2
+
+    def __init__(self, index: int, fail_load: Exception | None = None, other_fails: bool = False) -> None:
+        super().__init__(fail_load=fail_load)
+        self.process_index, self.is_main_process, self.other_fails = index, index == 0, other_fails
+
+    def reduce(self, tensor, reduction: str):
+        total = tensor.clone()
+        total[1 - self.process_index] += float(self.other_fails)  # what the other rank sends
+        return total
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_load_failure_on_one_rank_stops_every_rank_and_that_rank_says_why(tmp_path: Path, rank: int,
+                                                                            monkeypatch, capsys) -> None:
+    """Found by a rank-discipline hunt: a ZeRO-2 resume whose rank-1 optimizer shard was damaged (same size, so the
+    manifest passed) failed on rank 1 alone; rank 0 trained on into the next collective and died on "connection
+    closed by peer", and the reason was never said (only rank 0 speaks). Now every rank refuses the checkpoint and
+    the failing one says why."""
+    from conftest import tiny_flags
+    from qa_train import __main__ as entry
+    from qa_train import run as run_module
+
+    path = make(tmp_path, "step_00000004")
+    with pytest.raises(ckpt.CheckpointError) as err:
+        load_checkpoint(LoadingRank(0, other_fails=True), path)
+    assert err.value.reporter == 1 and str(err.value) == f"checkpoint {path} could not be loaded: rank 1 failed"
+    with pytest.raises(ckpt.CheckpointError) as own:
+        load_checkpoint(LoadingRank(1, fail_load=RuntimeError("invalid load key, '\\x00'.")), path)
+    assert own.value.reporter == 1
+    assert str(own.value).startswith(f"checkpoint {path} could not be loaded: rank 1: RuntimeError: invalid load key")
+
+    def fail(args) -> None:
+        raise own.value if rank == 1 else err.value
+
+    monkeypatch.setattr(run_module, "run", fail)
+    monkeypatch.setenv("RANK", str(rank))
+    assert entry.main(tiny_flags(tmp_path / "out", "--no_eval")) == 2
+    said = capsys.readouterr().err.splitlines()
+    assert said == ([f"qa_train: error: {own.value}"] if rank == 1 else [])
