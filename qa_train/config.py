@@ -63,6 +63,13 @@ def _not_negative(group: object, *names: str) -> None:
         _require(value is None or value >= 0, name, f"must not be negative, got {value}")
 
 
+def _finite(group: object, *names: str) -> None:
+    """inf passes a sign check, but as a step count or an optimizer setting it only ever fails mid-run."""
+    for name in names:
+        value = getattr(group, name)
+        _require(value is None or math.isfinite(value), name, f"must be a finite number, got {value}")
+
+
 def _check_interval(value: float | None, flag: str) -> None:
     """Trainer's convention for --logging_steps/--eval_steps: a whole number of steps, or a share below 1."""
     if value is None:
@@ -223,6 +230,12 @@ class OptimArgs:
     def __post_init__(self) -> None:
         _positive(self, "gradient_accumulation_steps", "learning_rate")
         _not_negative(self, "max_train_steps", "weight_decay", "num_train_epochs", "num_warmup_steps", "max_grad_norm")
+        _finite(self, "learning_rate", "weight_decay", "num_train_epochs", "adam_epsilon")
+        # torch.optim.AdamW's own limits: it would refuse them with a traceback once the model is built, after
+        # --overwrite_output_dir has removed the old run.
+        for name in ("adam_beta1", "adam_beta2"):
+            _require(0 <= getattr(self, name) < 1, name, f"must be in [0, 1), got {getattr(self, name)}")
+        _require(self.adam_epsilon >= 0, "adam_epsilon", f"must not be negative, got {self.adam_epsilon}")
         _require(0 <= self.warmup_ratio < 1, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         _require(self.optim in OPTIMIZERS, "optim", f"{self.optim!r} is not one of {', '.join(OPTIMIZERS)}")
         _require(self.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type",
@@ -331,6 +344,11 @@ class OutputArgs:
         _require(self.save_total_limit != 0, "save_total_limit", "must be at least 1 (omit it to keep all)")
         _require(self.save_total_limit is None or self.checkpointing_steps is not None, "save_total_limit",
                  "limits checkpoints, and none are written without --checkpointing_steps N or epoch")
+        # As --save_total_limit without checkpoints: a flag that could do nothing is refused, not ignored.
+        _require(not self.wandb_log_model or "wandb" in self.trackers, "wandb_log_model",
+                 f"logs the model to W&B, which --report_to {self.report_to} leaves out: add wandb to --report_to")
+        _require(not self.wandb_log_model or self.save_final_model, "wandb_log_model",
+                 "logs the exported model (output_dir/final), which --save_final_model false does not write")
         if self.wandb_project is None:
             self.wandb_project = os.environ.get("WANDB_PROJECT") or "qa-train"
         if self.checkpointing_steps is not None and self.checkpointing_steps != "epoch":

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import difflib
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,12 @@ def _unknown_flag(token: str, known: list[str]) -> str:
 
 class _Parser(argparse.ArgumentParser):
     """One line per refusal, naming the flag (argparse would print its 50-line usage first)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse (before Python 3.13) takes `-1e-3` for a flag, so `--null_score_diff_threshold -1e-3` was refused
+        # with "expected one argument". No flag here starts with a digit: anything like -1, -.5 or -1e-3 is a value.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")

@@ -44,6 +44,18 @@ from qa_train.flags import parse_args
         # A local file beside an implicit hub split would mix sources without saying so.
         (["--train_file", str(DEMO_DEV)], "--train_file: .*--validation_file.*--no_eval"),
         (["--validation_file", str(DEMO_DEV)], "--validation_file: .*--train_file"),
+        # torch.optim.AdamW refuses these with a traceback only once the model is built (after
+        # --overwrite_output_dir has removed the old run); inf passes a sign check and fails mid-run.
+        (["--adam_beta1", "1.5"], "--adam_beta1: must be in \\[0, 1\\)"),
+        (["--adam_beta2", "1"], "--adam_beta2: must be in \\[0, 1\\)"),
+        (["--adam_epsilon", "-1e-8"], "--adam_epsilon: must not be negative"),
+        (["--num_train_epochs", "inf"], "--num_train_epochs: must be a finite number"),
+        (["--learning_rate", "inf"], "--learning_rate: must be a finite number"),
+        (["--weight_decay", "inf"], "--weight_decay: must be a finite number"),
+        # Logging the model needs a W&B run and an exported model; without either the flag did nothing.
+        (["--wandb_log_model", "--report_to", "none"], "--wandb_log_model: .*--report_to none"),
+        (["--wandb_log_model", "--report_to", "tensorboard"], "--wandb_log_model: .*add wandb to --report_to"),
+        (["--wandb_log_model", "--save_final_model", "false"], "--wandb_log_model: .*--save_final_model false"),
     ],
 )
 def test_impossible_values_name_the_flag(argv: list[str], flag: str) -> None:
@@ -113,6 +125,12 @@ def test_bool_flags_parse_both_ways() -> None:
     assert parse_args(["--pad_to_max_length"]).data.pad_to_max_length is True
     assert parse_args(["--pad_to_max_length", "false"]).data.pad_to_max_length is False
     assert parse_args(["--no_eval"]).eval.do_eval is False
+
+
+def test_negative_values_in_any_float_spelling_are_values_not_flags() -> None:
+    """argparse before Python 3.13 took `-1e-3` for a flag and refused it with "expected one argument"."""
+    for text, value in [("-1e-3", -1e-3), ("-4.38", -4.38), ("-.5", -0.5), ("-2", -2.0)]:
+        assert parse_args(["--null_score_diff_threshold", text]).eval.null_score_diff_threshold == value
 
 
 def test_cli_refuses_fast_without_loading(env: dict[str, str]) -> None:
