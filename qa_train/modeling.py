@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
+from collections.abc import Iterator
+from pathlib import Path
 
 from qa_train.config import ConfigError, ModelArgs
 from qa_train.features import PairTemplate, question_room
@@ -16,11 +19,41 @@ OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "ro
                     "data2vec-text", "xmod"}
 
 
+# What from_pretrained reads a PyTorch model's weights from (transformers' SAFE_WEIGHTS_NAME, WEIGHTS_NAME and their
+# sharded indexes).
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+@contextlib.contextmanager
+def loading(flag: str, source: str) -> Iterator[None]:
+    """transformers' own failures (a missing folder or hub id, no tokenizer files, a JSON that is not a config)
+    as one ConfigError line naming the flag, instead of a traceback."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as err:
+        reason = " ".join((str(err).strip().splitlines() or [""])[0].split())[:300]
+        raise ConfigError(f"{flag} {source}: cannot load it ({type(err).__name__}: {reason})") from None
+
+
+def check_weights(args: ModelArgs) -> None:
+    """A local --model_name_or_path without weights: from_pretrained would fail only once the model is built, after
+    --overwrite_output_dir has removed the old run."""
+    if args.from_scratch or not Path(args.model_name_or_path).is_dir():
+        return  # a hub id: from_pretrained resolves it
+    if not any((Path(args.model_name_or_path) / name).is_file() for name in WEIGHT_FILES):
+        raise ConfigError(f"--model_name_or_path {args.model_name_or_path}: no weights ({', '.join(WEIGHT_FILES[::2])}"
+                          "); to train from random initialisation, pass the folder as --config_name instead")
+
+
 def load_tokenizer(args: ModelArgs):
     from transformers import AutoTokenizer
 
     name = args.tokenizer_source
-    tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True)
+    with loading("--tokenizer_name" if args.tokenizer_name else "--model_name_or_path", name):
+        tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True)
     if not tokenizer.is_fast:
         raise ConfigError(f"--tokenizer_name {name!r}: a fast tokenizer is needed for offset mappings")
     # transformers 5 can silently build a near-empty vocab from a bad vocab file: every word -> [UNK].
@@ -36,7 +69,8 @@ def load_config(args: ModelArgs):
     before any data is read."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(args.config_source)
+    with loading("--config_name" if args.config_name else "--model_name_or_path", args.config_source):
+        config = AutoConfig.from_pretrained(args.config_source)
     resolve_attention(args, config)
     return config
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import DEMO_DEV, PY, ROOT, run_cmd, run_ok, tiny_flags
+from conftest import DEMO_DEV, PY, ROOT, TINY, run_cmd, run_ok, tiny_flags
 
 pytestmark = pytest.mark.distributed  # real runs of the entry point, like test_e2e
 
@@ -230,3 +230,24 @@ def test_windows_too_short_for_the_stride_are_one_line(tmp_path: Path, env: dict
     [line] = error_lines(proc)
     assert "--doc_stride 20" in line and "--max_seq_length 24" in line and "at most 19" in line
     assert not (out / "metrics.json").exists()
+
+
+def test_a_model_tokenizer_or_config_that_cannot_load_is_one_line_before_the_old_run_is_touched(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """transformers' own failures were tracebacks (exit 1); a model folder without weights failed only after
+    --overwrite_output_dir had removed the old run."""
+    out = tmp_path / "out"
+    run_ok(qa_train(out, "--max_train_steps", "1"), env)
+    before = (out / "metrics.json").read_bytes()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for flags, says in [
+        (["--model_name_or_path", str(TINY)], f"--model_name_or_path {TINY}: no weights"),  # config and tokenizer only
+        (["--config_name", str(DEMO_DEV)], f"--config_name {DEMO_DEV}: cannot load it (ValueError: "),
+        (["--tokenizer_name", str(empty)], f"--tokenizer_name {empty}: cannot load it ("),
+    ]:
+        proc = run_cmd(qa_train(out, "--max_train_steps", "1", "--overwrite_output_dir", *flags), env)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        [line] = error_lines(proc)
+        assert says in line
+        assert (out / "metrics.json").read_bytes() == before
