@@ -55,21 +55,36 @@ def claim(output: OutputArgs) -> None:
     if found and resume is None and not output.overwrite_output_dir:
         raise ConfigError(f"--output_dir {out}: holds a run ({', '.join(found)}); pass --overwrite_output_dir to "
                           "replace it, or --resume_from_checkpoint latest to continue it")
-    if found and resume == "latest" and "checkpoints" not in found:
+    # With --overwrite_output_dir, a run the resume would not continue goes (`replaces`) once the data is read.
+    if found and resume == "latest" and "checkpoints" not in found and not output.overwrite_output_dir:
         raise ConfigError(f"--output_dir {out}: holds a run without checkpoints ({', '.join(found)}), so "
                           "--resume_from_checkpoint latest would start over on top of it; pass --overwrite_output_dir")
-    if found and resume not in (None, "latest") and not _inside(Path(resume), out):
+    if (found and resume not in (None, "latest") and not _inside(Path(resume), out)
+            and not output.overwrite_output_dir):
         raise ConfigError(f"--output_dir {out}: holds another run ({', '.join(found)}) than the one in "
                           f"--resume_from_checkpoint {resume}; choose an empty --output_dir or --overwrite_output_dir")
     check_writable(out)
+
+
+def replaces(output: OutputArgs, found: list[str]) -> bool:
+    """--overwrite_output_dir replaces the run in output_dir unless the resume continues it (`latest` with
+    checkpoints there, or a checkpoint inside it). A requeued job that passes both flags thus resumes, and the
+    overwrite is not silently dropped where there is nothing of this folder to resume."""
+    resume = output.resume_from_checkpoint
+    if not output.overwrite_output_dir:
+        return False
+    if resume is None:
+        return True
+    if resume == "latest":
+        return "checkpoints" not in found
+    return not _inside(Path(resume), Path(output.output_dir))
 
 
 def clear_previous_run(output: OutputArgs, is_main: bool) -> list[str]:
     """--overwrite_output_dir: the main process removes the old run's files (a user's own files stay).
     Returns what was removed."""
     out = Path(output.output_dir)
-    replace = output.overwrite_output_dir and output.resume_from_checkpoint is None
-    found = [*run_files(out), *leftovers(out)] if replace else []
+    found = [*run_files(out), *leftovers(out)] if replaces(output, run_files(out)) else []
     if is_main:
         remove(out, found)
     return found

@@ -109,6 +109,30 @@ def test_resume_continues_its_own_run_only(tmp_path: Path) -> None:
         claim(OutputArgs(output_dir=str(tmp_path / "done"), resume_from_checkpoint="latest"))
 
 
+def test_overwrite_beside_a_resume_replaces_only_what_the_resume_does_not_continue(tmp_path: Path) -> None:
+    """Both flags (slurm/train.sbatch always adds --resume_from_checkpoint latest): the refusals told the user to
+    pass the --overwrite_output_dir they had passed, and the old run was never replaced."""
+    done = tmp_path / "done"  # a finished run without checkpoints: nothing to resume, so overwrite replaces it
+    done.mkdir()
+    (done / "metrics.json").write_text("{}")
+    args = OutputArgs(output_dir=str(done), resume_from_checkpoint="latest", overwrite_output_dir=True)
+    claim(args)
+    assert clear_previous_run(args, is_main=True) == ["metrics.json"] and not (done / "metrics.json").exists()
+
+    out = finished_run(tmp_path / "out")  # a checkpoint elsewhere: the run in out is not the one continued
+    elsewhere = tmp_path / "other" / "step_00000009"
+    elsewhere.mkdir(parents=True)
+    args = OutputArgs(output_dir=str(out), resume_from_checkpoint=str(elsewhere), overwrite_output_dir=True)
+    claim(args)
+    assert clear_previous_run(args, is_main=True) == ["metrics.json", "final", "checkpoints"]
+
+    out = finished_run(tmp_path / "again")  # its own checkpoints: a requeued job resumes them, overwrite or not
+    for resume in ("latest", str(out / "checkpoints" / "step_00000002")):
+        args = OutputArgs(output_dir=str(out), resume_from_checkpoint=resume, overwrite_output_dir=True)
+        claim(args)
+        assert clear_previous_run(args, is_main=True) == [] and (out / "checkpoints" / "step_00000002").is_dir()
+
+
 def test_an_unwritable_folder_is_refused(tmp_path: Path) -> None:
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(ConfigError, match="not writable"):
