@@ -26,16 +26,16 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 
 
 @contextlib.contextmanager
-def loading(flag: str, source: str) -> Iterator[None]:
-    """transformers' own failures (a missing folder or hub id, no tokenizer files, a JSON that is not a config)
-    as one ConfigError line naming the flag, instead of a traceback."""
+def loading(flag: str, source: str, what: str = "it") -> Iterator[None]:
+    """transformers' own failures (a missing folder or hub id, no tokenizer files or weights, a JSON that is not a
+    config) as one ConfigError line naming the flag, instead of a traceback."""
     try:
         yield
     except ConfigError:
         raise
     except (OSError, ValueError) as err:
         reason = " ".join((str(err).strip().splitlines() or [""])[0].split())[:300]
-        raise ConfigError(f"{flag} {source}: cannot load it ({type(err).__name__}: {reason})") from None
+        raise ConfigError(f"{flag} {source}: cannot load {what} ({type(err).__name__}: {reason})") from None
 
 
 def check_weights(args: ModelArgs) -> None:

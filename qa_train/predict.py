@@ -15,16 +15,15 @@ as `--do_predict` writes them; `accelerate launch -m qa_train.predict ...` share
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from qa_train.config import ConfigError, DataArgs, ModelArgs
 from qa_train.data import DataError, Examples, build_examples, load_file
+from qa_train.modeling import loading
 from qa_train.postprocess import Answers, SpanRules
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -54,14 +53,14 @@ class Predictor:
         self.rules = rules
         check_model_dir(model_dir)
         model_args = ModelArgs(model_name_or_path=model_dir)
-        with _loading(model_dir):
+        with loading("MODEL_DIR", model_dir, "the model"):
             self.tokenizer = load_tokenizer(model_args)
             config = load_config(model_args)
         check_positions(config, self.tokenizer, self.data.max_seq_length, self.data.doc_stride)
         on_cuda = device != "cpu" and torch.cuda.is_available()
         precision = resolve_mixed_precision(mixed_precision, dict(os.environ), on_cuda and torch.cuda.is_bf16_supported())
         self.accelerator = Accelerator(cpu=not on_cuda, mixed_precision=precision)
-        with _loading(model_dir):
+        with loading("MODEL_DIR", model_dir, "the model"):
             model = load_model(model_args, self.tokenizer, config)
         self.model = self.accelerator.prepare_model(model, evaluation_mode=True)
         self.token_types = uses_token_types(config, self.tokenizer)
@@ -108,18 +107,6 @@ def check_model_dir(model_dir: str) -> None:
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"MODEL_DIR {model_dir}: no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...): a run's "
                           "final/ holds the tokenizer it trained with")
-
-
-@contextlib.contextmanager
-def _loading(model_dir: str) -> Iterator[None]:
-    """transformers' own failures (no tokenizer files, no weights, a hub id offline) as one ConfigError line."""
-    try:
-        yield
-    except ConfigError:
-        raise
-    except (OSError, ValueError) as err:
-        reason = " ".join((str(err).strip().splitlines() or [""])[0].split())[:300]
-        raise ConfigError(f"MODEL_DIR {model_dir}: cannot load the model ({type(err).__name__}: {reason})") from None
 
 
 def check_output_dir(output_dir: str) -> None:

@@ -12,6 +12,7 @@ import pytest
 from conftest import DEMO_DEV, DEMO_TRAIN, PY, TINY, base_env, high_padding_model, run_ok
 from qa_train import predict
 from qa_train.data import Examples, load_file
+from qa_train.modeling import loading
 from qa_train.postprocess import Answers
 
 
@@ -157,7 +158,7 @@ def test_a_hub_id_transformers_cannot_fetch_is_refused_in_one_line() -> None:
     predict.check_model_dir("org/model")  # no such folder here, but a hub id: left to transformers
     with pytest.raises(predict.ConfigError, match=r"^MODEL_DIR org/model: cannot load the model \(OSError: "
                                                   r"We couldn't connect\)$"):
-        with predict._loading("org/model"):
+        with loading("MODEL_DIR", "org/model", "the model"):
             raise OSError("We couldn't connect\nto the hub")
 
 
