@@ -33,7 +33,7 @@ import re
 import string
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from qa_train.data import text_lines
@@ -262,29 +262,37 @@ def _nested_references(path: Path, dataset: object) -> dict[str, list[str]]:
     return refs
 
 
-def _jsonl_references(path: Path, lines: list[str]) -> dict[str, list[str]]:
-    """Flat hub layout, one record per line: {"id", "answers": {"text": [...]}}."""
+def _flat_references(path: Path, records: Iterable[tuple[str, object]]) -> dict[str, list[str]]:
+    """Flat hub layout, (place, record) pairs: {"id", "answers": {"text": [...]}}."""
     refs: dict[str, list[str]] = {}
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: line {lineno}: not valid JSON: {err}") from err
+    for where, record in records:
         if not isinstance(record, dict) or "id" not in record or "answers" not in record:
-            raise ValueError(f"{path}: line {lineno}: expected an object with 'id' and 'answers'")
+            raise ValueError(f"{path}: {where}: expected an object with 'id' and 'answers'")
         answers = record["answers"]
         if not isinstance(answers, dict) or "text" not in answers:
-            raise ValueError(
-                f"{path}: line {lineno}: 'answers' must be an object with a 'text' list, got {answers!r}"
-            )
+            raise ValueError(f"{path}: {where}: 'answers' must be an object with a 'text' list, got {answers!r}")
         _add(path, refs, record["id"], _answer_texts(path, record["id"], answers["text"]))
     return refs
 
 
+def _json_lines(path: Path, lines: list[str]) -> Iterator[tuple[str, object]]:
+    for lineno, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                yield f"line {lineno}", json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}: line {lineno}: not valid JSON: {err}") from err
+
+
+def _is_flat(records: object) -> bool:
+    """A list of flat records (as training also reads them), not of nested articles."""
+    return isinstance(records, list) and bool(records) and isinstance(records[0], dict) and (
+        "paragraphs" not in records[0])
+
+
 def _load(path: Path) -> tuple[dict[str, list[str]], str | None]:
-    """(id -> gold answer texts, the file's "version") from official SQuAD JSON or JSON lines."""
+    """(id -> gold answer texts, the file's "version") from official SQuAD JSON, flat records (a JSON list,
+    `{"data": [...]}` or JSON lines) as training reads them."""
     text = path.read_text(encoding="utf-8")
     try:
         whole = json.loads(text)
@@ -292,25 +300,29 @@ def _load(path: Path) -> tuple[dict[str, list[str]], str | None]:
         whole = None  # not a single document: try one record per line
     version = None
     if isinstance(whole, dict) and "data" in whole:
-        refs = _nested_references(path, whole["data"])
+        data = whole["data"]
+        refs = (_flat_references(path, ((f"data[{i}]", r) for i, r in enumerate(data))) if _is_flat(data)
+                else _nested_references(path, data))
         version = str(whole["version"]) if "version" in whole else None
+    elif _is_flat(whole):  # a JSON list of flat records
+        refs = _flat_references(path, ((f"record {i}", r) for i, r in enumerate(whole)))  # type: ignore[arg-type]
     elif whole is not None and "\n" in text.strip():
         # One multi-line JSON document that is not SQuAD-shaped; reading it
         # line by line would only report a confusing "line 1: not valid JSON".
         raise ValueError(
             f"{path}: JSON document without a top-level 'data' list; "
-            "expected official SQuAD JSON or one record per line"
+            "expected official SQuAD JSON, a list of records, or one record per line"
         )
     else:
         # data's line splitting: str.splitlines also breaks at the U+2028 JSON allows raw inside a string.
-        refs = _jsonl_references(path, text_lines(text))
+        refs = _flat_references(path, _json_lines(path, text_lines(text)))
     if not refs:
         raise ValueError(f"{path}: contains no questions")
     return refs, version
 
 
 def load_references(path: str | Path, allow_empty: bool = False) -> dict[str, list[str]]:
-    """Map question id -> gold answer texts from official SQuAD JSON or JSON lines.
+    """Map question id -> gold answer texts from official SQuAD JSON or flat records (list or JSON lines).
 
     SQuAD v1.1 questions are all answerable, so an empty answer list is refused unless
     ``allow_empty`` (SQuAD v2.0, where it marks an unanswerable question).

@@ -189,10 +189,20 @@ def test_load_references_malformed_nested_names_file_and_location(tmp_path: Path
         load_references(path)
 
 
-def test_load_references_rejects_other_json_documents(tmp_path: Path) -> None:
-    path = tmp_path / "records.json"
-    path.write_text(json.dumps(FLAT, indent=2), encoding="utf-8")  # a list, not {"data": ...}
-    with pytest.raises(ValueError, match=r"records\.json: JSON document without a top-level 'data' list"):
+def test_flat_records_read_as_training_reads_them_and_other_documents_are_refused(tmp_path: Path) -> None:
+    """A JSON list of flat records and `{"data": [flat records]}` are --validation_file layouts training takes: the
+    scorer read only JSON lines of them, and refused the gold file of such a run."""
+    expected = load_references(_write_jsonl(tmp_path / "records.jsonl", FLAT))
+    for name, document in (("records.json", FLAT), ("wrapped.json", {"data": FLAT})):
+        path = tmp_path / name
+        path.write_text(json.dumps(document, indent=2), encoding="utf-8")
+        assert load_references(path) == expected
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"questions": FLAT}, indent=2), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"other\.json: JSON document without a top-level 'data' list"):
+        load_references(path)
+    path.write_text(json.dumps([{"id": "q1", "answers": ["Paris"]}]), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"other\.json: record 0: 'answers' must be an object with a 'text' list"):
         load_references(path)
 
 
