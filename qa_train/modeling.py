@@ -52,8 +52,7 @@ def load_tokenizer(args: ModelArgs):
     from transformers import AutoTokenizer
 
     name = args.tokenizer_source
-    with loading("--tokenizer_name" if args.tokenizer_name else "--model_name_or_path", name):
-        tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True)
+    tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True)
     if not tokenizer.is_fast:
         raise ConfigError(f"--tokenizer_name {name!r}: a fast tokenizer is needed for offset mappings")
     # transformers 5 can silently build a near-empty vocab from a bad vocab file: every word -> [UNK].
@@ -69,8 +68,7 @@ def load_config(args: ModelArgs):
     before any data is read."""
     from transformers import AutoConfig
 
-    with loading("--config_name" if args.config_name else "--model_name_or_path", args.config_source):
-        config = AutoConfig.from_pretrained(args.config_source)
+    config = AutoConfig.from_pretrained(args.config_source)
     resolve_attention(args, config)
     return config
 

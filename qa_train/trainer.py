@@ -25,7 +25,7 @@ from qa_train.hostmem import HostMemory
 from qa_train.inputs import Splits, build_loaders, featurize_splits, load_splits
 from qa_train.metrics import DeviceMemory, ThroughputMeter, device_name, peak_tflops
 from qa_train.modeling import (check_positions, check_weights, flops_per_token, import_model_code, load_config,
-                               load_model, load_tokenizer, uses_token_types)
+                               load_model, load_tokenizer, loading, uses_token_types)
 from qa_train.monitor import IntervalMonitor, ModelCost, interval_log
 from qa_train.optimization import batches_per_rank, build_optimizer, hyperparameters, plan_steps, reapply
 from qa_train.outputdir import clear_previous_run
@@ -66,9 +66,12 @@ class Trainer:
         self.args = args
         self.output_dir = Path(args.output.output_dir)
         # Preflight on every rank before any process group: limits and records are refused in one line.
-        self.tokenizer = load_tokenizer(args.model)
-        self.model_config = load_config(args.model)
-        check_weights(args.model)
+        m = args.model  # each caller names what it loads from (predict says MODEL_DIR)
+        with loading("--tokenizer_name" if m.tokenizer_name else "--model_name_or_path", m.tokenizer_source):
+            self.tokenizer = load_tokenizer(m)
+        with loading("--config_name" if m.config_name else "--model_name_or_path", m.config_source):
+            self.model_config = load_config(m)
+        check_weights(m)
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
         splits = load_splits(args)
         out = args.output

@@ -154,6 +154,17 @@ def test_a_model_dir_transformers_cannot_load_is_refused_in_one_line(capsys: pyt
     assert "model.safetensors" in message
 
 
+def test_a_tokenizer_transformers_cannot_read_is_refused_as_model_dirs_fault(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """predict has no --model_name_or_path: its refusal names MODEL_DIR, not the training flag."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((TINY / "config.json").read_text())
+    (broken / "tokenizer.json").write_text("not json")
+    message = refused([str(broken), "-q", "Who?", "-c", "Somebody."], capsys)
+    assert message.startswith(f"MODEL_DIR {broken}: cannot load the model (JSONDecodeError: ")
+
+
 def test_a_hub_id_transformers_cannot_fetch_is_refused_in_one_line() -> None:
     predict.check_model_dir("org/model")  # no such folder here, but a hub id: left to transformers
     with pytest.raises(predict.ConfigError, match=r"^MODEL_DIR org/model: cannot load the model \(OSError: "
