@@ -229,13 +229,13 @@ class OptimArgs:
 
     def __post_init__(self) -> None:
         _positive(self, "gradient_accumulation_steps", "learning_rate")
-        _not_negative(self, "max_train_steps", "weight_decay", "num_train_epochs", "num_warmup_steps", "max_grad_norm")
+        _not_negative(self, "max_train_steps", "weight_decay", "num_train_epochs", "num_warmup_steps", "max_grad_norm",
+                      "adam_epsilon")
         _finite(self, "learning_rate", "weight_decay", "num_train_epochs", "adam_epsilon")
         # torch.optim.AdamW's own limits: it would refuse them with a traceback once the model is built, after
         # --overwrite_output_dir has removed the old run.
         for name in ("adam_beta1", "adam_beta2"):
             _require(0 <= getattr(self, name) < 1, name, f"must be in [0, 1), got {getattr(self, name)}")
-        _require(self.adam_epsilon >= 0, "adam_epsilon", f"must not be negative, got {self.adam_epsilon}")
         _require(0 <= self.warmup_ratio < 1, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         _require(self.optim in OPTIMIZERS, "optim", f"{self.optim!r} is not one of {', '.join(OPTIMIZERS)}")
         _require(self.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type",
