@@ -103,14 +103,20 @@ def uses_token_types(config, tokenizer) -> bool:
     return takes and "token_type_ids" in tokenizer.model_input_names
 
 
+def position_limit(config) -> int | None:
+    """The longest window the model embeds: RoBERTa-style models start their positions after the padding index,
+    so max_position_embeddings 514 holds 512 tokens."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and config.model_type in OFFSET_POSITIONS:
+        limit -= (config.pad_token_id or 0) + 1
+    return limit
+
+
 def check_positions(config, tokenizer, max_seq_length: int, doc_stride: int | None = None) -> None:
     """Refuse windows longer than the model can embed, before featurisation rather than at the first long batch;
     with `doc_stride`, also windows whose stride leaves no room for the question (featurize would refuse them
     too, but only after the run has started: with --overwrite_output_dir, after the old run is gone)."""
-    positions = getattr(config, "max_position_embeddings", None)
-    if positions is not None and config.model_type in OFFSET_POSITIONS:
-        positions -= (config.pad_token_id or 0) + 1
-    limits = {"position embeddings": positions}
+    limits = {"position embeddings": position_limit(config)}
     if 0 < tokenizer.model_max_length < 1_000_000:  # unset lengths are stored as a huge sentinel
         limits["tokenizer model_max_length"] = tokenizer.model_max_length
     for what, limit in limits.items():

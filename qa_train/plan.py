@@ -24,7 +24,7 @@ from dataclasses import asdict
 from qa_train.config import ConfigError, ModelArgs
 from qa_train.memplan import (CONFIGS, GIB, SPEED_ORDER, Estimate, ModelShape, Setup, calibration, estimate,
                               unplanned)
-from qa_train.modeling import OFFSET_POSITIONS, qa_model_class, resolve_attention
+from qa_train.modeling import position_limit, qa_model_class, resolve_attention
 from qa_train.report_data import ReportError
 
 # Shapes of the public BERT checkpoints (their config.json), so the planner answers without the hub.
@@ -89,15 +89,6 @@ def attention_of(config, requested: str | None) -> str:
         return resolve_attention(ModelArgs(attn_implementation=requested or "auto"), config)
     except ConfigError as err:
         raise PlanError(str(err)) from None
-
-
-def position_limit(config) -> int | None:
-    """The longest window the model embeds: RoBERTa-style models start their positions after the padding index,
-    so max_position_embeddings 514 holds 512 tokens (as training's check_positions counts them)."""
-    limit = getattr(config, "max_position_embeddings", None)
-    if limit is not None and config.model_type in OFFSET_POSITIONS:
-        limit -= (config.pad_token_id or 0) + 1
-    return limit
 
 
 # --- the plan ------------------------------------------------------------------------------------
