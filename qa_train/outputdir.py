@@ -52,32 +52,36 @@ def claim(output: OutputArgs) -> None:
     out = Path(output.output_dir)
     found = run_files(out)
     resume = output.resume_from_checkpoint
-    if found and resume is None and not output.overwrite_output_dir:
-        raise ConfigError(f"--output_dir {out}: holds a run ({', '.join(found)}); pass --overwrite_output_dir to "
-                          "replace it, or --resume_from_checkpoint latest to continue it")
     # With --overwrite_output_dir, a run the resume would not continue goes (`replaces`) once the data is read.
-    if found and resume == "latest" and "checkpoints" not in found and not output.overwrite_output_dir:
-        raise ConfigError(f"--output_dir {out}: holds a run without checkpoints ({', '.join(found)}), so "
-                          "--resume_from_checkpoint latest would start over on top of it; pass --overwrite_output_dir")
-    if (found and resume not in (None, "latest") and not _inside(Path(resume), out)
-            and not output.overwrite_output_dir):
+    if found and not output.overwrite_output_dir and not continues(output, found):
+        if resume is None:
+            raise ConfigError(f"--output_dir {out}: holds a run ({', '.join(found)}); pass --overwrite_output_dir "
+                              "to replace it, or --resume_from_checkpoint latest to continue it")
+        if resume == "latest":
+            raise ConfigError(f"--output_dir {out}: holds a run without checkpoints ({', '.join(found)}), so "
+                              "--resume_from_checkpoint latest would start over on top of it; pass "
+                              "--overwrite_output_dir")
         raise ConfigError(f"--output_dir {out}: holds another run ({', '.join(found)}) than the one in "
                           f"--resume_from_checkpoint {resume}; choose an empty --output_dir or --overwrite_output_dir")
     check_writable(out)
 
 
-def replaces(output: OutputArgs, found: list[str]) -> bool:
-    """--overwrite_output_dir replaces the run in output_dir unless the resume continues it (`latest` with
-    checkpoints there, or a checkpoint inside it). A requeued job that passes both flags thus resumes, and the
-    overwrite is not silently dropped where there is nothing of this folder to resume."""
+def continues(output: OutputArgs, found: list[str]) -> bool:
+    """Whether --resume_from_checkpoint continues the run in output_dir (`found`: its run files): `latest` with
+    checkpoints there, or a checkpoint inside it."""
     resume = output.resume_from_checkpoint
-    if not output.overwrite_output_dir:
-        return False
     if resume is None:
-        return True
+        return False
     if resume == "latest":
-        return "checkpoints" not in found
-    return not _inside(Path(resume), Path(output.output_dir))
+        return "checkpoints" in found
+    return _inside(Path(resume), Path(output.output_dir))
+
+
+def replaces(output: OutputArgs, found: list[str]) -> bool:
+    """--overwrite_output_dir replaces the run in output_dir unless the resume continues it. A requeued job that
+    passes both flags thus resumes, and the overwrite is not silently dropped where there is nothing of this
+    folder to resume."""
+    return output.overwrite_output_dir and not continues(output, found)
 
 
 def clear_previous_run(output: OutputArgs, is_main: bool) -> list[str]:
