@@ -46,16 +46,16 @@ class ThroughputMeter:
     t_start: float | None = None
     t_end: float | None = None
     t_first: float = field(default_factory=time.perf_counter)
-    excluded_s: float = 0.0  # evaluation during training, once the clock runs
-    excluded_in_warmup_s: float = 0.0  # evaluation during the warm-up steps
+    excluded_s: float = 0.0  # evaluation during training, warm-up included
     counted: tuple[int, int, int] = (0, 0, 0)  # samples, tokens and padded tokens of every step, warm-up included
     before_clock: tuple[int, int, int] = (0, 0, 0)  # what `counted` held when the clock started
+    excluded_before_clock: float = 0.0  # and what `excluded_s` held
 
     def start(self) -> None:
         """Training begins (what came before, such as an evaluation before training, is not timed)."""
         self.t_first = time.perf_counter()
         if self.warmup_steps == 0:  # no warm-up: the clock runs from here, so evaluations are left out of it
-            self.t_start, self.before_clock = self.t_first, self.counted
+            self._start_clock(self.t_first)
 
     def micro_batch(self, samples: int, tokens: int, padded_tokens: int) -> None:
         self.counted = (self.counted[0] + samples, self.counted[1] + tokens, self.counted[2] + padded_tokens)
@@ -64,7 +64,7 @@ class ThroughputMeter:
         self.steps += 1
         if self.steps == self.warmup_steps:
             sync()  # the clock starts once queued warm-up work has finished
-            self.t_start, self.before_clock = time.perf_counter(), self.counted
+            self._start_clock(time.perf_counter())
         elif self.steps > self.warmup_steps:
             self.timed_steps += 1
 
@@ -73,22 +73,23 @@ class ThroughputMeter:
         self.t_end = time.perf_counter()
         if self.timed_steps == 0:  # no more steps than warm-up: time everything rather than nothing
             self.t_start, self.timed_steps, self.before_clock = self.t_first, self.steps, (0, 0, 0)
-            self.excluded_s += self.excluded_in_warmup_s  # the warm-up's evaluations are now inside the clock
+            self.excluded_before_clock = 0.0  # the warm-up's evaluations are now inside the clock
 
     @property
     def timed(self) -> tuple[int, int, int]:
         """Samples, tokens and padded tokens of the timed steps."""
         return tuple(a - b for a, b in zip(self.counted, self.before_clock))  # type: ignore[return-value]
 
+    def _start_clock(self, now: float) -> None:
+        self.t_start, self.before_clock, self.excluded_before_clock = now, self.counted, self.excluded_s
+
     def exclude(self, seconds: float) -> None:
-        if self.t_start is not None:
-            self.excluded_s += seconds
-        else:  # not timed unless the run ends within its warm-up, and is then timed from its start
-            self.excluded_in_warmup_s += seconds
+        self.excluded_s += seconds
 
     @property
     def elapsed(self) -> float:
-        return max((self.t_end or time.perf_counter()) - (self.t_start or self.t_first) - self.excluded_s, 1e-9)
+        excluded = self.excluded_s - self.excluded_before_clock
+        return max((self.t_end or time.perf_counter()) - (self.t_start or self.t_first) - excluded, 1e-9)
 
 
 class DeviceMemory:
