@@ -54,6 +54,7 @@ class ThroughputMeter:
     def start(self) -> None:
         """Training begins (what came before, such as an evaluation before training, is not timed)."""
         self.t_first = time.perf_counter()
+        self.excluded_s = 0.0  # an evaluation the resumed run owed came before this, outside every clock
         if self.warmup_steps == 0:  # no warm-up: the clock runs from here, so evaluations are left out of it
             self._start_clock(self.t_first)
 

@@ -167,3 +167,22 @@ def test_evaluation_during_training_is_left_out_of_the_clock_with_any_warm_up(
     meter.finish(lambda: None)
     assert (meter.timed_steps, meter.timed[0]) == (steps, 8 * steps)
     assert meter.elapsed == pytest.approx(steps * 1.0)
+
+
+def test_an_evaluation_before_training_starts_is_not_taken_off_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resumed run's owed evaluation runs before the clock's start: excluding it again from a run timed from its
+    start (no more steps than warm-up) took 10 s off 2 s of steps."""
+    from qa_train import metrics
+
+    now = [100.0]
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: now[0])
+    meter = metrics.ThroughputMeter(warmup_steps=5)
+    now[0] += 10.0  # the owed evaluation (Trainer._not_training), before fit starts the meter
+    meter.exclude(10.0)
+    meter.start()
+    for _ in range(2):
+        meter.micro_batch(8, 700, 1024)
+        now[0] += 1.0
+        meter.optimizer_step(lambda: None)
+    meter.finish(lambda: None)
+    assert meter.elapsed == pytest.approx(2.0)
