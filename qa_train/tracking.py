@@ -179,7 +179,7 @@ def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
 
 
 def _percent(fraction: float | None) -> str:
-    return "n/a" if fraction is None or math.isnan(fraction) else f"{100 * fraction:.1f}%"
+    return _fmt(None if fraction is None else 100 * fraction, "%", digits=1)
 
 
 def summary_table(m: RunMetrics) -> str:
