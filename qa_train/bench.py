@@ -182,14 +182,9 @@ def _kill_tree(pid: int) -> None:
     forever, if they hung) beside the bench's next run."""
     try:
         top = psutil.Process(pid)
-        tree = [top, *top.children(recursive=True)]  # listed before any dies and its children move to init
     except psutil.NoSuchProcess:
         return
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass  # already gone
+    launch.kill_all([top, *launch.descendants(top)])  # listed before any dies and its children move to init
 
 
 def describe_failure(outcome: Outcome) -> str:

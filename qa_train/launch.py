@@ -283,14 +283,14 @@ class Supervisor:
         if self.deadline is not None and time.monotonic() >= self.deadline:
             _say(f"the ranks did not stop within {self.grace_s:g} s (--stop_grace_s): killing them")
             self.deadline = None
-            _kill(self._tree())
+            kill_all(self._tree())
 
     def _on_signal(self, sig: signal.Signals) -> None:
         name = "Ctrl-C" if sig == signal.SIGINT else sig.name
         if self.deadline is not None and sig != signal.SIGUSR1:
             _say(f"{name} again: killing the ranks now")
             self.deadline = None
-            _kill(self._tree())
+            kill_all(self._tree())
             return
         ranks = [p for p in self._tree() if runs_module(p, RANK_MODULE)]
         # qa_train checkpoints and stops on SIGTERM and SIGUSR1; SIGINT would only raise KeyboardInterrupt there.
@@ -311,7 +311,7 @@ class Supervisor:
         for top in self.me.children():
             if top.pid not in self.others:
                 tree.append(top)
-                tree.extend(_children(top))
+                tree.extend(descendants(top))
         return tree
 
     def _end_leftovers(self) -> None:
@@ -322,7 +322,7 @@ class Supervisor:
         _, alive = psutil.wait_procs(left, timeout=LEFTOVER_WAIT_S)
         if alive:
             _say(f"killing {len(alive)} process(es) the launch left behind: {' '.join(str(p.pid) for p in alive)}")
-            _kill(alive)
+            kill_all(alive)
             psutil.wait_procs(alive, timeout=5)  # adopted ones are the launcher's to reap
 
 
@@ -330,7 +330,8 @@ def _say(message: str) -> None:
     print(f"qa_train.launch: {message}", file=sys.stderr, flush=True)
 
 
-def _children(p: psutil.Process) -> list[psutil.Process]:
+def descendants(p: psutil.Process) -> list[psutil.Process]:
+    """Everything under p (none if it is gone)."""
     try:
         return p.children(recursive=True)
     except psutil.Error:
@@ -362,7 +363,7 @@ def _send(procs: list[psutil.Process], sig: signal.Signals) -> None:
             pass  # already gone
 
 
-def _kill(procs: list[psutil.Process]) -> None:
+def kill_all(procs: list[psutil.Process]) -> None:
     # No wait here: psutil would reap the child under Popen, which then reads its exit code as 0.
     _send(procs, signal.SIGKILL)
 
