@@ -94,16 +94,19 @@ class IntervalMonitor:
         self.grad_norm_sum += torch.where(finite, norm, torch.zeros_like(norm))
 
     @contextlib.contextmanager
-    def excluded(self) -> Iterator[None]:
-        """Work inside (evaluation during training) counts in neither the interval's time nor its peaks."""
-        self.device_memory.fold()
+    def excluded(self, memory: bool = True) -> Iterator[None]:
+        """Work inside (evaluation, checkpoint saves) does not count in the interval's time; with `memory`, not in
+        its peaks either."""
+        if memory:
+            self.device_memory.fold()
         t0 = time.perf_counter()
         try:
-            with self.host_memory.excluded():
+            with self.host_memory.excluded() if memory else contextlib.nullcontext():
                 yield
         finally:
             self.excluded_s += time.perf_counter() - t0
-            self.device_memory.reset_current()
+            if memory:
+                self.device_memory.reset_current()
 
     def collect(self, stop_requested: bool) -> IntervalFigures:
         """Gather every rank's counts (a collective: all ranks call it at the same step) and start the next interval."""

@@ -113,7 +113,8 @@ def run_metrics(t: Trainer, scores: EvalResult | None, initial: EvalResult | Non
         **t.best.fields(scores, t.state.completed_steps, t.args.output.save_final_model),
         initial_exact_match=initial.exact_match if initial else None, initial_f1=initial.f1 if initial else None,
         initial_eval_step=t.first_step if initial else None,
-        train_runtime_s=round(t.train_runtime_s, 3), eval_runtime_s=scores.runtime_s if scores else None,
+        train_runtime_s=round(t.train_runtime_s, 3), checkpoint_runtime_s=round(t.checkpoint_runtime_s, 3),
+        eval_runtime_s=scores.runtime_s if scores else None,
         train_steps=t.state.completed_steps,
         train_loss=t.last_loss if math.isfinite(t.last_loss) else None,  # NaN: no step was logged
         train_loss_per_rank=[r.last_loss if math.isfinite(r.last_loss) else None for r in ranks],

@@ -107,6 +107,9 @@ class RunMetrics(TrainFigures, Scores):
 
     train_runtime_s: float | None = None
     """Wall seconds of the training loop (first step to last, checkpoints included)."""
+    checkpoint_runtime_s: float | None = None
+    """Wall seconds of this run's checkpoint saves (main process), part of train_runtime_s but left out of the
+    throughput figures, as evaluation is."""
     eval_runtime_s: float | None = None
     """Wall seconds of the final evaluation; None without one."""
     total_runtime_s: float | None = None

@@ -189,6 +189,7 @@ def summary_table(m: RunMetrics) -> str:
     if m.initial_exact_match is not None:
         label = f"at step {m.initial_eval_step}, resumed" if m.initial_eval_step else "untrained"
         before = f"  ({label}: EM {_fmt(m.initial_exact_match)}, F1 {_fmt(m.initial_f1)})"
+    saves = f" ({_fmt(m.checkpoint_runtime_s, ' s')} of it checkpoints)" if m.checkpoint_runtime_s else ""
     rows = [
         ("strategy", f"{_fmt(m.strategy)} (zero_stage={_fmt(m.zero_stage)}, offload={_fmt(m.offload)}), "
                      f"world_size={_fmt(m.world_size)}, {_fmt(m.mixed_precision)}"),
@@ -203,7 +204,7 @@ def summary_table(m: RunMetrics) -> str:
         ("peak memory", f"max {_fmt(mem.max, ' GiB')} / mean {_fmt(mem.mean, ' GiB')} per rank "
                         f"[{_fmt(m.peak_memory_source)}]"),
         ("peak host RSS", f"max {_fmt(rss.max, ' GiB')} per rank (lifetime)"),
-        ("runtime", f"{_fmt(m.train_runtime_s, ' s')} training, {_fmt(m.total_runtime_s, ' s')} total"),
+        ("runtime", f"{_fmt(m.train_runtime_s, ' s')} training{saves}, {_fmt(m.total_runtime_s, ' s')} total"),
         ("output", _fmt(m.output_dir)),
     ]
     width = max(len(k) for k, _ in rows)

@@ -115,6 +115,7 @@ class Trainer:
         self.last_loss = float("nan")
         self.preempted = False
         self.train_runtime_s = 0.0
+        self.checkpoint_runtime_s = 0.0
         self.train_memory = (float("nan"), float("nan"), float("nan"))  # CUDA allocated, reserved, host RSS (GiB)
 
     # --- building ------------------------------------------------------------------------------
@@ -328,10 +329,12 @@ class Trainer:
         return self.args.eval.eval_strategy == "steps" and step % self.eval_every == 0
 
     @contextlib.contextmanager
-    def _not_training(self) -> Iterator[None]:
-        """Evaluation inside the loop counts in neither the throughput clock nor the training memory peaks."""
+    def _not_training(self, memory: bool = True) -> Iterator[None]:
+        """Work inside the loop that is not a step (evaluation, checkpoint saves) is left out of the throughput
+        clocks; with `memory`, out of the training memory peaks too."""
+        self._sync()  # the last step's queued kernels are the step's time, not this work's
         t0 = time.perf_counter()
-        with self.monitor.excluded():
+        with self.monitor.excluded(memory):
             yield
         self.meter.exclude(time.perf_counter() - t0)
 
@@ -365,9 +368,15 @@ class Trainer:
         return saving.export_final(self.accelerator, self.model, self.tokenizer, folder)
 
     def _save_checkpoint(self) -> None:
-        self._check_weights()
-        self.state.best_eval = self.best.as_record()
-        saving.save_checkpoint(self.accelerator, self.output_dir, self.state, self.args.output.save_total_limit)
+        # A save's time depends on the disk and --checkpointing_steps, not on the strategy's step: it is reported
+        # apart (checkpoint_runtime_s) instead of diluting samples/s. Its memory stays in the training peaks: a
+        # save that runs out of memory ends the run as a step would.
+        with self._not_training(memory=False):
+            t0 = time.perf_counter()
+            self._check_weights()
+            self.state.best_eval = self.best.as_record()
+            saving.save_checkpoint(self.accelerator, self.output_dir, self.state, self.args.output.save_total_limit)
+            self.checkpoint_runtime_s += time.perf_counter() - t0
 
     def _check_weights(self) -> None:
         """Non-finite weights are never checkpointed or exported (each rank checks what it holds)."""

@@ -761,3 +761,10 @@ def test_summary_table_units_step_time_and_mfu() -> None:
     width = len("exact match / F1")  # the longest label
     rows = table.splitlines()[1:-1]
     assert all(line[width:width + 2] == "  " and line[width + 2] != " " for line in rows), "values in one column"
+
+
+def test_summary_table_says_how_much_of_training_was_checkpoint_saves() -> None:
+    assert row(summary_table(metrics(train_runtime_s=120.0, total_runtime_s=150.0)), "runtime") == (
+        "120.00 s training, 150.00 s total")
+    table = summary_table(metrics(train_runtime_s=120.0, checkpoint_runtime_s=9.5, total_runtime_s=150.0))
+    assert row(table, "runtime") == "120.00 s training (9.50 s of it checkpoints), 150.00 s total"
