@@ -393,6 +393,14 @@ class SystemArgs:
                   "as in transformers' Trainer. reduce-overhead replays CUDA graphs: for --pad_to_max_length, "
                   "where every batch has one shape."},
     )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={"help": "Keep only each encoder layer's input through the forward pass and recompute the layer "
+                  "in the backward pass (transformers' non-reentrant activation checkpointing): activation memory "
+                  "falls from every layer's tensors to one layer's plus the layers' inputs, for about one more "
+                  "forward pass of compute per step. The model family must support it (ALBERT, MPNet and a few "
+                  "others do not)."},
+    )
     seed: int = field(default=42, metadata={"help": "Seed for weights init, dropout and shuffling."})
     throughput_warmup_steps: int = field(
         default=2, metadata={"help": "First optimizer steps left out of throughput figures."}

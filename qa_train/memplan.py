@@ -4,7 +4,8 @@ Model states follow the ZeRO paper's accounting, written as DeepSpeed's own esti
 they exist (ZeRO-2 and ZeRO-3, with and without offload; `tests/test_plan.py` holds them to 1%), and as
 qa_train really trains where they do not (DDP and FSDP keep fp32 weights under autocast). Activations
 are counted tensor by tensor from the model's shape (what autograd keeps for the backward pass of one
-BERT layer), then calibrated against measured peaks (`CPU_CALIBRATION`).
+BERT layer; with gradient checkpointing, each layer's input and one recomputed layer), then calibrated
+against measured peaks (`CPU_CALIBRATION`).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class Setup:
     mixed_precision: str = "bf16"   # bf16, fp16 or no (fp32; the only choice on CPU)
     attention: str = "sdpa"         # sdpa or eager
     device: str = "cuda"            # cuda, or cpu (host RSS above the idle baseline is the memory)
+    gradient_checkpointing: bool = False  # keep each layer's input, recompute the layer in the backward pass
 
     @property
     def gpus_per_node(self) -> int:
@@ -204,8 +206,17 @@ def saved_activation_bytes(shape: ModelShape, setup: Setup, autocast: bool = Fal
     34 s b h + 5 a s^2 b. Under autocast the LayerNorm inputs stay fp32 and each of Q, K and V casts (and
     keeps) its own 16-bit copy of the layer input. Once per micro-batch: the embeddings' LayerNorm input
     (and dropout mask), the QA head's input, and SDPA's b x s x s attention mask.
+    With gradient checkpointing see `checkpointed_bytes`.
     `tests/test_plan.py` holds this to the tensors autograd really saves.
     """
+    if setup.gradient_checkpointing:
+        return sum(checkpointed_bytes(shape, setup, autocast))
+    per_layer, once = layer_and_once_bytes(shape, setup, autocast)
+    return shape.layers * per_layer + once
+
+
+def layer_and_once_bytes(shape: ModelShape, setup: Setup, autocast: bool) -> tuple[float, float]:
+    """(what one layer saves, what the micro-batch saves once outside the layers): `saved_activation_bytes`'s terms."""
     b, s, h, i, a = setup.batch, setup.seq, shape.hidden, shape.intermediate, shape.heads
     d = activation_dtype_bytes(setup)
     norm = FP32 if autocast else d  # LayerNorm runs in fp32 under autocast
@@ -220,7 +231,27 @@ def saved_activation_bytes(shape: ModelShape, setup: Setup, autocast: bool = Fal
     else:
         per_layer += d * sbh + FP32 * a * s * b
         once += d * b * s * s
-    return shape.layers * per_layer + once
+    return per_layer, once
+
+
+def checkpointed_bytes(shape: ModelShape, setup: Setup, autocast: bool = False) -> tuple[float, float]:
+    """(what autograd holds after the forward pass with gradient checkpointing, what one recomputed layer adds).
+
+    Each encoder layer's forward runs inside torch.utils.checkpoint, which keeps only the layer's inputs: the
+    hidden states (a LayerNorm's output, so fp32 under autocast) and the attention mask, one tensor for all the
+    layers (bool for SDPA, the model's dtype for eager attention); what a layer would save is recomputed from
+    them in the backward pass, one layer at a time (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
+    Cost"; Korthikanti et al. 2022 count full recomputation as 2 s b h bytes per layer at 2-byte values).
+    Outside the layers, as without checkpointing: the embeddings' and the QA head's tensors; SDPA's
+    floating-point mask is made inside the layer, so it comes back with the recomputed layer. The recomputed
+    layer's own input is counted twice (s b h values, a layer's 2-3%)."""
+    b, s = setup.batch, setup.seq
+    per_layer, once = layer_and_once_bytes(shape, setup, autocast)
+    model_dtype = FP32 if autocast else activation_dtype_bytes(setup)  # fp32 master weights under autocast
+    float_mask = 0 if stores_scores(shape, setup) else activation_dtype_bytes(setup) * b * s * s
+    mask_input = (1 if setup.attention == "sdpa" else model_dtype) * b * s * s
+    kept = shape.layers * model_dtype * s * b * shape.hidden + once - float_mask + mask_input
+    return kept, per_layer + float_mask
 
 
 def backward_transient_bytes(shape: ModelShape, setup: Setup) -> float:

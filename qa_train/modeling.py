@@ -96,6 +96,28 @@ def resolve_attention(args: ModelArgs, config) -> str:
     return args.attn_implementation
 
 
+def check_checkpointing(config, enabled: bool) -> None:
+    """--gradient_checkpointing for a family whose QA class cannot recompute its layers (ALBERT, MPNet, ...) is refused
+    from the config alone: transformers would refuse it only once the weights are loaded, after the data."""
+    cls = qa_model_class(config)
+    if enabled and not getattr(cls, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"--gradient_checkpointing: {cls.__name__} (model type {config.model_type!r}) does not "
+                          "support activation checkpointing in transformers; drop the flag")
+
+
+def enable_checkpointing(model) -> None:
+    """Recompute each encoder layer in the backward pass. Non-reentrant, as PyTorch recommends (named here though it
+    is transformers' default too): it composes with ZeRO-3's and FSDP's parameter hooks and with torch.compile."""
+    kwargs = {"use_reentrant": False}
+    try:
+        if hasattr(model, "activation_checkpointing_enable"):  # the new name: 5.23 deprecates the old one, warning
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    except ValueError as err:  # a class that claims support but has no layer to checkpoint
+        raise ConfigError(f"--gradient_checkpointing: {err}") from None
+
+
 def uses_token_types(config, tokenizer) -> bool:
     """token_type_ids go to the model only when its tokenizer makes them and its forward takes them:
     RoBERTa's and XLM-R's tokenizers make none, DistilBERT and ModernBERT take none."""

@@ -24,7 +24,7 @@ from dataclasses import asdict
 from qa_train.config import ConfigError, ModelArgs
 from qa_train.memplan import (CONFIGS, GIB, SPEED_ORDER, Estimate, ModelShape, Setup, calibration, estimate,
                               unplanned)
-from qa_train.modeling import position_limit, qa_model_class, resolve_attention
+from qa_train.modeling import check_checkpointing, position_limit, qa_model_class, resolve_attention
 from qa_train.report_data import ReportError
 
 # Shapes of the public BERT checkpoints (their config.json), so the planner answers without the hub.
@@ -82,6 +82,14 @@ def model_shape(config) -> ModelShape:
                                         getattr(config, "attention_dropout", 0.0)) or 0.0))
 
 
+def check_recompute(config, enabled: bool) -> None:
+    """--gradient_checkpointing for a model training would refuse it for (ALBERT, MPNet, ...)."""
+    try:
+        check_checkpointing(config, enabled)
+    except ConfigError as err:
+        raise PlanError(str(err)) from None
+
+
 def attention_of(config, requested: str | None) -> str:
     """The attention kernel training uses for --attn_implementation `requested` (auto, training's default: SDPA
     where the model supports it, else eager; DeBERTa's eager attention keeps its s x s probabilities)."""
@@ -127,9 +135,12 @@ def render(estimates: list[Estimate], best: Estimate | None, setup: Setup, gpu_m
 def describe(name: str, shape: ModelShape, setup: Setup) -> str:
     cal = calibration(setup)
     precision = {"no": "fp32"}.get(setup.mixed_precision, setup.mixed_precision)
+    recompute = (", gradient checkpointing (layer inputs kept, one layer recomputed)"
+                 if setup.gradient_checkpointing else "")
     return (f"{name}: {shape.num_parameters / 1e6:,.1f}M parameters (P), largest layer {shape.largest_layer_params / 1e6:,.1f}M "
             f"(L); {setup.num_gpus} {'GPU(s)' if setup.device == 'cuda' else 'CPU process(es)'} on {setup.num_nodes} "
-            f"node(s), batch {setup.batch} x {setup.seq} tokens per device, {precision}, {setup.attention} attention.\n"
+            f"node(s), batch {setup.batch} x {setup.seq} tokens per device, {precision}, {setup.attention} attention"
+            f"{recompute}.\n"
             f"Activations: tensors autograd keeps x {cal.activation_scale:g} + {cal.overhead_bytes / GIB:.3f} GiB "
             f"({cal.source}). Communication: bytes each device sends per step, ring collectives, N = {setup.num_gpus}.")
 
@@ -152,6 +163,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="As training's flag: auto (default) is SDPA where the model supports it, else eager.")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: plan CPU processes (fp32; memory is host RSS above the idle baseline).")
+    p.add_argument("--gradient_checkpointing", action="store_true",
+                   help="As training's flag: keep only each layer's input, recompute one layer at a time.")
     p.add_argument("--json", action="store_true", help="Print the estimates as JSON.")
     p.add_argument("--check", nargs="+", default=None, metavar="RUN_DIR",
                    help="Instead: the estimate beside the memory finished runs measured (or a parent of runs).")
@@ -185,7 +198,7 @@ def check_flags(opts: argparse.Namespace) -> str | None:
 def setup_of(opts: argparse.Namespace, attention: str) -> Setup:
     precision = opts.mixed_precision or ("bf16" if opts.device == "cuda" else "no")
     return Setup(opts.num_gpus, opts.num_nodes, opts.per_device_train_batch_size, opts.max_seq_length, precision,
-                 attention, opts.device)
+                 attention, opts.device, opts.gradient_checkpointing)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         limit = position_limit(config)
         if limit and opts.max_seq_length > limit:
             raise PlanError(f"--max_seq_length {opts.max_seq_length}: the model has {limit} position embeddings")
+        check_recompute(config, opts.gradient_checkpointing)
         shape, setup = model_shape(config), setup_of(opts, attention_of(config, opts.attn_implementation))
     except (PlanError, ReportError) as err:
         print(f"qa_train.plan: error: {err}", file=sys.stderr)

@@ -94,7 +94,8 @@ def check_run(run_dir: Path) -> Check:
     point = read_point(run_dir)
     setup = Setup(world, point.nodes if point else 1, int(m.per_device_train_batch_size or 1),
                   int(m.max_seq_length or 384), m.mixed_precision or "no", attention,
-                  "cpu" if m.device == "cpu" else "cuda")
+                  "cpu" if m.device == "cpu" else "cuda",
+                  bool(args.get("gradient_checkpointing")))  # absent from runs before the flag: it was off
     why_not = unplanned(config, setup)
     if why_not:
         return Check(name, config, world, None, measured, padded, f"the planner has no formula for {why_not}")

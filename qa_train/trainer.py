@@ -24,8 +24,9 @@ from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer_and
 from qa_train.hostmem import HostMemory
 from qa_train.inputs import Splits, build_loaders, featurize_splits, load_splits
 from qa_train.metrics import DeviceMemory, ThroughputMeter, device_name, peak_tflops
-from qa_train.modeling import (check_positions, check_weights, flops_per_token, import_model_code, load_config,
-                               load_model, load_tokenizer, loading, uses_token_types)
+from qa_train.modeling import (check_checkpointing, check_positions, check_weights, enable_checkpointing,
+                               flops_per_token, import_model_code, load_config, load_model, load_tokenizer, loading,
+                               uses_token_types)
 from qa_train.monitor import IntervalMonitor, ModelCost, interval_log
 from qa_train.optimization import batches_per_rank, build_optimizer, hyperparameters, plan_steps, reapply
 from qa_train.outputdir import clear_previous_run
@@ -71,6 +72,7 @@ class Trainer:
             self.tokenizer = load_tokenizer(m)
         with loading("--config_name" if m.config_name else "--model_name_or_path", m.config_source):
             self.model_config = load_config(m)
+        check_checkpointing(self.model_config, args.system.gradient_checkpointing)
         check_weights(m)
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
         splits = load_splits(args)
@@ -137,6 +139,8 @@ class Trainer:
         import_model_code(self.model_config)
         self.host_memory.mark_baseline()  # training memory is what the run adds above this
         model = load_model(args.model, self.tokenizer, self.model_config)
+        if args.system.gradient_checkpointing:  # before compile and prepare, which wrap the layers it marks
+            enable_checkpointing(model)
         if args.system.torch_compile:
             # In place, not torch.compile(model): its wrapper prefixes every weight name with `_orig_mod.`, so
             # the export loaded as a fresh model and checkpoints would not resume without compiling.

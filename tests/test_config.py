@@ -121,6 +121,13 @@ def test_a_compile_mode_asks_for_compiling() -> None:
     assert reduce.torch_compile is True and reduce.compile_mode == "reduce-overhead"
 
 
+def test_gradient_checkpointing_is_trainers_flag_off_by_default_and_recorded() -> None:
+    assert parse_args([]).system.gradient_checkpointing is False
+    args = parse_args(["--gradient_checkpointing"])
+    assert args.system.gradient_checkpointing is True and args.to_dict()["gradient_checkpointing"] is True
+    assert parse_args(["--gradient_checkpointing", "false"]).system.gradient_checkpointing is False
+
+
 def test_bool_flags_parse_both_ways() -> None:
     assert parse_args(["--pad_to_max_length"]).data.pad_to_max_length is True
     assert parse_args(["--pad_to_max_length", "false"]).data.pad_to_max_length is False
@@ -150,7 +157,7 @@ def test_every_flag_lives_in_exactly_one_group_and_round_trips() -> None:
     from qa_train.flags import build_parser
 
     names = [f.name for group in GROUPS.values() for f in dataclasses.fields(group)]
-    assert len(names) == len(set(names)) == 62
+    assert len(names) == len(set(names)) == 63
     parser_flags = {a.dest for a in build_parser()._actions if a.dest != "help"}
     assert parser_flags == set(names)
     args = parse_args(["--learning_rate", "1e-4", "--max_seq_length", "256", "--doc_stride", "64", "--no_eval",

@@ -140,6 +140,92 @@ def test_activation_count_matches_what_autograd_saves(sizes: dict, attention: st
     assert counted == pytest.approx(measured, rel=0.05)
 
 
+@pytest.mark.parametrize(("sizes", "attention", "precision"), [
+    ({}, "sdpa", "no"),
+    ({"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024, "hidden_dropout_prob": 0.1,
+      "attention_probs_dropout_prob": 0.1}, "sdpa", "no"),
+    ({"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}, "eager", "no"),
+    ({"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}, "sdpa", "bf16"),
+])
+def test_checkpointed_count_matches_what_autograd_keeps_and_recomputes(sizes: dict, attention: str, precision: str,
+                                                                       tmp_path: Path) -> None:
+    """With --gradient_checkpointing the saved_tensors_hooks probe sees what checkpointing keeps: each layer's inputs
+    (torch.utils.checkpoint saves them through autograd, outside its own hooks), and the embeddings' and QA head's
+    tensors; what a layer saves inside the checkpoint goes to the checkpoint's hooks and is recomputed. The
+    recompute (one layer at a time) saves what the layer's forward saves without checkpointing, measured here as
+    what a third layer adds to a two-layer model. The planner's peak is the two together."""
+    from transformers import AutoModelForQuestionAnswering
+
+    from qa_train.modeling import enable_checkpointing
+
+    batch, seq = 4, 128
+    saved = {}
+    for layers in (2, 3):
+        config = plan.load_config(None, str(write_config(tmp_path / f"l{layers}", num_hidden_layers=layers, **sizes)))
+        model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=attention)
+        saved[layers] = autograd_saved_bytes(model, batch, seq, precision)
+        if layers == 2:
+            shape = plan.model_shape(config)
+            enable_checkpointing(model)
+            kept = autograd_saved_bytes(model, batch, seq, precision)
+    one_layer = saved[3] - saved[2]
+    if precision == "bf16":  # autocast's 16-bit copies of the layer's weights: model states in the plan ("+ 2M")
+        one_layer -= 2 * (4 * shape.hidden**2 + 2 * shape.hidden * shape.intermediate)
+    setup = Setup(1, 1, batch, seq, precision, attention, "cpu" if precision == "no" else "cuda",
+                  gradient_checkpointing=True)
+    counted_kept, counted_recompute = memplan.checkpointed_bytes(shape, setup, autocast=precision == "bf16")
+    assert counted_kept == pytest.approx(kept, rel=0.05)
+    assert kept < saved[2] / 3  # two layers' inputs instead of two layers' tensors
+    peak = memplan.saved_activation_bytes(shape, setup, autocast=precision == "bf16")
+    assert peak == counted_kept + counted_recompute == pytest.approx(kept + one_layer, rel=0.05)
+
+
+def test_checkpointing_plans_less_by_the_layers_it_recomputes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """BERT-base shape, batch 4 x 384 on CPU: the plan with --gradient_checkpointing keeps 12 layer inputs and one
+    layer's tensors instead of 12 layers' tensors; model states are the same."""
+    shape, _ = shape_and_model(BERT_BASE_SHAPE)
+    plain, recomputed = Setup(1, 1, 4, 384, "no", "sdpa", "cpu"), Setup(1, 1, 4, 384, "no", "sdpa", "cpu", True)
+    per_layer, once = memplan.layer_and_once_bytes(shape, plain, autocast=False)
+    kept, recompute = memplan.checkpointed_bytes(shape, recomputed)
+    assert kept == pytest.approx(12 * 4 * 4 * 384 * 768 + once, rel=0.01)  # 12 fp32 layer inputs, then as before
+    assert recompute >= per_layer
+    cal = memplan.CPU_CALIBRATION
+    saved = cal.activation_scale * (memplan.saved_activation_bytes(shape, plain)
+                                    - memplan.saved_activation_bytes(shape, recomputed))
+    before, after = memplan.estimate("single", shape, plain), memplan.estimate("single", shape, recomputed)
+    assert after.model_states == before.model_states
+    assert before.activations - after.activations == pytest.approx(saved)
+    assert after.activations < before.activations / 4
+    cpu = ["--config_name", str(BERT_BASE_SHAPE), "--device", "cpu", "--num_gpus", "1", "--gpu_memory_gib", "64",
+           "--per_device_train_batch_size", "4", "--max_seq_length", "384", "--json"]
+    for flags, expected in (([], before), (["--gradient_checkpointing"], after)):
+        code, out, _ = run_plan([*cpu, *flags], capsys)
+        payload = json.loads(out)
+        assert code == 0 and payload["setup"]["gradient_checkpointing"] == bool(flags)
+        assert payload["estimates"][0]["activations"] == pytest.approx(expected.activations)
+    mpnet = tmp_path / "mpnet"
+    mpnet.mkdir()
+    (mpnet / "config.json").write_text(json.dumps({"model_type": "mpnet"}))
+    code, _, err = run_plan(["--config_name", str(mpnet), *cpu[2:], "--gradient_checkpointing"], capsys)
+    assert code == 2 and "--gradient_checkpointing: MPNetForQuestionAnswering" in err and "Traceback" not in err
+
+
+def test_check_plans_a_run_with_the_checkpointing_it_trained_with(tmp_path: Path) -> None:
+    """`plan --check` reads the flag from metrics.json's args (a run from before the flag has none: off)."""
+    from test_report import fake_metrics, rewrite
+
+    estimates = {}
+    for flag in (False, True):
+        run = rewrite(fake_metrics(tmp_path / f"gc-{flag}", "single", 1, 40.0, 0.9),
+                      {"config_name": str(TINY), "tokenizer_name": str(TINY), "gradient_checkpointing": flag},
+                      host_rss_baseline_gb={"per_rank": [0.4], "max": 0.4, "mean": 0.4})
+        estimates[flag] = check_run(run).estimate_gib
+    shape = plan.model_shape(plan.load_config(None, str(TINY)))
+    setups = [Setup(1, 1, 8, 192, "no", "sdpa", "cpu", flag) for flag in (False, True)]  # fake_metrics' batch
+    planned = [memplan.estimate("single", shape, s).total / GIB for s in setups]
+    assert planned[1] < planned[0] and [estimates[False], estimates[True]] == pytest.approx(planned)
+
+
 def run_plan(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
     """qa_train.plan's main in this process (the subprocess test below covers the real command line)."""
     try:
