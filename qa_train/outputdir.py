@@ -36,10 +36,21 @@ def leftovers(output_dir: Path) -> list[str]:
 def check_writable(output_dir: Path) -> None:
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=output_dir, prefix=".qa_train-probe-"):
-            pass
     except OSError as err:
         raise ConfigError(f"--output_dir {output_dir}: not writable ({err.strerror or err})") from None
+    if (why := unwritable(output_dir)) is not None:
+        raise ConfigError(f"--output_dir {output_dir}: not writable ({why})")
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why no file can be made in `folder`, or None. A file really made there, not os.access: that says yes to root
+    where nothing can be made (/sys, /proc)."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".qa_train-probe-"):
+            pass
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
 
 
 def _inside(path: Path, folder: Path) -> bool:

@@ -24,6 +24,7 @@ from pathlib import Path
 from qa_train.config import ConfigError, DataArgs, ModelArgs
 from qa_train.data import DataError, Examples, build_examples, load_file
 from qa_train.modeling import loading
+from qa_train.outputdir import unwritable
 from qa_train.postprocess import Answers, SpanRules
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -117,8 +118,8 @@ def check_output_dir(output_dir: str) -> None:
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():
         raise ConfigError(f"--output_dir {output_dir}: {existing} is a file, not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"--output_dir {output_dir}: {existing} is not writable")
+    if (why := unwritable(existing)) is not None:
+        raise ConfigError(f"--output_dir {output_dir}: {existing} is not writable ({why})")
 
 
 def command_line_question(question: str, context: str, source: str = "<command line>",

@@ -197,6 +197,16 @@ def test_an_output_dir_that_is_a_file_is_refused_before_the_model_loads(
                        else f"--output_dir {target}: is a file, not a directory")
 
 
+def test_an_output_dir_that_cannot_be_written_is_refused_before_the_model_loads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """os.access says yes to root under /sys, where nothing can be made: that was a FileNotFoundError traceback
+    (exit 1) after every question had been answered. The same folder training refuses (test_faults.py)."""
+    target = Path("/sys/qa_train_test_predict_out")
+    message = refused([str(tmp_path / "no-model"), "--test_file", str(DEMO_DEV), "--output_dir", str(target)],
+                      capsys)
+    assert message.startswith(f"--output_dir {target}: /sys is not writable"), message
+
+
 def test_data_refused_while_windowing_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Windowing refuses some questions (a text the tokenizer turns into nothing, flags that leave a question no
