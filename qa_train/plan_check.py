@@ -32,7 +32,7 @@ class Check:
     processes: int | None
     estimate_gib: float | None
     measured_gib: float | None
-    padded: bool  # every batch padded to max_seq_length; else the estimate (at that length) is an upper bound
+    padded: bool  # every batch padded to max_seq_length; else the run's batches were shorter than the plan's
     why: str | None = None  # why the estimate or the measurement is missing
 
     @property
@@ -110,7 +110,7 @@ def check_runs(paths: list[str | Path]) -> str:
     for c in checks:
         cells = [DASH if v is None else f"{v:.3f}" for v in (c.estimate_gib, c.measured_gib)]
         ratio = DASH if c.ratio is None else f"{c.ratio:.2f}"
-        note = c.why or ("" if c.ratio is None or c.padded else "estimate is an upper bound: dynamic padding")
+        note = c.why or ("" if c.ratio is None or c.padded else "planned at full length; dynamic padding ran shorter batches")
         lines.append(f"| {c.run} | {c.config} | {DASH if c.processes is None else c.processes} | {cells[0]} | "
                      f"{cells[1]} | {ratio} | {note} |")
     return "\n".join(lines)

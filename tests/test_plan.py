@@ -319,7 +319,7 @@ def test_check_says_why_a_run_has_no_estimate_or_measurement(tmp_path: Path) -> 
     Point("ddp", "ddp", 2).write(failed)  # a sweep's failed run: no metrics.json
     rows = {r[0]: r for r in (line.strip("|").split(" | ") for line in check_runs([root]).splitlines()[2:])}
     rows = {name.strip(): [c.strip() for c in cells] for name, *cells in rows.values()}
-    assert rows["cpu-now"][3] == "0.500" and rows["cpu-now"][5] == "estimate is an upper bound: dynamic padding"
+    assert rows["cpu-now"][3] == "0.500" and rows["cpu-now"][5] == "planned at full length; dynamic padding ran shorter batches"
     assert rows["cpu-old"][3:5] == ["—", "—"] and "no idle host-RSS baseline" in rows["cpu-old"][5]
     assert rows["gpu"][3] == "1.500" and rows["gpu"][4] != "—"  # CUDA's peak needs no baseline
     assert rows["zero3-opt"][2] == "—" and "no formula for zero3+offload(optimizer)" in rows["zero3-opt"][5]
