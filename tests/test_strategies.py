@@ -116,6 +116,23 @@ def test_zero_matches_ddp(config: str, stage: int, offload: str, ddp_run: Path,
     assert_export_is_trained(out)
 
 
+def test_zero3_with_gradient_checkpointing_trains_as_without(uninterrupted: Callable[[str], Path],
+                                                              tmp_path: Path) -> None:
+    """ZeRO-3 gathers each layer's partitioned weights in hooks; the recompute in the backward pass must gather
+    them again (non-reentrant checkpointing does): the same losses and exported weights as ZeRO-3 without it."""
+    plain = uninterrupted("zero3")
+    out = tmp_path / "run"
+    run_ok(launch_cmd("zero3", out, "--gradient_checkpointing"), base_env(tmp_path))
+    assert read_metrics(out)["args"]["gradient_checkpointing"] is True
+    ours, ref = step_log(out), step_log(plain)
+    assert sorted(ours) == sorted(ref)
+    for step in ref:
+        assert ours[step]["train/loss"] == pytest.approx(ref[step]["train/loss"], rel=1e-5), f"loss, step {step}"
+    exported, reference = (load_file(run / "final" / "model.safetensors") for run in (out, plain))
+    for name, tensor in reference.items():
+        torch.testing.assert_close(exported[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def _kill_tree(proc: subprocess.Popen) -> list[psutil.Process]:
     """SIGKILL the launcher and every process under it, as a node failure would: no chance to clean up.
     torchrun starts its ranks in sessions of their own, so killing the launcher's process group is not enough.
