@@ -106,6 +106,8 @@ def ablation_plans(on_cpu: bool) -> list[Point]:
     else:  # features that only exist on CUDA, first: a run cut short by a time limit still measured them
         flips = [("fp32", ["--mixed_precision", "no"]), ("unfused-adamw", ["--optim", "adamw_torch"]),
                  ("no-workers", ["--dataloader_num_workers", "0"]), *flips]
+    # Not a speed feature: what its memory saving costs in speed. Last, so a run cut short keeps the others.
+    flips.append(("gradient-checkpointing", ["--gradient_checkpointing", "true"]))
     return [Point("default", "single", 1)] + [Point(name, "single", 1, extra=flags) for name, flags in flips]
 
 

@@ -299,6 +299,7 @@ def test_ablation_flips_one_real_flag_per_run(on_cpu: bool) -> None:
         assert len(flipped) == 1, (plan.name, flipped)
     cuda_only = {"fp32", "unfused-adamw", "no-workers"}
     assert ({p.label for p in plans} & cuda_only) == (set() if on_cpu else cuda_only)
+    assert plans[-1].label == "gradient-checkpointing"  # the trade-off last: a run cut short keeps the speed flips
 
 
 def rewrite(run: Path, args: dict | None = None, **changes: object) -> Path:
