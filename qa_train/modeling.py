@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,10 +26,24 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 
 
+# What the hub takes for a model id: "name" or "org/name".
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def local_path(name: str) -> bool:
+    """Whether `name` means a folder on this machine rather than a hub id: one that exists, one the hub cannot
+    take (absolute, ./, ~, more than one /), or org/name whose org is a folder here (a mistyped `runs/x/final`
+    would otherwise be sent to the hub, and the error would be that the hub cannot be reached)."""
+    path = Path(name).expanduser()
+    return path.exists() or not HUB_ID.fullmatch(name) or (path.parent != Path(".") and path.parent.is_dir())
+
+
 @contextlib.contextmanager
 def loading(flag: str, source: str, what: str = "it") -> Iterator[None]:
     """transformers' own failures (a missing folder or hub id, no tokenizer files or weights, a JSON that is not a
     config) as one ConfigError line naming the flag, instead of a traceback."""
+    if local_path(source) and not Path(source).expanduser().exists():  # before transformers asks the hub for it
+        raise ConfigError(f"{flag} {source}: no such directory")
     try:
         yield
     except ConfigError:
@@ -41,7 +56,12 @@ def loading(flag: str, source: str, what: str = "it") -> Iterator[None]:
 def check_weights(args: ModelArgs) -> None:
     """A local --model_name_or_path without weights: from_pretrained would fail only once the model is built, after
     --overwrite_output_dir has removed the old run."""
-    if args.from_scratch or not Path(args.model_name_or_path).is_dir():
+    if args.from_scratch:
+        return
+    if not Path(args.model_name_or_path).expanduser().is_dir():
+        if local_path(args.model_name_or_path):  # with --config_name, nothing has tried to load it yet
+            what = "is a file, not a model folder" if Path(args.model_name_or_path).exists() else "no such directory"
+            raise ConfigError(f"--model_name_or_path {args.model_name_or_path}: {what}")
         return  # a hub id: from_pretrained resolves it
     if not any((Path(args.model_name_or_path) / name).is_file() for name in WEIGHT_FILES):
         raise ConfigError(f"--model_name_or_path {args.model_name_or_path}: no weights ({', '.join(WEIGHT_FILES[::2])}"

@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
 from qa_train.config import ConfigError, DataArgs, ModelArgs
 from qa_train.data import DataError, Examples, build_examples, load_file
-from qa_train.modeling import loading
+from qa_train.modeling import loading, local_path
 from qa_train.outputdir import unwritable
 from qa_train.postprocess import Answers, SpanRules
 
@@ -31,8 +30,6 @@ DEVICES = ("auto", "cpu", "cuda")
 # Any of these makes a folder's tokenizer (tokenizer.json is what an export writes; the others are the hub's).
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "vocab.json", "spiece.model",
                    "sentencepiece.bpe.model")
-# What the hub takes as a model id ("bert-base-uncased", "org/name"); anything else must be a local folder.
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 class Predictor:
@@ -90,7 +87,7 @@ def check_model_dir(model_dir: str) -> None:
 
     path = Path(model_dir).expanduser()
     if not path.exists():
-        if HUB_ID.fullmatch(model_dir):
+        if not local_path(model_dir):
             return  # a hub model id; transformers says whether it can be had
         raise ConfigError(f"MODEL_DIR {model_dir}: no such directory")
     if not path.is_dir():

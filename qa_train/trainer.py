@@ -138,7 +138,8 @@ class Trainer:
         args, accelerator = self.args, self.accelerator
         import_model_code(self.model_config)
         self.host_memory.mark_baseline()  # training memory is what the run adds above this
-        model = load_model(args.model, self.tokenizer, self.model_config)
+        with loading("--model_name_or_path", args.model.model_name_or_path or ""):  # a hub id's weights, offline
+            model = load_model(args.model, self.tokenizer, self.model_config)
         if args.system.gradient_checkpointing:  # before compile and prepare, which wrap the layers it marks
             enable_checkpointing(model)
         if args.system.torch_compile:

@@ -147,6 +147,16 @@ def test_a_model_dir_that_is_not_an_exported_model_is_refused_in_one_line(
     assert message.startswith("MODEL_DIR ") and message.endswith(says.format(final=(run / "final").resolve()))
 
 
+def test_a_mistyped_relative_model_dir_is_no_such_directory_not_a_hub_id(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runs/x` reads like a hub id (org/name): it was sent to the hub, and the line said the hub could not be
+    reached. Its first part is a folder here, so it is a local path that does not exist."""
+    a_run(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    message = refused(["run/fnal", "-q", "Who?", "-c", "Somebody."], capsys)
+    assert message == "MODEL_DIR run/fnal: no such directory"
+
+
 def test_a_model_dir_transformers_cannot_load_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     """The bundled tiny BERT has a config and a tokenizer but no weights."""
     message = refused([str(TINY), "-q", "Who?", "-c", "Somebody."], capsys)

@@ -219,3 +219,33 @@ def test_the_default_model_is_bert_base_unless_a_config_stands_alone() -> None:
     scratch = ModelArgs(config_name=str(TINY))
     assert scratch.from_scratch and scratch.config_source == str(TINY)
     assert scratch.tokenizer_source == "bert-base-uncased"  # a config folder need not hold a tokenizer
+
+
+@pytest.mark.parametrize(("flag", "name"), [
+    ("--model_name_or_path", "runs/fnal"),   # beside --config_name: nothing loaded it before the weights
+    ("--model_name_or_path", "./nothing"),
+    ("--tokenizer_name", "runs/tok"),
+    ("--config_name", "runs/cfg"),
+])
+def test_a_mistyped_local_folder_is_no_such_directory_before_any_data(
+        flag: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runs/x` reads like a hub id (org/name), so it went to the hub: a folder given beside --config_name was a
+    traceback after the data was read, the others said the hub could not be reached. `runs` is a folder here, so
+    it is a local path that does not exist."""
+    from qa_train import trainer
+    from qa_train.flags import parse_args
+
+    def no_data(*args: object) -> None:
+        raise AssertionError("the data was read before the refusal")
+
+    monkeypatch.setattr(trainer, "load_splits", no_data)
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    flags = tiny_flags(tmp_path / "out", "--no_eval")
+    if flag in flags:
+        flags[flags.index(flag) + 1] = name
+    else:
+        flags += [flag, name]
+    with pytest.raises(ConfigError) as refused:
+        trainer.Trainer(parse_args(flags))
+    assert str(refused.value) == f"{flag} {name}: no such directory"
