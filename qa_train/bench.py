@@ -34,7 +34,7 @@ import psutil
 
 from qa_train import launch, report, slurm_sweep
 from qa_train.config import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
-from qa_train.sweep import SCALINGS, Point, SweepError, strong_scaling, with_repeats
+from qa_train.sweep import SCALINGS, Point, SweepError, flag_value, strong_scaling, with_repeats
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
 # (flags that replace it, default flags): a default model or dataset is dropped as a whole as soon
@@ -92,8 +92,9 @@ def strategy_plans(configs: list[str], process_counts: list[int], on_cpu: bool) 
     return plans
 
 
-def ablation_plans(on_cpu: bool) -> list[Point]:
-    """One process: the defaults, then each speed feature flipped alone (off if on by default, else on)."""
+def ablation_plans(on_cpu: bool, train_flags: list[str] | None = None) -> list[Point]:
+    """One process: the defaults, then each speed feature flipped alone (off if on by default, else on). With
+    `train_flags`, --gradient_checkpointing is left out (with the reason) for a model whose family lacks it."""
     flips = [
         ("pad-to-max", ["--pad_to_max_length", "true"]),        # dynamic padding off
         ("eager-attention", ["--attn_implementation", "eager"]),  # SDPA off
@@ -107,8 +108,28 @@ def ablation_plans(on_cpu: bool) -> list[Point]:
         flips = [("fp32", ["--mixed_precision", "no"]), ("unfused-adamw", ["--optim", "adamw_torch"]),
                  ("no-workers", ["--dataloader_num_workers", "0"]), *flips]
     # Not a speed feature: what its memory saving costs in speed. Last, so a run cut short keeps the others.
-    flips.append(("gradient-checkpointing", ["--gradient_checkpointing", "true"]))
+    why_not = recompute_refusal(train_flags) if train_flags is not None else None
+    if why_not:  # training would refuse it at its start, after every other run: a failed ablation, exit 1
+        print(f"skipping gradient-checkpointing: {why_not}", flush=True)
+    else:
+        flips.append(("gradient-checkpointing", ["--gradient_checkpointing", "true"]))
     return [Point("default", "single", 1)] + [Point(name, "single", 1, extra=flags) for name, flags in flips]
+
+
+def recompute_refusal(train_flags: list[str]) -> str | None:
+    """Why the model `train_flags` name cannot take --gradient_checkpointing, or None; None too where its config is
+    not on this machine or has no QA class (the runs themselves then say so)."""
+    from qa_train.config import ConfigError
+    from qa_train.modeling import checkpointing_unsupported
+    from qa_train.plan import PlanError, load_config
+
+    model, config_name = flag_value(train_flags, "model_name_or_path"), flag_value(train_flags, "config_name")
+    if not (model or config_name):
+        return None
+    try:
+        return checkpointing_unsupported(load_config(model, config_name))
+    except (PlanError, ConfigError):
+        return None
 
 
 def free_port(taken: set[int]) -> int:
@@ -259,7 +280,7 @@ def resolve_device(opts: argparse.Namespace) -> None:
 def sweep_plans(opts: argparse.Namespace, train_flags: list[str]) -> list[Point]:
     """Every run of the sweep in the order they run: points (scaled as asked) x repeats."""
     if opts.ablation:
-        points = ablation_plans(opts.cpu)
+        points = ablation_plans(opts.cpu, train_flags)
     elif opts.slurm:
         configs = opts.configs or [c for c in available_configs() if c != "single"]
         points = slurm_sweep.node_points(strategy_plans(configs, [1], opts.cpu), opts.nodes or [1], opts.procs_per_node)

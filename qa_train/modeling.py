@@ -119,10 +119,18 @@ def resolve_attention(args: ModelArgs, config) -> str:
 def check_checkpointing(config, enabled: bool) -> None:
     """--gradient_checkpointing for a family whose QA class cannot recompute its layers (ALBERT, MPNet, ...) is refused
     from the config alone: transformers would refuse it only once the weights are loaded, after the data."""
+    why = checkpointing_unsupported(config)
+    if enabled and why:
+        raise ConfigError(f"--gradient_checkpointing: {why}; drop the flag")
+
+
+def checkpointing_unsupported(config) -> str | None:
+    """Why this config's QA class cannot recompute its layers, or None (ConfigError: no QA class at all)."""
     cls = qa_model_class(config)
-    if enabled and not getattr(cls, "supports_gradient_checkpointing", False):
-        raise ConfigError(f"--gradient_checkpointing: {cls.__name__} (model type {config.model_type!r}) does not "
-                          "support activation checkpointing in transformers; drop the flag")
+    if getattr(cls, "supports_gradient_checkpointing", False):
+        return None
+    return (f"{cls.__name__} (model type {config.model_type!r}) does not support activation checkpointing in "
+            "transformers")
 
 
 def enable_checkpointing(model) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PY, base_env, read_metrics, run_cmd, run_ok
+from conftest import PY, TINY, base_env, read_metrics, run_cmd, run_ok
 from qa_train import report, report_plots
 from qa_train.report_plots import IDEAL
 from qa_train.schema import PerRank, RunMetrics
@@ -300,6 +300,32 @@ def test_ablation_flips_one_real_flag_per_run(on_cpu: bool) -> None:
     cuda_only = {"fp32", "unfused-adamw", "no-workers"}
     assert ({p.label for p in plans} & cuda_only) == (set() if on_cpu else cuda_only)
     assert plans[-1].label == "gradient-checkpointing"  # the trade-off last: a run cut short keeps the speed flips
+
+
+def test_ablation_leaves_out_checkpointing_for_a_family_without_it(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """An MPNet (or ALBERT) ablation used to end with a run that training refuses at its start: reported as failed
+    after every other run, exit status 1. The plan now leaves the flip out and says why, as it skips FSDP on CPU."""
+    from qa_train import bench
+
+    mpnet = tmp_path / "mpnet"
+    mpnet.mkdir()
+    (mpnet / "config.json").write_text(json.dumps({"model_type": "mpnet", "hidden_size": 32, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 2, "intermediate_size": 64}))
+
+    def labels(*user: str) -> list[str]:
+        opts, user_flags = bench.parse(["--ablation", "--cpu", "--", *user])
+        flags = [*bench.model_and_data_defaults(user_flags), *bench.DEFAULT_FLAGS, *user_flags]
+        return [p.label for p in bench.sweep_plans(opts, flags)]
+
+    without = labels("--config_name", str(mpnet), "--tokenizer_name", str(TINY))
+    assert "gradient-checkpointing" not in without and without[0] == "default" and len(without) > 2
+    assert ("skipping gradient-checkpointing: MPNetForQuestionAnswering (model type 'mpnet') does not support "
+            "activation checkpointing" in capsys.readouterr().out)
+    assert labels()[-1] == "gradient-checkpointing"  # the bundled tiny BERT
+    assert labels("--model_name_or_path", "bert-base-uncased")[-1] == "gradient-checkpointing"  # a built-in shape
+    assert labels("--config_name", str(tmp_path / "nowhere"))[-1] == "gradient-checkpointing"  # the run will say
+    assert "skipping" not in capsys.readouterr().out
 
 
 def rewrite(run: Path, args: dict | None = None, **changes: object) -> Path:
