@@ -81,6 +81,15 @@ def check_world(accelerator) -> None:
         )
 
 
+def check_recompute(accelerator, gradient_checkpointing: bool) -> None:
+    """FSDP's own activation checkpointing (an accelerate config's `fsdp_activation_checkpointing: true`) with
+    --gradient_checkpointing would wrap every layer twice and recompute it twice; Trainer refuses the pair too."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)  # unset outside FSDP
+    if gradient_checkpointing and getattr(plugin, "activation_checkpointing", False):
+        raise LaunchError("--gradient_checkpointing: the accelerate config already sets fsdp_activation_checkpointing: "
+                          "true, which recomputes the layers itself; keep one of the two")
+
+
 @dataclass
 class Strategy:
     name: str          # single, ddp, fsdp, zero1, zero2, zero3

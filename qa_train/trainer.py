@@ -85,6 +85,7 @@ class Trainer:
         self.is_main = self.accelerator.is_main_process
         setup_logging(self.is_main)
         distributed.check_world(self.accelerator)
+        distributed.check_recompute(self.accelerator, args.system.gradient_checkpointing)
         self.strategy = distributed.detect_strategy(self.accelerator)
         self.on_cuda = self.accelerator.device.type == "cuda"
         log.info("qa_train %s: %s on %d process(es), device %s, mixed precision %s", __version__, self.strategy.name,

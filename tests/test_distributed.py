@@ -12,8 +12,8 @@ import torch
 
 from qa_train.config import ConfigError
 from qa_train.flags import parse_args
-from qa_train.distributed import (num_parameters, reconcile_deepspeed, resolve_mixed_precision,
-                                  scheduler_steps_per_update, uses_deepspeed_optimizer)
+from qa_train.distributed import (LaunchError, check_recompute, num_parameters, reconcile_deepspeed,
+                                  resolve_mixed_precision, scheduler_steps_per_update, uses_deepspeed_optimizer)
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "ds_configs/test.json"
@@ -79,6 +79,22 @@ def test_mixed_precision_resolution(flag: str, env: dict, bf16_capable: bool, ex
 def fake_accelerator(processes: int, ds_config: dict | None) -> SimpleNamespace:
     plugin = None if ds_config is None else SimpleNamespace(deepspeed_config=ds_config)
     return SimpleNamespace(num_processes=processes, state=SimpleNamespace(deepspeed_plugin=plugin))
+
+
+def fsdp_accelerator(activation_checkpointing: bool) -> SimpleNamespace:
+    plugin = SimpleNamespace(activation_checkpointing=activation_checkpointing)
+    return SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin))
+
+
+def test_fsdp_activation_checkpointing_with_the_flag_is_refused_naming_both() -> None:
+    with pytest.raises(LaunchError, match="--gradient_checkpointing.*fsdp_activation_checkpointing"):
+        check_recompute(fsdp_accelerator(True), gradient_checkpointing=True)
+
+
+@pytest.mark.parametrize("accelerator,flag", [(fsdp_accelerator(True), False), (fsdp_accelerator(False), True),
+                                              (SimpleNamespace(state=SimpleNamespace()), True)])
+def test_one_recompute_alone_is_accepted(accelerator: SimpleNamespace, flag: bool) -> None:
+    check_recompute(accelerator, gradient_checkpointing=flag)
 
 
 def test_schedule_steps_per_update_follow_who_steps_the_scheduler() -> None:
