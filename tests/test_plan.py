@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import PY, ROOT, TINY, base_env, run_cmd, run_ok, tiny_flags
+from conftest import PY, ROOT, TINY, base_env, run_ok, tiny_flags
 from qa_train import memplan, plan
 from qa_train.memplan import GIB, Setup
 from qa_train.plan_check import check_run
