@@ -122,6 +122,8 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
         raise LaunchConfigError(f"{opts.config_file}: {refusal}. On CPU use accelerate_configs/zero3.yaml for "
                                 "fully sharded training, or run FSDP on GPUs.")
     ip, port = main_process(cfg, opts)
+    if opts.cpu:  # DeepSpeed otherwise guesses its accelerator, and warns once per rank that it chose the CPU
+        env.setdefault("DS_ACCELERATOR", "cpu")
     if not opts.cpu or kind == "DEEPSPEED":
         cmd = ["accelerate", "launch", "--config_file", opts.config_file, "--num_processes", str(procs)]
         if machines > 1:

@@ -266,8 +266,8 @@ def test_cpu_deepspeed_is_accelerate_launch() -> None:
     cmd, env = build(DEEPSPEED, "--cpu", "--num_processes", "2")
     assert cmd == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "2",
                    "--main_process_port", "29500", "-m", "qa_train", *TRAIN]
-    # qa_train picks gloo itself under DeepSpeed; the environment is passed through untouched.
-    assert env == dict(os.environ)
+    # qa_train picks gloo itself under DeepSpeed; the environment is passed through, naming DeepSpeed's accelerator.
+    assert env == {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
 
 
 def test_cpu_deepspeed_multi_machine() -> None:
@@ -387,6 +387,15 @@ def test_cpu_ddp_many_processes_is_torchrun(monkeypatch: pytest.MonkeyPatch) -> 
                    "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", "29500",
                    "-m", "qa_train", *TRAIN]
     assert (env["ACCELERATE_USE_CPU"], env["ACCELERATE_MIXED_PRECISION"]) == ("true", "no")
+
+
+@pytest.mark.parametrize("cfg", [DEEPSPEED, MULTI_GPU, {}], ids=["deepspeed", "ddp", "single"])
+def test_cpu_tells_deepspeed_its_accelerator(cfg: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    assert build(cfg, "--cpu", "--num_processes", "2")[1]["DS_ACCELERATOR"] == "cpu"
+    assert "DS_ACCELERATOR" not in build(cfg, "--num_processes", "2")[1]  # on GPUs DeepSpeed's own detection
+    monkeypatch.setenv("DS_ACCELERATOR", "xpu")  # a user's choice is kept
+    assert build(cfg, "--cpu", "--num_processes", "2")[1]["DS_ACCELERATOR"] == "xpu"
 
 
 def test_cpu_ddp_many_machines_splits_processes_per_node() -> None:
