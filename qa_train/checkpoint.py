@@ -1,4 +1,5 @@
-"""Resumable checkpoints: what one holds, which are complete and usable, and resuming from one.
+"""Resumable checkpoints: which are complete and usable, and resuming from one (what one records besides
+accelerate's state, and which changes a resume may make, is qa_train.train_state).
 
 A checkpoint (written by qa_train.saving) is complete only with its manifest, and usable only when every
 file still has the size the manifest records (`verify`).
@@ -10,26 +11,17 @@ import json
 import logging
 import re
 import shutil
-import uuid
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from qa_train.distributed import failed_ranks
+from qa_train.train_state import TrainerState, is_int, resume_conflicts, state_from_json
 
 log = logging.getLogger("qa_train")
 STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"
 RNG_FILE = "random_states_{}.pkl"  # accelerate's name for one rank's RNG state
-CONTRACT = ("world_size", "global_batch_size", "per_device_train_batch_size", "gradient_accumulation_steps",
-            "total_steps")
-COUNTERS = ("completed_steps", "epoch", "batches_in_epoch")
-# What decides the order of the training windows: a mid-epoch resume replays the epoch's order and skips what
-# was consumed, so all of these must be as they were (at an epoch boundary a change only starts a new order).
-DATA_ORDER = {  # name: (what it is, how to resume as before)
-    "seed": ("--seed", "--seed {was}"), "group_by_length": ("--group_by_length", "--group_by_length {was}"),
-    "num_train_windows": ("the number of training windows", "the checkpoint's training data and windowing "
-                          "(--train_file, --max_train_samples, --max_seq_length, --doc_stride, the tokenizer)")}
 
 
 class CheckpointError(ValueError):
@@ -39,67 +31,6 @@ class CheckpointError(ValueError):
     def __init__(self, message: str, reporter: int = 0) -> None:
         super().__init__(message)
         self.reporter = reporter
-
-
-@dataclass
-class TrainerState:
-    """Counters that accelerate's save_state does not keep, and what the checkpoint was sized for."""
-
-    completed_steps: int = 0
-    epoch: int = 0
-    batches_in_epoch: int = 0  # micro-batches of `epoch` already consumed
-    # Whose checkpoints rotation may delete: new for a fresh run, inherited on resume. Every rank draws
-    # its own, but only the main process's is written.
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    # The resume contract (see resume_conflicts); None: written by a qa_train that did not record it.
-    world_size: int | None = None
-    global_batch_size: int | None = None
-    per_device_train_batch_size: int | None = None
-    gradient_accumulation_steps: int | None = None
-    total_steps: int | None = None
-    seed: int | None = None  # DATA_ORDER: refused mid-epoch when it changes
-    group_by_length: bool | None = None
-    num_train_windows: int | None = None
-    # The best evaluation so far ({"step", "exact_match", "f1"}), so a resumed run's best_* still counts the
-    # evaluations before the checkpoint (with --save_best, output_dir/best/best.json says the same).
-    best_eval: dict[str, float] | None = None
-    # A stop request ended the run at a step that owed an in-loop evaluation: the resumed run does it first.
-    eval_owed: bool = False
-
-    def contract(self) -> dict[str, int | bool | None]:
-        return {name: getattr(self, name) for name in (*CONTRACT, *DATA_ORDER)}
-
-
-def state_from_json(text: str) -> TrainerState:
-    """Parse trainer_state.json, old formats included; ValueError says what is wrong with it."""
-    data = json.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    unknown = sorted(set(data) - {f.name for f in fields(TrainerState)})
-    if unknown:
-        raise ValueError(f"unknown keys {', '.join(unknown)} (written by a newer qa_train?)")
-    for name in COUNTERS:
-        if not _is_int(data.get(name)) or data[name] < 0:
-            raise ValueError(f"{name} is {data.get(name)!r}, not a count")
-    for name in CONTRACT:
-        if data.get(name) is not None and not (_is_int(data[name]) and data[name] > 0):
-            raise ValueError(f"{name} is {data[name]!r}, not a positive integer")
-    if "run_id" in data and not (isinstance(data["run_id"], str) and data["run_id"]):
-        raise ValueError(f"run_id is {data['run_id']!r}, not a string")
-    for name in DATA_ORDER:
-        value = data.get(name)
-        if value is not None and not (isinstance(value, bool) if name == "group_by_length" else _is_int(value)):
-            raise ValueError(f"{name} is {value!r}")
-    if not isinstance(data.get("eval_owed", False), bool):
-        raise ValueError(f"eval_owed is {data['eval_owed']!r}, not true or false")
-    best = data.get("best_eval")
-    if best is not None and not (isinstance(best, dict) and set(best) == {"step", "exact_match", "f1"}):
-        raise ValueError(f"best_eval is {best!r}, not a step with its exact_match and f1")
-    return TrainerState(**data)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def read_state(path: Path) -> TrainerState:
@@ -139,7 +70,7 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
 def _read_manifest(path: Path) -> dict[str, int]:
     """The manifest's files and sizes; ValueError (or OSError) when it is not a manifest."""
     files = json.loads((path / MANIFEST).read_text()).get("files")
-    if not isinstance(files, dict) or not all(_is_int(size) for size in files.values()):
+    if not isinstance(files, dict) or not all(is_int(size) for size in files.values()):
         raise ValueError("no 'files' mapping of sizes")
     return files
 
@@ -239,70 +170,6 @@ def set_aside_later(path: Path, output_dir: str | Path) -> list[Path]:
         log.warning("resuming from %s: the later checkpoints belong to the continuation it abandons; moved "
                     "aside, not deleted: %s", path, ", ".join(str(m) for m in moved))
     return moved
-
-
-def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str], list[str]]:
-    """Why this run cannot continue `saved` (refusals), and what changes although it can (notes).
-
-    Each is one phrase naming the checkpoint's value and this run's. None on either side is unknown
-    (an older checkpoint, or a caller that did not say) and skipped.
-    """
-    def changed(name: str) -> bool:
-        was, now_is = getattr(saved, name), getattr(now, name)
-        return was is not None and now_is is not None and was != now_is
-
-    refusals, notes = [], []
-    if changed("world_size"):
-        refusals.append(
-            f"it was written by {saved.world_size} processes, this run has {now.world_size}: its optimizer, RNG and "
-            f"data-position state and its LR schedule are sized for {saved.world_size}; resume with "
-            f"{saved.world_size} processes, or start a new run with --overwrite_output_dir")
-    if changed("global_batch_size"):
-        refusals.append(
-            f"its global batch is {saved.global_batch_size}, this run's is {now.global_batch_size}: the steps done "
-            f"and the LR schedule count batches of {saved.global_batch_size}; resume with per-device batch x "
-            f"accumulation x processes = {saved.global_batch_size}, or start a new run with --overwrite_output_dir")
-    elif not refusals and (changed("per_device_train_batch_size") or changed("gradient_accumulation_steps")):
-        split = _split_change(saved, now)
-        (refusals if saved.batches_in_epoch else notes).append(split)
-    for name in DATA_ORDER:
-        if changed(name):
-            (refusals if saved.batches_in_epoch else notes).append(_order_change(saved, now, name))
-    if changed("total_steps"):
-        note = (f"total steps {saved.total_steps} -> {now.total_steps}: the LR schedule is recomputed for "
-                f"{now.total_steps} steps, so the learning rate jumps at step {saved.completed_steps}")
-        if saved.completed_steps >= now.total_steps:
-            note += f"; the checkpoint is already at step {saved.completed_steps}, so no training step runs"
-        notes.append(note)
-    return refusals, notes
-
-
-def _order_change(saved: TrainerState, now: TrainerState, name: str) -> str:
-    what, fix = DATA_ORDER[name]
-    was, now_is = getattr(saved, name), getattr(now, name)
-    if saved.batches_in_epoch:
-        return (f"{what} {was} -> {now_is}, and it stopped {saved.batches_in_epoch} micro-batches into epoch "
-                f"{saved.epoch}: the epoch's order would change under the skipped batches, so some windows would "
-                f"be trained twice and others never; resume with {fix.format(was=was)}")
-    return f"{what} {was} -> {now_is} at an epoch boundary: later epochs follow the new order"
-
-
-def _split_change(saved: TrainerState, now: TrainerState) -> str:
-    """Same global batch, another per-device x accumulation split: safe only at an epoch boundary.
-
-    Resuming skips `batches_in_epoch` micro-batches of this run's per-device size on each rank
-    (skip_first_batches on the sharded loader), and the length-grouped sampler's order depends on that
-    size too; so mid-epoch, another split would see some examples twice and others never.
-    """
-    was = f"{saved.per_device_train_batch_size} per device x {saved.gradient_accumulation_steps} accumulation"
-    now_is = f"{now.per_device_train_batch_size} x {now.gradient_accumulation_steps}"
-    if saved.batches_in_epoch:
-        return (f"its batches were {was}, this run's are {now_is}: it stopped {saved.batches_in_epoch} micro-batches "
-                f"into epoch {saved.epoch}, and skipping that many of another size would see examples twice or "
-                f"never; resume with --per_device_train_batch_size {saved.per_device_train_batch_size} "
-                f"--gradient_accumulation_steps {saved.gradient_accumulation_steps}")
-    return (f"batches {was} -> {now_is} with the same global batch {now.global_batch_size}: the checkpoint is at an "
-            "epoch boundary, so no example is skipped or repeated; updates match in expectation, not bit for bit")
 
 
 def load_checkpoint(accelerator, path: Path, now: TrainerState | None = None) -> TrainerState:

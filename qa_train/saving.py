@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from qa_train.checkpoint import (MANIFEST, STATE_FILE, TrainerState, checkpoint_root, complete_checkpoints,
-                                 delete_folder, latest_usable, move_aside, one_line, run_id_of, verify)
+from qa_train.checkpoint import (MANIFEST, STATE_FILE, checkpoint_root, complete_checkpoints, delete_folder,
+                                 latest_usable, move_aside, one_line, run_id_of, verify)
 from qa_train.distributed import failed_ranks
 from qa_train.outputdir import remove_entry
+from qa_train.train_state import TrainerState
 
 log = logging.getLogger("qa_train")
 

@@ -36,6 +36,7 @@ from qa_train.progress import Progress
 from qa_train.schema import RunMetrics
 from qa_train.trackers import build_trackers
 from qa_train.tracking import Tracker
+from qa_train.train_state import TrainerState
 
 log = logging.getLogger("qa_train")
 
@@ -159,9 +160,9 @@ class Trainer:
         self.train_dl = prepared[0]
         self.eval_dl = prepared[1] if self.eval_dl is not None else None
 
-    def _resume(self) -> checkpoint.TrainerState:
+    def _resume(self) -> TrainerState:
         """A fresh state carrying this run's contract, or the checkpoint's counters once the contract holds."""
-        now = checkpoint.TrainerState(world_size=self.accelerator.num_processes,
+        now = TrainerState(world_size=self.accelerator.num_processes,
                                       global_batch_size=self.global_batch_size,
                                       per_device_train_batch_size=self.args.data.per_device_train_batch_size,
                                       gradient_accumulation_steps=self.args.optim.gradient_accumulation_steps,

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from qa_train import checkpoint as ckpt  # names added with manifests: fail one by one on an older module
-from qa_train.checkpoint import STATE_FILE, TrainerState, checkpoint_root, complete_checkpoints, load_checkpoint, resolve_resume
+from qa_train.checkpoint import STATE_FILE, checkpoint_root, complete_checkpoints, load_checkpoint, resolve_resume
 from qa_train.saving import _rotate, save_checkpoint
+from qa_train.train_state import CONTRACT, DATA_ORDER, TrainerState, state_from_json
+from test_train_state import contract
 
 MANIFEST = "manifest.json"
 RUN = "0123456789abcdef0123456789abcdef"  # the run_id of the folders `make` writes
@@ -452,19 +454,14 @@ def test_load_says_checkpoints_must_be_trusted() -> None:
     assert "must be trusted" in load_checkpoint.__doc__
 
 
-# --- run_id, the resume contract fields, older formats -------------------------------------------
-
-
-def test_fresh_states_get_distinct_run_ids() -> None:
-    a, b = TrainerState(), TrainerState()
-    assert a.run_id != b.run_id and len(a.run_id) == 32 and int(a.run_id, 16) >= 0
+# --- run_id, the resume contract fields, older formats (the contract itself: test_train_state.py) -----
 
 
 def test_an_older_trainer_state_loads(tmp_path: Path) -> None:
     old = make_old_format(tmp_path, "step_00000003")
     state = load_checkpoint(FakeAccelerator(), old)
     assert (state.completed_steps, state.epoch, state.batches_in_epoch) == (3, 1, 2)
-    assert state.contract() == dict.fromkeys([*ckpt.CONTRACT, *ckpt.DATA_ORDER])  # all unknown
+    assert state.contract() == dict.fromkeys([*CONTRACT, *DATA_ORDER])  # all unknown
     assert len(state.run_id) == 32
 
 
@@ -540,80 +537,12 @@ def test_a_delete_leaves_no_half_deleted_step_folder(tmp_path: Path, monkeypatch
     assert seen[-1] == ["step_00000002"]  # step_1 was renamed away before its files went: a kill leaves no half
 
 
-# --- the resume contract -------------------------------------------------------------------------
-
-
-def contract(**changes) -> TrainerState:
-    base = {"completed_steps": 40, "epoch": 1, "batches_in_epoch": 0, "world_size": 2, "global_batch_size": 64,
-            "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4, "total_steps": 100}
-    return TrainerState(**{**base, **changes})
-
-
-def test_the_same_contract_resumes_quietly() -> None:
-    assert ckpt.resume_conflicts(contract(), contract()) == ([], [])
-
-
-def test_another_world_size_is_refused() -> None:
-    refusals, notes = ckpt.resume_conflicts(contract(), contract(world_size=4, global_batch_size=128))
-    assert refusals[0] == ("it was written by 2 processes, this run has 4: its optimizer, RNG and data-position state "
-                           "and its LR schedule are sized for 2; resume with 2 processes, or start a new run with "
-                           "--overwrite_output_dir")
-    assert refusals[1].startswith("its global batch is 64, this run's is 128: ")
-    assert notes == []
-
-
-def test_another_global_batch_is_refused() -> None:
-    refusals, _ = ckpt.resume_conflicts(contract(), contract(gradient_accumulation_steps=8, global_batch_size=128))
-    assert refusals == ["its global batch is 64, this run's is 128: the steps done and the LR schedule count batches "
-                        "of 64; resume with per-device batch x accumulation x processes = 64, or start a new run with "
-                        "--overwrite_output_dir"]
-
-
-def test_another_total_is_a_note() -> None:
-    assert ckpt.resume_conflicts(contract(), contract(total_steps=150)) == ([], [
-        "total steps 100 -> 150: the LR schedule is recomputed for 150 steps, so the learning rate jumps at step 40"])
-    _, notes = ckpt.resume_conflicts(contract(), contract(total_steps=30))
-    assert notes[0].endswith("; the checkpoint is already at step 40, so no training step runs")
-
-
-def test_another_split_of_the_same_global_batch_at_an_epoch_boundary_is_a_note() -> None:
-    now = contract(per_device_train_batch_size=16, gradient_accumulation_steps=2)
-    assert ckpt.resume_conflicts(contract(), now) == ([], [
-        "batches 8 per device x 4 accumulation -> 16 x 2 with the same global batch 64: the checkpoint is at an epoch "
-        "boundary, so no example is skipped or repeated; updates match in expectation, not bit for bit"])
-
-
-def test_another_split_mid_epoch_is_refused() -> None:
-    saved = contract(batches_in_epoch=12)
-    now = contract(per_device_train_batch_size=16, gradient_accumulation_steps=2)
-    assert ckpt.resume_conflicts(saved, now) == ([
-        "its batches were 8 per device x 4 accumulation, this run's are 16 x 2: it stopped 12 micro-batches into "
-        "epoch 1, and skipping that many of another size would see examples twice or never; resume with "
-        "--per_device_train_batch_size 8 --gradient_accumulation_steps 4"], [])
-
-
-@pytest.mark.parametrize(("change", "fix"), [
-    ({"seed": 7}, "--seed 42"), ({"group_by_length": True}, "--group_by_length False"),
-    ({"num_train_windows": 900}, "the checkpoint's training data and windowing"),
-])
-def test_another_window_order_mid_epoch_is_refused_and_at_a_boundary_noted(change: dict, fix: str) -> None:
-    """A mid-epoch resume replays the epoch's order and skips what was consumed: another seed, grouping or set
-    of windows would train some windows twice and others never."""
-    order = {"seed": 42, "group_by_length": False, "num_train_windows": 1000}
-    refusals, notes = ckpt.resume_conflicts(contract(batches_in_epoch=12, **order), contract(**{**order, **change}))
-    [name] = change
-    assert notes == [] and len(refusals) == 1 and "12 micro-batches into epoch 1" in refusals[0]
-    assert refusals[0].startswith(ckpt.DATA_ORDER[name][0]) and f"resume with {fix}" in refusals[0]
-    refusals, notes = ckpt.resume_conflicts(contract(**order), contract(**{**order, **change}))
-    assert refusals == [] and notes[0].endswith("at an epoch boundary: later epochs follow the new order")
-
-
 def test_a_checkpoint_carries_the_best_evaluation_and_the_owed_one(tmp_path: Path) -> None:
     state = contract(best_eval={"step": 25, "exact_match": 4.0, "f1": 7.21}, eval_owed=True)
     path = save_checkpoint(FakeAccelerator(), tmp_path, state, keep=None)
     assert ckpt.read_state(path) == state
     with pytest.raises(ValueError, match="best_eval is 3"):
-        ckpt.state_from_json(json.dumps({**json.loads((path / STATE_FILE).read_text()), "best_eval": 3}))
+        state_from_json(json.dumps({**json.loads((path / STATE_FILE).read_text()), "best_eval": 3}))
 
 
 def test_resuming_an_earlier_checkpoint_sets_the_later_ones_aside(tmp_path: Path) -> None:
@@ -627,12 +556,6 @@ def test_resuming_an_earlier_checkpoint_sets_the_later_ones_aside(tmp_path: Path
     assert names(complete_checkpoints(tmp_path)) == ["step_00000010", "step_00000015"]
     assert resolve_resume("latest", tmp_path).name == "step_00000015"
     assert ckpt.set_aside_later(tmp_path / "elsewhere" / "step_00000001", tmp_path) == []
-
-
-def test_unknown_fields_are_skipped() -> None:
-    old = TrainerState(completed_steps=40)
-    assert ckpt.resume_conflicts(old, contract(world_size=8)) == ([], [])
-    assert ckpt.resume_conflicts(contract(), TrainerState()) == ([], [])
 
 
 def test_load_refuses_a_broken_contract_before_loading_anything(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import torch
 from conftest import PY, ROOT, run_cmd, run_ok, tiny_flags
 
 from qa_train import checkpoint, saving
+from qa_train.train_state import TrainerState
 
 FULL_DISK_ENV = "QA_TRAIN_TEST_FULL_DISK"  # "RANK:N": that rank's N-th save_state fails
 INJECT = f'''
@@ -144,7 +145,7 @@ class Rank:
 
 
 def save(rank: Rank, out: Path, step: int = 2) -> None:
-    saving.save_checkpoint(rank, out, checkpoint.TrainerState(completed_steps=step), keep=None)
+    saving.save_checkpoint(rank, out, TrainerState(completed_steps=step), keep=None)
 
 
 def test_a_rank_whose_save_succeeded_stops_too_and_leaves_the_saying_to_the_failing_one(tmp_path: Path) -> None:
