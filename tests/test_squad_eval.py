@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from qa_train.squad_eval import exact_match, f1, load_references, normalize_answer, score
+from qa_train.squad_eval import exact_match, f1, normalize_answer, score
+from qa_train.squad_files import load_references
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from qa_train.squad_eval import f1, f1_v2, load_references, score, score_v2
+from qa_train.squad_eval import f1, f1_v2, score, score_v2
+from qa_train.squad_files import load_references
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONTEXT = "Super Bowl 50 was played at Levi's Stadium in Santa Clara, California, in 1990."

@@ -12,7 +12,8 @@ from types import ModuleType
 
 import pytest
 
-from qa_train.squad_eval import load_references, score
+from qa_train.squad_eval import score
+from qa_train.squad_files import load_references
 
 DEMO_DEV = Path(__file__).resolve().parents[1] / "qa_train" / "assets" / "demo" / "dev.json"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ASSETS, PY, TINY, base_env, read_metrics, run_ok
-from qa_train.squad_eval import load_references
+from qa_train.squad_files import load_references
 
 pytestmark = pytest.mark.distributed
 V2_TRAIN, V2_DEV = ASSETS / "demo-v2" / "train.json", ASSETS / "demo-v2" / "dev.json"
