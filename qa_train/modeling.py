@@ -62,10 +62,24 @@ def check_weights(args: ModelArgs) -> None:
         if local_path(args.model_name_or_path):  # with --config_name, nothing has tried to load it yet
             what = "is a file, not a model folder" if Path(args.model_name_or_path).exists() else "no such directory"
             raise ConfigError(f"--model_name_or_path {args.model_name_or_path}: {what}")
-        return  # a hub id: from_pretrained resolves it
+        _check_cached_weights(args.model_name_or_path)
+        return
     if not any((Path(args.model_name_or_path) / name).is_file() for name in WEIGHT_FILES):
         raise ConfigError(f"--model_name_or_path {args.model_name_or_path}: no weights ({', '.join(WEIGHT_FILES[::2])}"
                           "); to train from random initialisation, pass the folder as --config_name instead")
+
+
+def _check_cached_weights(hub_id: str) -> None:
+    """Offline (HF_HUB_OFFLINE, as on compute nodes without a network), a hub id whose config and tokenizer are
+    cached but whose weights are not would fail in from_pretrained only after the data was read and windowed."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if not constants.is_offline_mode():
+        return  # online, from_pretrained downloads them
+    if not any(isinstance(try_to_load_from_cache(hub_id, name), str) for name in WEIGHT_FILES):
+        raise ConfigError(f"--model_name_or_path {hub_id}: HF_HUB_OFFLINE is set and its weights are not in the hub "
+                          f"cache ({constants.HF_HUB_CACHE}); download them where there is a network (hf download "
+                          f"{hub_id}) or pass a local folder")
 
 
 def load_tokenizer(args: ModelArgs):

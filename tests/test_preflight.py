@@ -249,3 +249,52 @@ def test_a_mistyped_local_folder_is_no_such_directory_before_any_data(
     with pytest.raises(ConfigError) as refused:
         trainer.Trainer(parse_args(flags))
     assert str(refused.value) == f"{flag} {name}: no such directory"
+
+
+def hub_cache_with(root: Path, hub_id: str, files: list[Path]) -> Path:
+    """A huggingface_hub cache holding `files` as the main revision of `hub_id`, as a download would leave it."""
+    repo = root / f"models--{hub_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    for f in files:
+        shutil.copy(f, snapshot / f.name)
+    return root
+
+
+@pytest.mark.parametrize("with_weights", [False, True])
+def test_offline_a_hub_id_without_cached_weights_is_refused_before_any_data(
+        with_weights: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a compute node without a network (HF_HUB_OFFLINE), a hub id whose config and tokenizer were cached
+    (AutoConfig, AutoTokenizer) but not its weights loaded everything, read and windowed the data, and only then
+    failed in from_pretrained."""
+    from huggingface_hub import constants
+
+    from qa_train import trainer
+    from qa_train.flags import parse_args
+
+    files = [p for p in TINY.iterdir() if p.is_file()]
+    if with_weights:
+        from transformers import AutoConfig, AutoModelForQuestionAnswering
+
+        AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(tmp_path / "w")
+        files.append(tmp_path / "w" / "model.safetensors")
+    cache = hub_cache_with(tmp_path / "hub", "someorg/tiny-qa", files)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    def past_the_preflight(*args: object) -> None:
+        raise RuntimeError("past the preflight")
+
+    monkeypatch.setattr(trainer, "load_splits", past_the_preflight)
+    flags = tiny_flags(tmp_path / "out", "--no_eval")
+    for flag in ("--config_name", "--tokenizer_name"):
+        del flags[flags.index(flag):flags.index(flag) + 2]
+    flags += ["--model_name_or_path", "someorg/tiny-qa"]
+    with pytest.raises((ConfigError, RuntimeError)) as stopped:
+        trainer.Trainer(parse_args(flags))
+    if with_weights:
+        assert str(stopped.value) == "past the preflight"
+    else:
+        assert str(stopped.value).startswith("--model_name_or_path someorg/tiny-qa: HF_HUB_OFFLINE is set and its "
+                                             f"weights are not in the hub cache ({cache})")
