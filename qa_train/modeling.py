@@ -58,13 +58,14 @@ def check_weights(args: ModelArgs) -> None:
     --overwrite_output_dir has removed the old run."""
     if args.from_scratch:
         return
-    if not Path(args.model_name_or_path).expanduser().is_dir():
+    path = Path(args.model_name_or_path).expanduser()
+    if not path.is_dir():
         if local_path(args.model_name_or_path):  # with --config_name, nothing has tried to load it yet
-            what = "is a file, not a model folder" if Path(args.model_name_or_path).exists() else "no such directory"
+            what = "is a file, not a model folder" if path.exists() else "no such directory"
             raise ConfigError(f"--model_name_or_path {args.model_name_or_path}: {what}")
         _check_cached_weights(args.model_name_or_path)
         return
-    if not any((Path(args.model_name_or_path) / name).is_file() for name in WEIGHT_FILES):
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise ConfigError(f"--model_name_or_path {args.model_name_or_path}: no weights ({', '.join(WEIGHT_FILES[::2])}"
                           "); to train from random initialisation, pass the folder as --config_name instead")
 

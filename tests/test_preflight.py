@@ -283,6 +283,7 @@ def test_offline_a_hub_id_without_cached_weights_is_refused_before_any_data(
     cache = hub_cache_with(tmp_path / "hub", "someorg/tiny-qa", files)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
     def past_the_preflight(*args: object) -> None:
         raise RuntimeError("past the preflight")
 
@@ -298,3 +299,16 @@ def test_offline_a_hub_id_without_cached_weights_is_refused_before_any_data(
     else:
         assert str(stopped.value).startswith("--model_name_or_path someorg/tiny-qa: HF_HUB_OFFLINE is set and its "
                                              f"weights are not in the hub cache ({cache})")
+
+
+def test_a_model_folder_under_home_is_checked_where_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`~/m` names the folder under $HOME: its weights are looked for there, not in a folder called `~`."""
+    from qa_train.modeling import check_weights
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    with pytest.raises(ConfigError, match=r"--model_name_or_path ~/m: no weights"):
+        check_weights(ModelArgs(model_name_or_path="~/m"))
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"")
+    check_weights(ModelArgs(model_name_or_path="~/m"))
