@@ -163,12 +163,12 @@ class Trainer:
     def _resume(self) -> TrainerState:
         """A fresh state carrying this run's contract, or the checkpoint's counters once the contract holds."""
         now = TrainerState(world_size=self.accelerator.num_processes,
-                                      global_batch_size=self.global_batch_size,
-                                      per_device_train_batch_size=self.args.data.per_device_train_batch_size,
-                                      gradient_accumulation_steps=self.args.optim.gradient_accumulation_steps,
-                                      total_steps=self.plan.total_steps, seed=self.args.system.seed,
-                                      group_by_length=self.args.data.group_by_length,
-                                      num_train_windows=len(self.inputs.train_features))
+                           global_batch_size=self.global_batch_size,
+                           per_device_train_batch_size=self.args.data.per_device_train_batch_size,
+                           gradient_accumulation_steps=self.args.optim.gradient_accumulation_steps,
+                           total_steps=self.plan.total_steps, seed=self.args.system.seed,
+                           group_by_length=self.args.data.group_by_length,
+                           num_train_windows=len(self.inputs.train_features))
         spec = self.args.output.resume_from_checkpoint
         path = checkpoint.resolve_resume(spec, self.output_dir, warn=self.is_main)
         if path is None:
