@@ -26,7 +26,7 @@ def _early_stop(signum, frame) -> None:  # noqa: ARG001
 
 def catch_early_stop_signals() -> None:
     """From a rank's first line: a stop signal during start-up (imports, data, model; minutes on SQuAD) is kept
-    for StopRequest, which acts on it at the first logged step. Left at their default, SIGUSR1 and SIGTERM would
+    for StopRequest, which acts on it at the first step. Left at their default, SIGUSR1 and SIGTERM would
     kill the rank there without a word (exit 138 or 143, where a stop request promises a checkpoint and 75)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _early_stop)

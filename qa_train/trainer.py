@@ -299,7 +299,11 @@ class Trainer:
             profiler.step()
         self.stop.hold_if_asked(state.completed_steps, self.accelerator.process_index)
         logging_step = state.completed_steps % self.log_every == 0 or state.completed_steps == self.plan.total_steps
-        stopping = logging_step and self._log_interval()
+        if logging_step:
+            stopping = self._log_interval()
+        else:  # a stop asked for during start-up (minutes on SQuAD) must not wait --logging_steps more steps
+            stopping = (state.completed_steps == self.first_step + 1
+                        and bool(distributed.failed_ranks(self.accelerator, self.stop.requested())))
         self.progress.update()  # after the log, so the line carries this step's loss
         if stopping:
             # The checkpoint comes first (the grace period is short); the evaluation this step owes waits for

@@ -318,16 +318,17 @@ def test_sigterm_to_the_group_of_a_run_with_loader_workers_checkpoints(tmp_path:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["SIGUSR1", "SIGTERM"])
-def test_a_stop_signal_during_start_up_is_kept_for_the_first_logged_step(sig: signal.Signals, tmp_path: Path) -> None:
+def test_a_stop_signal_during_start_up_stops_the_run_at_its_first_step(sig: signal.Signals, tmp_path: Path) -> None:
     """The signal comes once the output dir is claimed, while the rank still imports and loads (seconds here,
     minutes on SQuAD) before the trainer's own handler exists: it must not kill the rank by the default action
-    (exit 138/143, which torchrun reports as a crash) but stop it with a checkpoint, as at any other moment."""
+    (exit 138/143, which torchrun reports as a crash) but stop it with a checkpoint, as at any other moment, and
+    at the first step, not --logging_steps later (a scheduler's grace period may not last that long)."""
     from qa_train.__main__ import PREEMPTED
     from qa_train.checkpoint import complete_checkpoints
 
     out = tmp_path / "run"
     env = {**base_env(tmp_path), "OMP_NUM_THREADS": "1"}
-    cmd = [PY, "-m", "qa_train", *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval",
+    cmd = [PY, "-m", "qa_train", *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "5", "--no_eval",
                                              "--disable_tqdm")]
     log = tmp_path / "run.log"
     with log.open("w") as f:

@@ -2,7 +2,7 @@
 counters, the best evaluation so far and an evaluation it still owes; the flags bring the learning rate.
 
 The runs are real (tiny model, in this process); the F1 each evaluation reports is scripted, so which one is
-best is known in advance. A PREEMPT file present from the start stops the first run at its first logging step."""
+best is known in advance. A PREEMPT file made during an evaluation stops the run at its next logging step."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from qa_train.trainer import Trainer
 pytestmark = pytest.mark.distributed  # real training runs
 
 
-def scripted_f1(monkeypatch: pytest.MonkeyPatch, f1s: list[float]) -> list[int]:
-    """Each evaluation reports the next F1 of `f1s`; returns the steps evaluated, in order."""
+def scripted_f1(monkeypatch: pytest.MonkeyPatch, f1s: list[float], preempt_at: int | None = None) -> list[int]:
+    """Each evaluation reports the next F1 of `f1s`; returns the steps evaluated, in order. The evaluation at step
+    `preempt_at` also asks for a stop (a PREEMPT file), as SLURM's warning would in the middle of a run."""
     real_evaluate = Trainer.evaluate
     steps: list[int] = []
     script = iter(f1s)
@@ -30,6 +31,8 @@ def scripted_f1(monkeypatch: pytest.MonkeyPatch, f1s: list[float]) -> list[int]:
         result = real_evaluate(self, predictions_path)
         steps.append(self.state.completed_steps)
         result.f1 = next(script)
+        if self.state.completed_steps == preempt_at:
+            (self.output_dir / "PREEMPT").touch()
         return result
 
     monkeypatch.setattr(Trainer, "evaluate", evaluate)
@@ -43,11 +46,9 @@ def _no_nan(constant: str) -> None:
 def test_a_resumed_run_takes_its_learning_rate_from_the_flags_and_owes_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "run"
-    out.mkdir()
-    (out / "PREEMPT").touch()
     flags = tiny_flags(out, "--max_train_steps", "12", "--logging_steps", "4", "--eval_strategy", "steps",
                        "--eval_steps", "2", "--checkpointing_steps", "4", "--max_eval_samples", "16")
-    steps = scripted_f1(monkeypatch, [50.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0])
+    steps = scripted_f1(monkeypatch, [50.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0], preempt_at=2)
     with pytest.raises(Preempted):
         run(parse_args(flags))
     assert steps == [2], "the stop came at step 4, before the evaluation step 4 was due"

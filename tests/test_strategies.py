@@ -211,7 +211,7 @@ def test_a_stop_request_is_said_once_and_only_the_main_process_draws_library_bar
 
     out = tmp_path / "run"
     out.mkdir()
-    (out / "PREEMPT").touch()  # a stop requested before the run: it stops at its first logged step
+    (out / "PREEMPT").touch()  # a stop requested before the run: it stops at its first step
     model = high_padding_model(tmp_path / "model")
     proc = subprocess.run([*launch_cmd("ddp", out), "--model_name_or_path", str(model)], cwd=ROOT,
                           env=base_env(tmp_path), capture_output=True, text=True, timeout=300)
