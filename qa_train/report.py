@@ -60,10 +60,29 @@ def cells(group: Group) -> list[str]:
             _stat(group.speedup, ".2f", "x"), _stat(group.efficiency, ".0f", "%", 100)]
 
 
+def _escape(cell: str) -> str:
+    # A | or a line break in a run name or folder (`lr=1e-3|bs=16`) would split its row out of the table.
+    return cell.replace("|", "\\|").replace("\n", " ")
+
+
 def markdown_table(groups: list[Group]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
-    lines += ["| " + " | ".join(cells(g)) + " |" for g in groups]
+    lines += ["| " + " | ".join(map(_escape, cells(g))) + " |" for g in groups]
     return "\n".join(lines)
+
+
+def _labels_by(groups: list[Group], attr: str) -> dict[str, list[str]]:
+    """The labels of the groups with figures, by the value of one attribute (device and precision, eval set)."""
+    out: dict[str, list[str]] = {}
+    for g in groups:
+        value = getattr(g, attr)
+        if g.runs and value and g.label not in out.get(value, []):
+            out.setdefault(value, []).append(g.label)
+    return out
+
+
+def _listing(labels: dict[str, list[str]]) -> str:
+    return "; ".join(f"{value}: {', '.join(f'`{k}`' for k in keys)}" for value, keys in labels.items())
 
 
 def notes(groups: list[Group], base: Group | None) -> list[str]:
@@ -89,6 +108,16 @@ def notes(groups: list[Group], base: Group | None) -> list[str]:
     if len({g.workload for g in groups if g.runs}) > 1:
         out.append("These runs are of more than one model or sequence length: the labels say which, and speed-up, "
                    "efficiency and vs baseline compare only runs of the same one.")
+    setups = _labels_by(groups, "setup")
+    if len(setups) > 1:  # samples/s of another device or precision: vs baseline measures that too
+        out.append(f"These runs ran on more than one device or precision ({_listing(setups)}): vs baseline "
+                   "compares across them; repeats and speed-up only within one, the labels say which where a "
+                   "config has several.")
+    evals = _labels_by(groups, "eval_set")
+    if len(evals) > 1:  # side by side in one column, scores of other questions read as better or worse training
+        out.append(f"EM / F1 are over more than one evaluation set ({_listing(evals)}): they compare only "
+                   "within one; SQuAD v2.0's count the no-answer questions (HasAns / NoAns: squad_v2 in "
+                   "metrics.json).")
     failed = [f for g in groups for f in g.failed]
     if failed:
         out.append("Failed or unfinished runs (no figures; `+ N failed` in the runs column): "
@@ -154,7 +183,11 @@ def log_to_wandb(groups: list[Group], paths: dict[str, Path], project: str, grou
 def build_report(run_dirs: list[str | Path], out_dir: str | Path = "report", baseline: str | None = None,
                  wandb_project: str | None = None) -> tuple[list[Group], dict[str, Path]]:
     rows, groups, base = build_groups(find_runs(run_dirs), baseline)
-    paths = write_report(rows, groups, base, Path(out_dir))
+    try:
+        paths = write_report(rows, groups, base, Path(out_dir))
+    except OSError as err:  # a typo'd or unwritable --output is the user's to fix, not a traceback
+        raise ReportError(f"--output {out_dir}: cannot write the report there ({err.strerror or err}: "
+                          f"{err.filename})") from None
     if wandb_project:
         log_to_wandb(groups, paths, wandb_project, wandb_group(run_dirs))
     return groups, paths

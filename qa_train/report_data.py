@@ -5,12 +5,14 @@ Speed-up is samples/s against the same config's smallest point with a throughput
 nodes), and efficiency is that speed-up over the growth in processes; `vs baseline` compares every point
 with one baseline point across configs (the first one-process point with a throughput, or --baseline).
 Only runs of one workload (model and sequence length) are compared: labels carry the workload where the
-runs span several, and the folder where two sweeps hold the same point. A sweep's run without a readable
+runs span several, the device and precision where one config's runs span several, and the folder where two
+sweeps hold the same point. A sweep's run without a readable
 metrics.json (failed, killed, still running) stays in its point as a failed run, with the reason.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from collections import Counter
@@ -53,6 +55,15 @@ class Row:
     model: str | None = None           # --config_name, else --model_name_or_path
     max_seq_length: int | None = None
     error: str | None = None           # why a sweep's run has no figures (no or unreadable metrics.json)
+    device: str | None = None          # GPU name, or cpu
+    mixed_precision: str | None = None
+    eval_set: str | None = None        # what EM / F1 were measured on (eval_set())
+
+    @property
+    def setup(self) -> str:
+        """What the run ran on: samples/s of one workload still differ by device and precision."""
+        precision = "fp32" if self.mixed_precision == "no" else self.mixed_precision or "precision ?"
+        return f"{self.device or 'device ?'}, {precision}"
 
     @property
     def workload(self) -> tuple[str | None, int | None]:
@@ -114,6 +125,8 @@ class Group:
     figures: Figures
     failed: list[str] = field(default_factory=list)  # runs without figures, "name: why"
     workload: tuple[str | None, int | None] = (None, None)
+    setup: str | None = None         # device and precision (Row.setup)
+    eval_set: str | None = None      # what its EM / F1 are over (Row.eval_set)
     speedup: Stat | None = None      # samples/s against the same label's smallest point with a throughput
     efficiency: Stat | None = None   # speedup / (processes / that point's processes)
     scale_base: str | None = None    # that point, e.g. "ddp x1"
@@ -137,6 +150,8 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
     runs: dict[Path, Path] = {}
     for raw in paths:
         path = Path(raw)
+        if path.is_file():  # most often the run's metrics.json itself
+            raise ReportError(f"{path}: a file, not a run directory (give the folder that holds metrics.json)")
         if not path.is_dir():
             raise ReportError(f"{path}: no such run directory")
         children = [path] if is_run(path) else sorted(p for p in path.iterdir() if p.is_dir() and is_run(p))
@@ -145,6 +160,19 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
         for run in children:
             runs.setdefault(run.resolve(), run)  # the same run named twice (a parent and a child) is one run
     return list(runs.values())
+
+
+# The figures the report reads, each a finite number or null: a string ("37.7") or NaN from a hand-edited or
+# foreign file would otherwise end in a traceback or print `nan` and `nanx` as if measured.
+NUMBERS = ("train_samples_per_second", "train_tokens_per_second", "train_runtime_s", "timed_steps", "mfu",
+           "exact_match", "f1", "world_size", "global_batch_size", "per_device_train_batch_size", "max_seq_length")
+PER_RANK_NUMBERS = ("peak_memory_gb", "train_host_rss_gb", "peak_host_rss_gb")
+
+
+def _not_a_number(value: object) -> bool:
+    if value is None:
+        return False
+    return isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
 
 
 def load_metrics(run_dir: Path) -> RunMetrics:
@@ -157,7 +185,26 @@ def load_metrics(run_dir: Path) -> RunMetrics:
     odd = [f.name for f in fields(m) if f.type == "PerRank" and not isinstance(getattr(m, f.name), PerRank)]
     if odd:
         raise ReportError(f"{run_dir}: metrics.json: {', '.join(odd)} not per-rank figures (a file of another layout)")
+    bad = [f"{name}={getattr(m, name)!r}" for name in NUMBERS if _not_a_number(getattr(m, name))]
+    bad += [f"{name}.{end}={getattr(getattr(m, name), end)!r}" for name in PER_RANK_NUMBERS for end in ("max", "mean")
+            if _not_a_number(getattr(getattr(m, name), end))]
+    if bad:
+        raise ReportError(f"{run_dir}: metrics.json: {', '.join(bad)} not a finite number or null")
+    if not isinstance(m.args, dict):
+        raise ReportError(f"{run_dir}: metrics.json: args is not the object of the run's flags")
     return m
+
+
+def eval_set(m: RunMetrics) -> str | None:
+    """The evaluation data of a run's EM / F1, None without them: scores of two sets (SQuAD v1.1's against v2.0's,
+    whose EM counts the no-answer questions) do not compare."""
+    if m.exact_match is None:
+        return None
+    a = m.args
+    data = a.get("dataset_name") or Path(a.get("validation_file") or "?").name
+    data += f"/{a['dataset_config_name']}" if a.get("dataset_config_name") else ""
+    data += " v2.0" if a.get("version_2_with_negative") or m.squad_v2 else " v1.1"
+    return data + (f", first {a['max_eval_samples']}" if a.get("max_eval_samples") else "")
 
 
 def make_row(run_dir: Path, m: RunMetrics) -> Row:
@@ -179,7 +226,8 @@ def make_row(run_dir: Path, m: RunMetrics) -> Row:
         gpu_allocated_max_gb=m.peak_memory_gb.max if on_gpu else None,
         host_rss_train_max_gb=m.train_host_rss_gb.max, host_rss_lifetime_max_gb=m.peak_host_rss_gb.max,
         exact_match=m.exact_match, f1=m.f1, model=m.args.get("config_name") or m.args.get("model_name_or_path"),
-        max_seq_length=m.max_seq_length,
+        max_seq_length=m.max_seq_length, device=m.device, mixed_precision=m.mixed_precision,
+        eval_set=eval_set(m),
     )
 
 
@@ -215,17 +263,23 @@ def _short(model: str | None) -> str:
 
 def set_apart(rows: list[Row]) -> None:
     """Relabel rows that the labels alone would wrongly merge or compare: runs of several workloads get theirs
-    in the label (a sweep dir rerun with another --max_seq_length keeps the old points); the same point from two
-    folders (two sweeps side by side) gets its folder; runs still alike (one --run_name in two run dirs) get
-    their own path."""
-    workloads = {r.workload for r in rows if r.error is None}
-    if len(workloads) > 1:
-        models, seqs = {w[0] for w in workloads}, {w[1] for w in workloads}
-        for r in rows:
-            if r.error is None:
-                parts = ([_short(r.model)] if len(models) > 1 else []) + (
-                    [f"seq {r.max_seq_length}"] if len(seqs) > 1 else [])
-                r.label = f"{r.label} ({', '.join(parts)})"
+    in the label (a sweep dir rerun with another --max_seq_length keeps the old points); runs of one label on
+    several devices or precisions get theirs (a sweep dir rerun on a GPU keeps the CPU points: as repeats or
+    a speed-up base they would measure the hardware, not the strategy); the same point from two folders (two
+    sweeps side by side) gets its folder; runs still alike (one --run_name in two run dirs) get their own path."""
+    done = [r for r in rows if r.error is None]
+    workloads = {r.workload for r in done}
+    models, seqs = {w[0] for w in workloads}, {w[1] for w in workloads}
+    setups: dict[tuple[str, tuple[str | None, int | None]], set[str]] = {}
+    for r in done:
+        setups.setdefault((r.label, r.workload), set()).add(r.setup)
+    for r in done:
+        parts = ([_short(r.model)] if len(models) > 1 else []) + (
+            [f"seq {r.max_seq_length}"] if len(seqs) > 1 else [])
+        # Across labels another device or precision can be the point (the fp32 ablation); within one it is not.
+        parts += [r.setup] if len(setups[r.label, r.workload]) > 1 else []
+        if parts:
+            r.label = f"{r.label} ({', '.join(parts)})"
     if not _clashes(rows):
         return
     dirs = [Path(r.run_dir).resolve() for r in rows]
@@ -267,7 +321,8 @@ def group_rows(rows: list[Row]) -> list[Group]:
         first = (done or members)[0]
         groups.append(Group(label, first.strategy, nodes, processes, first.global_batch, first.per_device_batch,
                             first.memory_source, [r.run for r in done], Figures.of(done),
-                            [f"{r.run}: {r.error}" for r in members if r.error is not None], first.workload))
+                            [f"{r.run}: {r.error}" for r in members if r.error is not None], first.workload,
+                            first.setup if done else None, next((r.eval_set for r in done if r.eval_set), None)))
     return groups
 
 

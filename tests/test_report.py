@@ -447,3 +447,84 @@ def test_each_config_is_held_to_its_own_ideal_speedup(tmp_path: Path) -> None:
     assert lines[f"{IDEAL}, from 1"] == ([1.0, 2.0], [1.0, 2.0])
     assert lines[f"{IDEAL}, from 2"] == ([2.0, 4.0], [1.0, 2.0])
     assert lines["zero2"] == ([2.0, 4.0], [1.0, 2.0])
+
+
+def test_a_config_rerun_on_another_device_or_precision_is_neither_repeat_nor_speedup_base(tmp_path: Path) -> None:
+    """A sweep dir rerun on a GPU (bf16, 2 repeats) keeps the CPU sweep's points and its third repeat: merged, the
+    2-process median mixed both devices (range 70-901) and its "speed-up" over the CPU run was the hardware's."""
+    root = tmp_path / "bench"
+    sweep(root, "ddp", "ddp", {1: [40.0, 40.0, 40.0], 2: [70.0, 70.0, 70.0]}, {1: 8, 2: 8})
+    for k in (1, 2):
+        rewrite(root / f"ddp-p2-r{k}", device="NVIDIA H100 80GB HBM3", mixed_precision="bf16",
+                train_samples_per_second=900.0 + k)
+    groups, paths = report.build_report([root], tmp_path / "report")
+    by = {(g.label, g.processes): g for g in groups}
+    cpu, gpu = "ddp (cpu, fp32)", "ddp (NVIDIA H100 80GB HBM3, bf16)"
+    assert list(by) == [(cpu, 1), (cpu, 2), (gpu, 2)]
+    assert by[cpu, 2].runs == ["ddp-p2-r3"] and by[gpu, 2].runs == ["ddp-p2-r1", "ddp-p2-r2"]
+    assert by[cpu, 2].speedup.median == pytest.approx(70 / 40) and by[gpu, 2].speedup is None
+    assert by[gpu, 2].figures.samples_per_s.lo == 901.0
+    text = paths["markdown"].read_text()
+    assert f"more than one device or precision (cpu, fp32: `{cpu}`; NVIDIA H100 80GB HBM3, bf16: `{gpu}`)" in text
+    # Across configs another precision is what an ablation measures: compared, and the labels stay as they were.
+    default = fake_metrics(tmp_path / "ablation" / "default", "single", 1, 50.0, 0.5)
+    fp32 = fake_metrics(tmp_path / "ablation" / "fp32", "single", 1, 25.0, 0.5)
+    rewrite(default, mixed_precision="bf16")
+    _, groups, _ = report.build_groups([default, fp32])
+    assert [(g.label, g.vs_baseline) for g in groups] == [("default", 1.0), ("fp32", 0.5)]
+
+
+def test_a_pipe_in_a_run_name_stays_in_its_cell(tmp_path: Path) -> None:
+    import re
+
+    run = rewrite(fake_metrics(tmp_path / "lr-sweep", "single", 1, 40.0, 0.5), {"run_name": "lr=1e-3|bs=16"})
+    _, groups, _ = report.build_groups([run])
+    (line,) = [line for line in report.markdown_table(groups).splitlines()[2:]]
+    cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip("|"))]  # markdown's own reading: \| is text
+    assert len(cells) == len(report.COLUMNS) and cells[0] == r"lr=1e-3\|bs=16"
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"train_samples_per_second": float("nan")}, r"train_samples_per_second=nan not a finite number or null"),
+    ({"f1": float("inf")}, r"f1=inf not a finite number or null"),
+    ({"train_samples_per_second": "37.7"}, r"train_samples_per_second='37.7' not a finite number or null"),
+    ({"args": None}, r"args is not the object of the run's flags"),
+])
+def test_figures_that_are_not_numbers_are_one_line_or_a_failed_run(changes: dict, message: str,
+                                                                   tmp_path: Path) -> None:
+    """NaN printed `nan` and `nanx` as if measured; a string or a null args ended in a traceback."""
+    run = fake_metrics(tmp_path / "edited", "single", 1, 40.0, 0.5)
+    payload = json.loads((run / "metrics.json").read_text())
+    (run / "metrics.json").write_text(json.dumps({**payload, **changes}))
+    with pytest.raises(report.ReportError, match=f"edited: metrics.json: {message}"):
+        report.build_groups([run])
+    # In a sweep the run is a failed one of its point, as a torn metrics.json is.
+    point = fake_metrics(tmp_path / "sweep" / "ddp-p1-r1", "single", 1, 40.0, 0.5, point=Point("ddp", "ddp", 1))
+    (point / "metrics.json").write_text(json.dumps({**payload, **changes}))
+    _, (group,), _ = report.build_groups([point])
+    assert group.runs == [] and group.failed[0].startswith("ddp-p1-r1: metrics.json: ")
+
+
+def test_a_bad_output_or_a_file_for_a_run_dir_is_one_line(runs: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    metrics = runs / "single" / "metrics.json"
+    for output in (metrics, metrics / "report"):  # an existing file; a path through one
+        assert report.main([str(runs / "single"), "--output", str(output)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"qa_train.report: error: --output {output}: cannot write the report there (")
+        assert err.count("\n") == 1
+    assert report.main([str(metrics), "--output", str(tmp_path / "out")]) == 2
+    assert "metrics.json: a file, not a run directory" in capsys.readouterr().err
+
+
+def test_scores_of_other_evaluation_sets_are_named_apart(runs: Path, tmp_path: Path) -> None:
+    """A v1.1 and a v2.0 run read as 11.0 against 60.0 EM, as if one trained better: a note says they do not
+    compare."""
+    v1 = rewrite(fake_metrics(tmp_path / "v1", "single", 1, 40.0, 0.5, em=11.0, f1=21.0), {"dataset_name": "squad"})
+    v2 = rewrite(fake_metrics(tmp_path / "v2", "single", 1, 40.0, 0.5, em=60.0, f1=62.0),
+                 {"dataset_name": "squad_v2", "version_2_with_negative": True}, squad_v2={"exact": 60.0, "f1": 62.0})
+    _, groups, base = report.build_groups([v1, v2])
+    assert "EM / F1 are over more than one evaluation set (squad v1.1: `v1`; squad_v2 v2.0: `v2`)" in " ".join(
+        report.notes(groups, base))
+    _, groups, base = report.build_groups(report.find_runs([runs]))  # one set (zero2 has no scores): no note
+    assert not any("evaluation set" in line for line in report.notes(groups, base))
