@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Submit one job per point through slurm/train.sbatch instead of running locally.")
     g.add_argument("--nodes", type=int, nargs="+", default=None, help="Node counts of a --slurm sweep (default 1).")
     g.add_argument("--procs_per_node", type=int, default=None,
-                   help="Processes per node (default: the batch script's, every GPU a node lists; 1 with --cpu).")
+                   help="Processes per node; on GPUs also the --gpus-per-node each job asks for (default: none "
+                        "asked for, so --sbatch_args or the partition must give GPUs; 1 with --cpu).")
     g.add_argument("--sbatch_args", default="", help="Extra sbatch options, one string (partition, account, time).")
 
 
@@ -91,7 +92,8 @@ def submit(point: Point, opts: argparse.Namespace, train_flags: list[str], confi
     run_dir = (Path(opts.output_dir) / point.name).resolve()
     clear_run_dir(run_dir)
     point.write(run_dir)
-    cmd = ["sbatch", "--nodes", str(point.nodes), "--job-name", f"qa-{point.name}",
+    gpus = ["--gpus-per-node", str(opts.procs_per_node)] if opts.procs_per_node and not opts.cpu else []
+    cmd = ["sbatch", "--nodes", str(point.nodes), *gpus, "--job-name", f"qa-{point.name}",
            "--output", str(run_dir / "slurm-%j.out"), *shlex.split(opts.sbatch_args), str(SCRIPT),
            *train_flags, *point.extra, "--max_train_steps", str(opts.max_train_steps), "--run_name", point.name]
     log = run_dir / "sbatch.log"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PY, base_env, read_metrics, run_ok, tiny_flags
+from conftest import PY, base_env, read_metrics, run_cmd, run_ok, tiny_flags
 
 pytestmark = pytest.mark.distributed
 FAKE = Path(__file__).resolve().parent / "fake_slurm"
@@ -90,6 +90,54 @@ def test_a_checkpointing_steps_flag_wins_over_the_scripts_default(tmp_path: Path
     run_ok(["sbatch", "--nodes", "1", "slurm/train.sbatch", *train_flags(6), "--checkpointing_steps", "2"], env)
     assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == [
         "step_00000002", "step_00000004", "step_00000006"]
+
+
+def gpu_node_env(tmp_path: Path, job_id: str) -> dict[str, str]:
+    """The fake cluster as a GPU partition seen from a CPU machine: `nvidia-smi -L` lists no GPU, and
+    `accelerate` records its command line in the node's log instead of starting processes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("nvidia-smi", "exit 0"), ("accelerate", 'echo "accelerate $*"')):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = cluster_env(tmp_path, job_id, "ddp", 29771)
+    for name in ("QA_TRAIN_CPU", "PROCS_PER_NODE", "GPUS_PER_NODE", "SLURM_GPUS_PER_NODE"):
+        env.pop(name, None)
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    return env
+
+
+def test_a_gpu_job_runs_as_many_processes_per_node_as_it_asked_for_gpus(tmp_path: Path) -> None:
+    """The script hard-codes no GPU count: the job's own --gpus-per-node (typed, as some sites write it) sets
+    the processes per node, each node launching with its own rank."""
+    env = gpu_node_env(tmp_path, "7331")
+    proc = run_ok(["sbatch", "--nodes", "2", "--gpus-per-node", "a100:3", "slurm/train.sbatch", "--seed", "7"], env)
+    assert "2 nodes x 3 = 6 processes" in proc.stdout
+    for node in (0, 1):
+        line = (tmp_path / "logs" / f"node{node}.log").read_text()
+        assert f"--num_machines 2 --num_processes 6 --machine_rank {node}" in line and "-m qa_train" in line
+        assert "--seed 7" in line
+
+
+def test_a_gpu_job_without_gpus_is_refused_in_one_line_before_launching(tmp_path: Path) -> None:
+    """Before: no GPU asked for gave `--num_processes 0` to accelerate, and its error named no cause."""
+    env = gpu_node_env(tmp_path, "7341")
+    proc = run_cmd(["sbatch", "--nodes", "1", "slurm/train.sbatch"], env)
+    assert proc.returncode == 2
+    assert "slurm/train.sbatch: error: the job has no GPU: submit with --gpus-per-node N" in proc.stderr
+    assert not (tmp_path / "logs").exists()  # srun never ran
+    env["GPUS_PER_NODE"] = "four"
+    proc = run_cmd(["sbatch", "--nodes", "1", "slurm/train.sbatch"], env)
+    assert proc.returncode == 2 and "GPUS_PER_NODE=four is not a positive count" in proc.stderr
+
+
+def test_a_gpu_node_sweep_asks_each_job_for_its_gpus(tmp_path: Path) -> None:
+    env = gpu_node_env(tmp_path, "7351")
+    out = tmp_path / "sweep"
+    run_ok([PY, "-m", "qa_train.bench", "--slurm", "--nodes", "2", "--procs_per_node", "4", "--configs", "ddp",
+            "--max_train_steps", "4", "--output_dir", str(out)], env)
+    log = (out / "ddp-n2-r1" / "sbatch.log").read_text()
+    assert "sbatch --nodes 2 --gpus-per-node 4 " in log and "2 nodes x 4 = 8 processes" in log
 
 
 def test_node_sweep_submits_one_job_per_point_and_reports_speedup_against_one_node(tmp_path: Path) -> None:

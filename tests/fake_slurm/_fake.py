@@ -77,6 +77,8 @@ def sbatch(argv: list[str]) -> int:
     hosts = os.environ.get("FAKE_SLURM_NODELIST", ",".join(f"127.0.0.{i + 1}" for i in range(nodes)))
     env = {**os.environ, "SLURM_JOB_ID": job_id, "SLURM_NNODES": str(nodes), "SLURM_JOB_NUM_NODES": str(nodes),
            "SLURM_JOB_NODELIST": hosts, "SLURM_SUBMIT_DIR": os.getcwd(), "SLURM_JOB_NAME": opts.get("job-name", "job")}
+    if "gpus-per-node" in opts:  # as SLURM does for a job that asks for GPUs per node
+        env["SLURM_GPUS_PER_NODE"] = opts["gpus-per-node"]
     restarts, rc = 0, 0
     while True:
         env["SLURM_RESTART_COUNT"] = str(restarts)
