@@ -393,6 +393,12 @@ class SystemArgs:
                   "as in transformers' Trainer. reduce-overhead replays CUDA graphs: for --pad_to_max_length, "
                   "where every batch has one shape."},
     )
+    torch_compile_backend: str | None = field(
+        default=None,
+        metadata={"help": "torch.compile's backend (inductor by default; aot_eager traces and runs the graphs "
+                  "without generating kernels, to tell a compiler fault from a model fault); naming one implies "
+                  "--torch_compile, as in transformers' Trainer."},
+    )
     gradient_checkpointing: bool = field(
         default=False,
         metadata={"help": "Keep only each encoder layer's input through the forward pass and recompute the layer "
@@ -412,8 +418,17 @@ class SystemArgs:
         _require(self.seed < 2**32, "seed", f"must be below 2**32 (numpy's limit), got {self.seed}")
         _require(self.torch_compile_mode in (None, *COMPILE_MODES), "torch_compile_mode",
                  f"{self.torch_compile_mode!r} is not one of {', '.join(COMPILE_MODES)}")
-        if self.torch_compile_mode is not None:  # as transformers' Trainer: naming a mode asks for compiling
-            self.torch_compile = True
+        if self.torch_compile_backend is not None:
+            import torch._dynamo  # only when the flag is given: it is a heavy import for a config check
+
+            known = torch._dynamo.list_backends(exclude_tags=())
+            _require(self.torch_compile_backend in known, "torch_compile_backend",
+                     f"{self.torch_compile_backend!r} is not one of torch's backends ({', '.join(known)})")
+            _require(self.torch_compile_mode in (None, "default") or self.torch_compile_backend == "inductor",
+                     "torch_compile_mode", f"{self.torch_compile_mode!r} is an inductor mode; "
+                     f"--torch_compile_backend {self.torch_compile_backend} takes none")
+        if self.torch_compile_mode is not None or self.torch_compile_backend is not None:
+            self.torch_compile = True  # as transformers' Trainer: naming a mode or backend asks for compiling
 
     @property
     def compile_mode(self) -> str | None:

@@ -37,6 +37,9 @@ from qa_train.flags import parse_args
         (["--max_eval_samples", "0"], "--max_eval_samples"),
         (["--save_total_limit", "2"], "--save_total_limit: .*--checkpointing_steps"),
         (["--torch_compile_mode", "fastest"], "--torch_compile_mode"),
+        (["--torch_compile_backend", "fastest"], "--torch_compile_backend: 'fastest' is not one of torch's"),
+        (["--torch_compile_backend", "aot_eager", "--torch_compile_mode", "reduce-overhead"],
+         "--torch_compile_mode: 'reduce-overhead' is an inductor mode"),
         (["--logging_steps", "0"], "--logging_steps: must be positive"),
         (["--logging_steps", "2.5"], "--logging_steps: 2.5 is neither a whole number"),
         (["--eval_strategy", "steps", "--eval_steps", "-0.1"], "--eval_steps: must be positive"),
@@ -112,13 +115,15 @@ def test_defaults_follow_transformers_examples() -> None:
     assert parse_args(["--train_file", str(DEMO_DEV), "--dataset_name", "squad"]).data.dataset_name == "squad"
 
 
-def test_a_compile_mode_asks_for_compiling() -> None:
-    """As transformers' Trainer: naming any mode, default included, turns compiling on."""
+def test_a_compile_mode_or_backend_asks_for_compiling() -> None:
+    """As transformers' Trainer: naming any mode, default included, or any backend turns compiling on."""
     assert parse_args([]).system.torch_compile is False
     assert parse_args(["--torch_compile"]).system.compile_mode is None
     assert parse_args(["--torch_compile_mode", "default"]).system.torch_compile is True
     reduce = parse_args(["--torch_compile_mode", "reduce-overhead"]).system
     assert reduce.torch_compile is True and reduce.compile_mode == "reduce-overhead"
+    assert parse_args(["--torch_compile_backend", "aot_eager"]).system.torch_compile is True
+    assert parse_args(["--torch_compile_backend", "inductor", "--torch_compile_mode", "max-autotune"]).system.torch_compile
 
 
 def test_gradient_checkpointing_is_trainers_flag_off_by_default_and_recorded() -> None:
@@ -157,7 +162,7 @@ def test_every_flag_lives_in_exactly_one_group_and_round_trips() -> None:
     from qa_train.flags import build_parser
 
     names = [f.name for group in GROUPS.values() for f in dataclasses.fields(group)]
-    assert len(names) == len(set(names)) == 63
+    assert len(names) == len(set(names)) == 64
     parser_flags = {a.dest for a in build_parser()._actions if a.dest != "help"}
     assert parser_flags == set(names)
     args = parse_args(["--learning_rate", "1e-4", "--max_seq_length", "256", "--doc_stride", "64", "--no_eval",
