@@ -10,6 +10,7 @@ then resume with --resume_from_checkpoint latest; 75 preempted (checkpoint saved
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -101,4 +102,8 @@ if __name__ == "__main__":
     from qa_train.preemption import catch_early_stop_signals
 
     catch_early_stop_signals()  # before the seconds of imports and loading that precede the trainer's own handler
-    sys.exit(_report_status(main()))
+    code = _report_status(main())
+    # Out of the collector's sight, the objects left are not walked once more by its collection at exit (~0.8 s
+    # of every rank, for memory the OS takes back anyway).
+    gc.freeze()
+    sys.exit(code)
