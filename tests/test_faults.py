@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -17,18 +18,58 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import DEMO_DEV, PY, ROOT, TINY, run_cmd, run_ok, tiny_flags
+from conftest import DEMO_DEV, PY, ROOT, TINY, base_env, run_cmd, run_ok, tiny_flags
 
 pytestmark = pytest.mark.distributed  # real runs of the entry point, like test_e2e
 
 
+def flags(out: Path, *extra: str) -> list[str]:
+    return tiny_flags(out, "--no_eval", *extra)
+
+
 def qa_train(out: Path, *extra: str) -> list[str]:
-    return [PY, "-m", "qa_train", *tiny_flags(out, "--no_eval", *extra)]
+    return [PY, "-m", "qa_train", *flags(out, *extra)]
 
 
 def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return [line for line in proc.stderr.splitlines() if line.startswith("qa_train: error:")]
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """`python -m qa_train`'s main in this process, for input refused in preflight, before any process group or
+    accelerator exists (a subprocess would spend ~4 s importing transformers to say the same line): exit 2 and
+    the one line it says."""
+    from qa_train import __main__ as entry
+
+    capsys.readouterr()
+    code = entry.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    [line] = [x for x in err.splitlines() if x.startswith("qa_train: error:")]
+    return line
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One finished 3-step run with a checkpoint at every step, copied by each test that needs an old run."""
+    out = tmp_path_factory.mktemp("finished") / "out"
+    run_ok(qa_train(out, "--max_train_steps", "3", "--checkpointing_steps", "1", "--logging_steps", "1"),
+           base_env(out.parent))
+    return out
+
+
+def old_run(finished: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    return out
+
+
+@pytest.fixture
+def in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What base_env gives a subprocess, for main() run here: its own feature cache, rank 0."""
+    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("RANK", raising=False)
 
 
 def steps_in(out: Path) -> list[int]:
@@ -50,32 +91,30 @@ def test_divergence_stops_the_run_and_saves_nothing_non_finite(tmp_path: Path, e
             assert torch.isfinite(tensor).all(), f"{ckpt.name}/{name} is not finite"
 
 
-def test_occupied_output_dir_is_refused_and_overwrite_replaces_the_run(tmp_path: Path,
-                                                                       env: dict[str, str]) -> None:
-    out = tmp_path / "out"
-    run_ok(qa_train(out, "--max_train_steps", "2", "--checkpointing_steps", "1"), env)
+def test_occupied_output_dir_is_refused_and_overwrite_replaces_the_run(finished: Path, tmp_path: Path,
+                                                                       env: dict[str, str], in_process: None,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    out = old_run(finished, tmp_path)
     before = (out / "metrics.json").read_bytes()
-    proc = run_cmd(qa_train(out, "--max_train_steps", "1"), env)
-    assert proc.returncode == 2
-    [line] = error_lines(proc)
+    steps = ["step_00000001", "step_00000002", "step_00000003"]
+    line = refused(flags(out, "--max_train_steps", "1"), capsys)
     assert str(out) in line and "--overwrite_output_dir" in line and "--resume_from_checkpoint latest" in line
     assert (out / "metrics.json").read_bytes() == before
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000001", "step_00000002"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == steps
 
     # --overwrite_output_dir with a record that is refused: the refusal comes before the old run is touched.
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "a short context", "qas": [
         {"id": "q1", "question": "what?", "answers": [{"text": "absent", "answer_start": 0}]}]}]}]}))
-    proc = run_cmd(qa_train(out, "--max_train_steps", "1", "--train_file", str(bad), "--overwrite_output_dir"), env)
-    assert proc.returncode == 2
-    [line] = error_lines(proc)
+    line = refused(flags(out, "--max_train_steps", "1", "--train_file", str(bad), "--overwrite_output_dir"),
+                   capsys)
     assert str(bad) in line and "q1" in line
     assert (out / "metrics.json").read_bytes() == before
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000001", "step_00000002"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == steps
 
     run_ok(qa_train(out, "--max_train_steps", "1", "--checkpointing_steps", "1", "--save_total_limit", "1",
                     "--overwrite_output_dir"), env)
-    # The old run's step 2 is gone with it: it can neither become `latest` nor push the new run's out.
+    # The old run's later steps are gone with it: they can neither become `latest` nor push the new run's out.
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000001"]
     assert json.loads((out / "metrics.json").read_text())["train_steps"] == 1
 
@@ -95,22 +134,15 @@ def test_unwritable_output_dir_is_refused_before_any_work(where: str, tmp_path: 
 
 
 def test_max_seq_length_beyond_the_position_embeddings_is_refused_before_featurisation(
-        tmp_path: Path, env: dict[str, str]) -> None:
-    proc = run_cmd(qa_train(tmp_path / "out", "--max_seq_length", "1000", "--max_train_steps", "1"), env)
-    assert proc.returncode == 2
-    [line] = error_lines(proc)
+        tmp_path: Path, in_process: None, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(flags(tmp_path / "out", "--max_seq_length", "1000", "--max_train_steps", "1"), capsys)
     assert "--max_seq_length 1000" in line and "512 position embeddings" in line
     assert not (tmp_path / "cache").exists(), "featurisation ran before the refusal"
 
 
-def _checkpointed_run(out: Path, env: dict[str, str], steps: int) -> None:
-    run_ok(qa_train(out, "--max_train_steps", str(steps), "--checkpointing_steps", "1", "--logging_steps", "1"),
-           env)
-
-
-def test_resume_under_another_world_size_or_batch_is_refused(tmp_path: Path, env: dict[str, str]) -> None:
-    out = tmp_path / "out"
-    _checkpointed_run(out, env, 2)
+def test_resume_under_another_world_size_or_batch_is_refused(finished: Path, tmp_path: Path,
+                                                            env: dict[str, str]) -> None:
+    out = old_run(finished, tmp_path)
     resume = ["--max_train_steps", "4", "--resume_from_checkpoint", "latest"]
     proc = run_cmd(qa_train(out, *resume, "--per_device_train_batch_size", "4"), env)
     assert proc.returncode == 2
@@ -118,7 +150,7 @@ def test_resume_under_another_world_size_or_batch_is_refused(tmp_path: Path, env
     assert "global batch" in line and "8" in line and "4" in line
 
     # A checkpoint written by 2 processes (what a 2-rank DDP run records), resumed by 1.
-    state_file = out / "checkpoints" / "step_00000002" / "trainer_state.json"
+    state_file = out / "checkpoints" / "step_00000003" / "trainer_state.json"
     state = json.loads(state_file.read_text())
     state.update(world_size=2, global_batch_size=16, per_device_train_batch_size=8)
     state_file.write_text(json.dumps(state))
@@ -138,9 +170,9 @@ def _refresh_manifest(changed: Path) -> None:
     manifest_file.write_text(json.dumps(manifest))
 
 
-def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, env: dict[str, str]) -> None:
-    out = tmp_path / "out"
-    _checkpointed_run(out, env, 3)
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(finished: Path, tmp_path: Path,
+                                                                  env: dict[str, str]) -> None:
+    out = old_run(finished, tmp_path)
     weights = out / "checkpoints" / "step_00000003" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     proc = run_ok(qa_train(out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), env)
@@ -180,15 +212,13 @@ def test_an_exported_model_is_readable_by_others(tmp_path: Path, env: dict[str, 
     assert modes and set(modes.values()) == {0o644}, modes
 
 
-def test_bad_record_is_one_line_naming_file_and_record(tmp_path: Path, env: dict[str, str]) -> None:
+def test_bad_record_is_one_line_naming_file_and_record(tmp_path: Path, in_process: None,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     data = json.loads(DEMO_DEV.read_text())
     del data["data"][0]["paragraphs"][0]["qas"][1]["id"]
     bad = tmp_path / "dev.json"
     bad.write_text(json.dumps(data))
-    proc = run_cmd([PY, "-m", "qa_train", *tiny_flags(tmp_path / "out", "--max_train_steps", "1",
-                                                      "--validation_file", str(bad))], env)
-    assert proc.returncode == 2
-    [line] = error_lines(proc)
+    line = refused(tiny_flags(tmp_path / "out", "--max_train_steps", "1", "--validation_file", str(bad)), capsys)
     assert str(bad) in line and "data[0].paragraphs[0].qas[1]" in line
 
 
@@ -220,34 +250,30 @@ def test_preemption_exits_75_and_the_resumed_run_logs_each_step_once(tmp_path: P
     assert "(at step 2, resumed: EM" in resumed.stdout and "untrained" not in resumed.stdout
 
 
-def test_windows_too_short_for_the_stride_are_one_line(tmp_path: Path, env: dict[str, str]) -> None:
+def test_windows_too_short_for_the_stride_are_one_line(tmp_path: Path, in_process: None,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """Found by a GPU-session dry run: a --max_seq_length that leaves no more context than --doc_stride after a
     question came out as a traceback; flags that leave a window no room for any question are now refused in
     one line naming both, before any data is read (a long question in roomier windows is cut instead)."""
     out = tmp_path / "out"
-    proc = run_cmd(qa_train(out, "--max_seq_length", "24", "--doc_stride", "20"), env)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    [line] = error_lines(proc)
+    line = refused(flags(out, "--max_seq_length", "24", "--doc_stride", "20"), capsys)
     assert "--doc_stride 20" in line and "--max_seq_length 24" in line and "at most 19" in line
     assert not (out / "metrics.json").exists()
 
 
 def test_a_model_tokenizer_or_config_that_cannot_load_is_one_line_before_the_old_run_is_touched(
-        tmp_path: Path, env: dict[str, str]) -> None:
+        finished: Path, tmp_path: Path, in_process: None, capsys: pytest.CaptureFixture[str]) -> None:
     """transformers' own failures were tracebacks (exit 1); a model folder without weights failed only after
     --overwrite_output_dir had removed the old run."""
-    out = tmp_path / "out"
-    run_ok(qa_train(out, "--max_train_steps", "1"), env)
+    out = old_run(finished, tmp_path)
     before = (out / "metrics.json").read_bytes()
     empty = tmp_path / "empty"
     empty.mkdir()
-    for flags, says in [
+    for source, says in [
         (["--model_name_or_path", str(TINY)], f"--model_name_or_path {TINY}: no weights"),  # config and tokenizer only
         (["--config_name", str(DEMO_DEV)], f"--config_name {DEMO_DEV}: cannot load it (ValueError: "),
         (["--tokenizer_name", str(empty)], f"--tokenizer_name {empty}: cannot load it ("),
     ]:
-        proc = run_cmd(qa_train(out, "--max_train_steps", "1", "--overwrite_output_dir", *flags), env)
-        assert proc.returncode == 2, proc.stderr[-2000:]
-        [line] = error_lines(proc)
+        line = refused(flags(out, "--max_train_steps", "1", "--overwrite_output_dir", *source), capsys)
         assert says in line
         assert (out / "metrics.json").read_bytes() == before
