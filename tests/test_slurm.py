@@ -72,22 +72,18 @@ def test_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path) -> None
 def test_a_warning_signal_after_the_training_loop_does_not_requeue_the_finished_run(tmp_path: Path) -> None:
     """The warning comes once the run is past its loop (metrics.json is written before the export): the run
     finishes without seeing the stop request, and a requeue would train again from the last checkpoint and
-    export over the finished run."""
+    export over the finished run. The same job checks that a --checkpointing_steps flag given to it wins over
+    the script's CHECKPOINTING_STEPS default (4 here), which used to drop it."""
     env = cluster_env(tmp_path, "7311", "ddp", 29751)
     env["FAKE_SLURM_SIGNAL_WHEN"] = str(tmp_path / "out" / "metrics.json")
-    proc = run_ok(["sbatch", "--nodes", "1", "slurm/train.sbatch", *train_flags(6)], env)
+    proc = run_ok(["sbatch", "--nodes", "1", "slurm/train.sbatch", *train_flags(6), "--checkpointing_steps", "2"],
+                  env)
     assert "warning signal" in proc.stdout and "not requeued" in proc.stdout, proc.stdout
     assert "start 1" not in proc.stdout and "job requeued" not in proc.stdout
     node0 = (tmp_path / "logs" / "node0.log").read_text()
     assert node0.count("model exported") == 1 and "resumed from" not in node0
     assert read_metrics(tmp_path / "out")["train_steps"] == 6
     assert not (tmp_path / "out" / "PREEMPT").exists()
-
-
-def test_a_checkpointing_steps_flag_wins_over_the_scripts_default(tmp_path: Path) -> None:
-    """CHECKPOINTING_STEPS is the batch script's default: a flag given to the job must not be dropped for it."""
-    env = cluster_env(tmp_path, "7321", "ddp", 29761)  # CHECKPOINTING_STEPS=4
-    run_ok(["sbatch", "--nodes", "1", "slurm/train.sbatch", *train_flags(6), "--checkpointing_steps", "2"], env)
     assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == [
         "step_00000002", "step_00000004", "step_00000006"]
 
