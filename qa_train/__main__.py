@@ -1,7 +1,7 @@
 """`python -m qa_train [flags]`, also under `accelerate launch ... -m qa_train`.
 
 Exit codes: 0 finished; 1 crashed (a traceback says where); 2 refused input (flags, data, output
-dir, checkpoint), before any training; 3 diverged (non-finite loss, gradients or weights; nothing
+dir, checkpoint, a torch.compile backend that cannot compile), before any training; 3 diverged (non-finite loss, gradients or weights; nothing
 exported); 4 the export failed (metrics.json is written); 5 a checkpoint could not be saved (its partial
 folder removed, earlier ones intact), or a write found the disk or quota full (ENOSPC, EDQUOT): free space,
 then resume with --resume_from_checkpoint latest; 75 preempted (checkpoint saved, resume with
@@ -40,6 +40,15 @@ def _out_of_space(err: OSError, output_dir: str) -> str:
     return f"{err.strerror}{where}; free space, then rerun with {rerun}"
 
 
+def _compile_failed(err, backend: str | None) -> str:
+    """torch.compile's failure (a backend's package missing, no C++ compiler for inductor on CPU) in one line;
+    its own message spans lines and points at TORCHDYNAMO_VERBOSE."""
+    from qa_train.checkpoint import one_line
+
+    flag = f"--torch_compile_backend {backend}" if backend else "--torch_compile (backend inductor)"
+    return f"{flag}: compiling the model failed ({one_line(err.inner_exception)}); choose another backend or drop it"
+
+
 def main(argv: list[str] | None = None) -> int:
     from qa_train.config import ConfigError
     from qa_train.flags import parse_args
@@ -59,11 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     from qa_train.saving import OUT_OF_SPACE, CheckpointSaveError
     from qa_train.outcome import ExportError
     from qa_train.trainer import TrainingDiverged
+    from torch._dynamo.exc import BackendCompilerFailed
 
     try:
         run(args)
     except (LaunchError, ConfigError, DataError) as err:
         _say(str(err), rank)
+        return REFUSED
+    except BackendCompilerFailed as err:  # at the first step, on every rank alike; nothing is trained or written
+        _say(_compile_failed(err, args.system.torch_compile_backend), rank)
         return REFUSED
     except CheckpointError as err:  # raised on every rank; where only some failed, the lowest of them says why
         _say(str(err), rank, speaker=err.reporter)

@@ -13,7 +13,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForQuestionAnswering
 
-from conftest import PY, TINY, base_env, export_answers, run_ok, tiny_flags
+from conftest import PY, TINY, base_env, export_answers, run_cmd, run_ok, tiny_flags
 
 
 def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: Path) -> None:
@@ -32,3 +32,19 @@ def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: P
     # A compiled run's checkpoint resumes without compiling.
     run_ok([PY, "-m", "qa_train", *flags, "--max_train_steps", "6", "--resume_from_checkpoint", "latest"], env)
     assert json.loads((out / "metrics.json").read_text())["train_steps"] == 6
+
+
+def test_a_backend_that_cannot_compile_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """torch.compile fails at the first step (here tvm, whose package is not installed): it was a multi-line
+    traceback and exit 1; now one line naming the flag and the cause, exit 2, and nothing written."""
+    import importlib.util
+
+    assert importlib.util.find_spec("tvm") is None, "this test needs a machine without apache-tvm"
+    env, out = base_env(tmp_path), tmp_path / "run"
+    flags = tiny_flags(out, "--max_train_steps", "2", "--no_eval", "--torch_compile_backend", "tvm", "--disable_tqdm")
+    proc = run_cmd([PY, "-m", "qa_train", *flags], env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("qa_train: error:")]
+    assert line.startswith("qa_train: error: --torch_compile_backend tvm: compiling the model failed (ImportError: ")
+    assert list(out.iterdir()) == []
