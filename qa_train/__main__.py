@@ -1,11 +1,11 @@
 """`python -m qa_train [flags]`, also under `accelerate launch ... -m qa_train`.
 
-Exit codes: 0 finished; 1 crashed (a traceback says where); 2 refused input (flags, data, output
-dir, checkpoint, a torch.compile backend that cannot compile), before any training; 3 diverged (non-finite loss, gradients or weights; nothing
-exported); 4 the export failed (metrics.json is written); 5 a checkpoint could not be saved (its partial
-folder removed, earlier ones intact), or a write found the disk or quota full (ENOSPC, EDQUOT): free space,
-then resume with --resume_from_checkpoint latest; 75 preempted (checkpoint saved, resume with
---resume_from_checkpoint latest).
+Exit codes: 0 finished; 1 crashed (a traceback says where); 2 refused input (flags, data, output dir,
+checkpoint, a torch.compile backend that cannot compile), before any training; 3 diverged (non-finite loss,
+gradients or weights; nothing exported); 4 the export failed (metrics.json is written); 5 a checkpoint could
+not be saved (its partial folder removed, earlier ones intact), or a write found the disk or quota full
+(ENOSPC, EDQUOT): free space, then resume with --resume_from_checkpoint latest; 75 preempted (checkpoint
+saved, resume with --resume_from_checkpoint latest).
 """
 
 from __future__ import annotations
