@@ -40,13 +40,13 @@ def _out_of_space(err: OSError, output_dir: str) -> str:
     return f"{err.strerror}{where}; free space, then rerun with {rerun}"
 
 
-def _compile_failed(err, backend: str | None) -> str:
+def _compile_failed(cause: BaseException, backend: str | None) -> str:
     """torch.compile's failure (a backend's package missing, no C++ compiler for inductor on CPU) in one line;
     its own message spans lines and points at TORCHDYNAMO_VERBOSE."""
     from qa_train.checkpoint import one_line
 
     flag = f"--torch_compile_backend {backend}" if backend else "--torch_compile (backend inductor)"
-    return f"{flag}: compiling the model failed ({one_line(err.inner_exception)}); choose another backend or drop it"
+    return f"{flag}: compiling the model failed ({one_line(cause)}); choose another backend or drop it"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         _say(str(err), rank)
         return REFUSED
     except BackendCompilerFailed as err:  # at the first step, on every rank alike; nothing is trained or written
-        _say(_compile_failed(err, args.system.torch_compile_backend), rank)
+        _say(_compile_failed(err.inner_exception, args.system.torch_compile_backend), rank)
         return REFUSED
     except CheckpointError as err:  # raised on every rank; where only some failed, the lowest of them says why
         _say(str(err), rank, speaker=err.reporter)

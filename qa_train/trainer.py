@@ -147,8 +147,8 @@ class Trainer:
         if args.system.torch_compile:
             # In place, not torch.compile(model): its wrapper prefixes every weight name with `_orig_mod.`, so
             # the export loaded as a fresh model and checkpoints would not resume without compiling.
-            model.compile(backend=args.system.torch_compile_backend or "inductor", dynamic=not args.data.pad_to_max_length,
-                          mode=args.system.compile_mode)
+            model.compile(backend=args.system.torch_compile_backend or "inductor",
+                          dynamic=not args.data.pad_to_max_length, mode=args.system.compile_mode)
         self.plan = plan_steps(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
         self.log_every = every_n_steps(args.output.logging_steps, self.plan.total_steps)
         self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.plan.total_steps)

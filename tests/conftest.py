@@ -63,6 +63,12 @@ def run_ok(cmd: list[str], env: dict[str, str], timeout: int = 600) -> subproces
     return proc
 
 
+def error_lines(stderr: str) -> list[str]:
+    """The one-line errors `python -m qa_train` printed; a traceback instead of them fails the test."""
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return [line for line in stderr.splitlines() if line.startswith("qa_train: error:")]
+
+
 def read_metrics(output_dir: Path) -> dict:
     return json.loads((output_dir / "metrics.json").read_text())
 

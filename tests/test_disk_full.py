@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PY, ROOT, run_cmd, run_ok, tiny_flags
+from conftest import PY, ROOT, error_lines, run_cmd, run_ok, tiny_flags
 
 from qa_train import checkpoint, saving
 from qa_train.train_state import TrainerState
@@ -50,11 +50,6 @@ def with_full_disk(env: dict[str, str], tmp_path: Path, rank: int, nth: int) -> 
 
 def qa_train(out: Path, *extra: str) -> list[str]:
     return [PY, "-m", "qa_train", *tiny_flags(out, "--no_eval", "--logging_steps", "1", *extra)]
-
-
-def error_lines(stderr: str) -> list[str]:
-    assert "Traceback" not in stderr, stderr[-3000:]
-    return [line for line in stderr.splitlines() if line.startswith("qa_train: error:")]
 
 
 def steps_in(out: Path) -> list[int]:

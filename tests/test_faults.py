@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import DEMO_DEV, PY, ROOT, TINY, base_env, run_cmd, run_ok, tiny_flags
+from conftest import DEMO_DEV, PY, ROOT, TINY, base_env, error_lines, run_cmd, run_ok, tiny_flags
 
 pytestmark = pytest.mark.distributed  # real runs of the entry point, like test_e2e
 
@@ -31,11 +31,6 @@ def qa_train(out: Path, *extra: str) -> list[str]:
     return [PY, "-m", "qa_train", *flags(out, *extra)]
 
 
-def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return [line for line in proc.stderr.splitlines() if line.startswith("qa_train: error:")]
-
-
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """`python -m qa_train`'s main in this process, for input refused in preflight, before any process group or
     accelerator exists (a subprocess would spend ~4 s importing transformers to say the same line): exit 2 and
@@ -46,7 +41,7 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     code = entry.main(argv)
     err = capsys.readouterr().err
     assert code == 2, err[-3000:]
-    [line] = [x for x in err.splitlines() if x.startswith("qa_train: error:")]
+    [line] = error_lines(err)
     return line
 
 
@@ -83,7 +78,7 @@ def test_divergence_stops_the_run_and_saves_nothing_non_finite(tmp_path: Path, e
     proc = run_cmd(qa_train(out, "--max_train_steps", "10", "--logging_steps", "5", "--learning_rate", "1e6",
                             "--checkpointing_steps", "1"), env)
     assert proc.returncode == 3, proc.stderr[-3000:]
-    [line] = error_lines(proc)
+    [line] = error_lines(proc.stderr)
     assert "training diverged at step" in line and "--learning_rate" in line
     assert not (out / "final").exists() and not (out / "metrics.json").exists()
     for ckpt in (out / "checkpoints").glob("step_*"):
@@ -128,7 +123,7 @@ def test_unwritable_output_dir_is_refused_before_any_work(where: str, tmp_path: 
         out = Path("/sys/qa_train_test_out")  # not writable even for root
     proc = run_cmd(qa_train(out, "--max_train_steps", "1"), env)
     assert proc.returncode == 2
-    [line] = error_lines(proc)
+    [line] = error_lines(proc.stderr)
     assert f"--output_dir {out}: not writable" in line
     assert not (tmp_path / "cache").exists(), "featurisation ran before the refusal"
 
@@ -146,7 +141,7 @@ def test_resume_under_another_world_size_or_batch_is_refused(finished: Path, tmp
     resume = ["--max_train_steps", "4", "--resume_from_checkpoint", "latest"]
     proc = run_cmd(qa_train(out, *resume, "--per_device_train_batch_size", "4"), env)
     assert proc.returncode == 2
-    [line] = error_lines(proc)
+    [line] = error_lines(proc.stderr)
     assert "global batch" in line and "8" in line and "4" in line
 
     # A checkpoint written by 2 processes (what a 2-rank DDP run records), resumed by 1.
@@ -157,7 +152,7 @@ def test_resume_under_another_world_size_or_batch_is_refused(finished: Path, tmp
     _refresh_manifest(state_file)
     proc = run_cmd(qa_train(out, *resume, "--per_device_train_batch_size", "16"), env)
     assert proc.returncode == 2
-    [line] = error_lines(proc)
+    [line] = error_lines(proc.stderr)
     assert "2 processes" in line and "1" in line
 
 
@@ -183,7 +178,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(finished: Path
     explicit = run_cmd(qa_train(tmp_path / "other", "--max_train_steps", "4", "--resume_from_checkpoint",
                                 str(weights.parent)), env)
     assert explicit.returncode == 2
-    [line] = error_lines(explicit)
+    [line] = error_lines(explicit.stderr)
     assert str(weights.parent) in line and "model.safetensors" in line
 
 
@@ -196,7 +191,7 @@ def test_a_failed_export_keeps_metrics_json(tmp_path: Path, env: dict[str, str])
                           capture_output=True, text=True, timeout=600,
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
     assert proc.returncode == 4, proc.stderr[-3000:]
-    [line] = error_lines(proc)
+    [line] = error_lines(proc.stderr)
     assert "export to" in line and "metrics.json is written" in line
     m = json.loads((out / "metrics.json").read_text())
     assert m["exact_match"] is not None and m["train_steps"] == 3
