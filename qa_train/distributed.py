@@ -58,7 +58,28 @@ def make_accelerator(args: TrainArgs, log_with: list[Any]) -> tuple[Any, str]:
         # step, so the host could not prepare the next one meanwhile.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=on_cuda),
     )
+    if not on_cuda:
+        _shard_on_cpu(accelerator, mixed_precision)
     return accelerator, mixed_precision
+
+
+def _shard_on_cpu(accelerator, mixed_precision: str) -> None:
+    """FSDP2 on CPU processes (gloo). accelerate 1.15 keeps an FSDP launch on CPU as plain MULTI_CPU data
+    parallelism (its state applies the FSDP plugin only to accelerator device types), although torch's
+    fully_shard runs there; nothing in Accelerator's own set-up depends on the type, so it is set after."""
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    if (os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true"
+            or accelerator.distributed_type != DistributedType.MULTI_CPU):
+        return
+    plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* variables, as Accelerator reads them
+    if mixed_precision != "no":
+        plugin.set_mixed_precision(mixed_precision)
+    accelerator.state.distributed_type = DistributedType.FSDP
+    accelerator.state.fsdp_plugin = plugin
+    # Every later AcceleratorState() copies PartialState's type over its own, as accelerate's GPU path expects.
+    PartialState().distributed_type = DistributedType.FSDP
 
 
 def check_world(accelerator) -> None:

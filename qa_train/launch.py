@@ -5,8 +5,8 @@
 On GPUs this is exactly `accelerate launch --config_file ... -m qa_train`. On CPU it picks the
 launch that really forms a process group there: `accelerate launch --multi_gpu` without CUDA
 starts N processes that each think they are alone, so DDP goes through torchrun with
-ACCELERATE_USE_CPU=true (gloo); DeepSpeed configs go through accelerate launch (qa_train selects
-gloo itself). accelerate does not apply FSDP on CPU, so an FSDP config is refused there.
+ACCELERATE_USE_CPU=true (gloo); DeepSpeed and FSDP configs go through accelerate launch (qa_train selects
+gloo, and applies the FSDP2 sharding that accelerate leaves out on CPU).
 
 Every launch gets --main_process_port (and, across machines, --main_process_ip): two jobs on one
 node must not both take accelerate's default 29500.
@@ -49,14 +49,14 @@ class LaunchConfigError(ValueError):
     pass
 
 
-# accelerate silently falls back to no sharding for FSDP on CPU: a "FSDP" run there would be plain
-# data parallelism under a wrong name, so the launcher refuses it (and qa_train.bench skips it).
-CPU_UNSUPPORTED = {"FSDP": "accelerate does not apply FSDP on CPU (it silently falls back to no sharding)"}
-
-
 def cpu_refusal(cfg: dict) -> str | None:
     """Why this accelerate config cannot run on CPU processes, or None when it can."""
-    return CPU_UNSUPPORTED.get(str(cfg.get("distributed_type", "NO")))
+    fsdp = cfg.get("fsdp_config") or {}
+    # FSDP2's CPUOffloadPolicy asks torch for an accelerator device, which a CPU-only machine does not have.
+    if str(cfg.get("distributed_type")) == "FSDP" and str(fsdp.get("fsdp_offload_params", False)).lower() == "true":
+        return ("fsdp_offload_params: true offloads to the host from an accelerator, and CPU processes have none; "
+                "set it false")
+    return None
 
 
 def read_config(path: str, launch_dir: Path | None = None) -> dict:
@@ -119,13 +119,17 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
         raise LaunchConfigError(f"--num_processes {procs} is not a multiple of --num_machines {machines}")
     refusal = cpu_refusal(cfg) if opts.cpu else None
     if refusal:
-        raise LaunchConfigError(f"{opts.config_file}: {refusal}. On CPU use accelerate_configs/zero3.yaml for "
-                                "fully sharded training, or run FSDP on GPUs.")
+        raise LaunchConfigError(f"{opts.config_file}: {refusal}")
     ip, port = main_process(cfg, opts)
     if opts.cpu:  # DeepSpeed otherwise guesses its accelerator, and warns once per rank that it chose the CPU
         env.setdefault("DS_ACCELERATOR", "cpu")
-    if not opts.cpu or kind == "DEEPSPEED":
+    if not opts.cpu or kind in ("DEEPSPEED", "FSDP"):
         cmd = ["accelerate", "launch", "--config_file", opts.config_file, "--num_processes", str(procs)]
+        if opts.cpu and kind == "FSDP":
+            # accelerate launch turns the config's FSDP keys into the ranks' FSDP_* variables; ACCELERATE_USE_CPU
+            # makes the ranks form a gloo group, and the config's bf16 would be autocast on CPU: fp32 unless asked.
+            env["ACCELERATE_USE_CPU"] = "true"
+            cmd += ["--mixed_precision", env.get("ACCELERATE_MIXED_PRECISION", "no")]
         if machines > 1:
             cmd += ["--num_machines", str(machines), "--machine_rank", str(opts.machine_rank), "--main_process_ip", ip]
         # Always the port: on one node too, two jobs left on accelerate's default 29500 would collide.

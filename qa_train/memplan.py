@@ -111,11 +111,9 @@ class Estimate:
 def unplanned(config: str, setup: Setup) -> str | None:
     """Why the planner has no figure for `config` on `setup`'s device, or None. On CPU processes the host is the
     device: the states offload moves stay in the same process's RSS (DeepSpeed's host figure, counted apart from
-    the device's, would read as freed), and the launcher refuses FSDP there."""
+    the device's, would read as freed)."""
     if setup.device == "cpu" and config.endswith("_offload"):
         return f"{config} on CPU: offloading to the host frees nothing when the host is the device"
-    if setup.device == "cpu" and config == "fsdp":
-        return "fsdp on CPU: accelerate does not apply FSDP there (the launcher refuses it)"
     return None
 
 
@@ -168,8 +166,9 @@ def model_states(config: str, shape: ModelShape, setup: Setup) -> tuple[float, s
         return (FP32 * big + buckets,
                 "4L + B (only the layer being computed and one reduce bucket; the rest on the host)", host)
     if config == "fsdp":
-        # FSDP2 keeps fp32 shards of weights, gradients and Adam state and gathers one unit at a time; not yet
-        # measured (FSDP needs GPUs): DeepSpeed's ZeRO-3 allowance for the gathered unit.
+        # FSDP2 keeps fp32 shards of weights, gradients and Adam state and gathers one unit at a time: DeepSpeed's
+        # ZeRO-3 allowance for the gathered unit. Not yet measured on GPUs; on CPU 0.87 of the peak where glibc
+        # returns freed buffers, 0.61 where its heap keeps the gathers (docs/benchmarks.md).
         return 16.0 * p / n + FP32 * big, "16P/N + 4L (fp32 shards; L = largest unit, gathered)", None
     raise ValueError(f"unknown config {config!r}; one of single, {', '.join(CONFIGS)}")
 

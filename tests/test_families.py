@@ -123,7 +123,7 @@ def test_no_decay_for_every_norm_and_bias(family: str, family_dirs: dict[str, Pa
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fsdp_wraps_every_encoder_layer_of_every_family(family: str, family_dirs: dict[str, Path]) -> None:
-    """Through accelerate's own FSDP2 wrap policy (FSDP itself needs GPUs): the shipped fsdp.yaml names no
+    """Through accelerate's own FSDP2 wrap policy (no process group needed): the shipped fsdp.yaml names no
     layer class, and each family's encoder layers become FSDP units; a class named in the config still wins,
     and naming BertLayer fails every other family as it did before."""
     from types import SimpleNamespace

@@ -129,8 +129,9 @@ def test_offload_configs_hold_less_cuda_memory_than_single(tmp_path: Path) -> No
 @pytest.mark.parametrize("config", ["single", "fsdp", "zero3"])
 def test_gradient_checkpointing_lowers_the_cuda_peak_and_trains_alike(config: str, tmp_path: Path) -> None:
     """BERT-base shape, 8 x 384 in bf16: activations are most of the peak, so recomputing each layer must show in
-    CUDA's figure, under FSDP's and ZeRO-3's parameter gathering too (on CPU, FSDP is not applied and only the
-    tensor count is tested); the losses follow the run without it (not bitwise on a GPU: atomics in backward)."""
+    CUDA's figure, under FSDP's and ZeRO-3's parameter gathering too (CPU tests hold the tensor count and, for
+    FSDP and ZeRO-3 on two processes, the losses); the losses follow the run without it (not bitwise on a GPU:
+    atomics in backward)."""
     env, runs = base_env(tmp_path), {}
     for recompute in ("false", "true"):
         out = tmp_path / recompute

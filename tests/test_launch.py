@@ -7,6 +7,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
@@ -184,11 +185,13 @@ def test_repository_deepspeed_json_leaves_flag_decided_values_to_flags(path: Pat
             assert params.get(key) == "auto", f"{ds_file}: optimizer.params.{key} is {params.get(key)!r}"
 
 
-def test_only_fsdp_is_refused_on_cpu() -> None:
+def test_every_shipped_config_runs_on_cpu_and_only_fsdp_offload_is_refused() -> None:
     reasons = {p.stem: cpu_refusal(yaml.safe_load(p.read_text())) for p in REPO_CONFIGS}
-    assert "FSDP" in reasons.pop("fsdp")
     assert set(reasons.values()) == {None}
     assert cpu_refusal({}) is None  # no distributed_type: accelerate's NO
+    offload = {**FSDP, "fsdp_config": {"fsdp_offload_params": True}}
+    assert cpu_refusal(offload).startswith("fsdp_offload_params: true offloads to the host from an accelerator")
+    assert cpu_refusal({**FSDP, "fsdp_config": {"fsdp_offload_params": False}}) is None
 
 
 # --- parse -------------------------------------------------------------------------------------
@@ -270,6 +273,19 @@ def test_cpu_deepspeed_is_accelerate_launch() -> None:
     assert env == {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
 
 
+def test_cpu_fsdp_is_accelerate_launch_on_gloo_in_fp32_unless_asked() -> None:
+    """accelerate launch turns the config's FSDP keys into the ranks' FSDP_* variables; ACCELERATE_USE_CPU gives
+    a gloo group (qa_train then applies FSDP2 itself), and the config's bf16 is not forced on CPU autocast."""
+    cmd, env = build(FSDP, "--cpu", "--num_processes", "2")
+    assert cmd == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "2", "--mixed_precision",
+                   os.environ.get("ACCELERATE_MIXED_PRECISION", "no"), "--main_process_port", "29500", "-m",
+                   "qa_train", *TRAIN]
+    assert env["ACCELERATE_USE_CPU"] == "true"
+    with mock.patch.dict(os.environ, {"ACCELERATE_MIXED_PRECISION": "bf16"}):
+        cmd, _ = build(FSDP, "--cpu", "--num_processes", "2")
+    assert flag(cmd, "--mixed_precision") == "bf16"
+
+
 def test_cpu_deepspeed_multi_machine() -> None:
     cmd, _ = build(DEEPSPEED, "--cpu", "--num_processes", "4", "--num_machines", "2")
     assert cmd[:6] == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "4"]
@@ -282,6 +298,7 @@ PORT_CASES = {
     "gpu-deepspeed": (DEEPSPEED, ()),
     "gpu-fsdp": (FSDP, ()),
     "cpu-deepspeed": (DEEPSPEED, ("--cpu", "--num_processes", "2")),
+    "cpu-fsdp": (FSDP, ("--cpu", "--num_processes", "2")),
     "cpu-torchrun": (MULTI_GPU, ("--cpu", "--num_processes", "2")),
     "multinode-gpu-ddp": (MULTI_GPU, ("--num_processes", "16", "--num_machines", "2", "--machine_rank", "1")),
     "multinode-gpu-deepspeed": (DEEPSPEED, ("--num_processes", "16", "--num_machines", "2", "--machine_rank", "1")),
@@ -355,12 +372,10 @@ def test_slurm_cpu_node_command(config: str) -> None:
     assert flag(cmd, "--machine_rank", "--node_rank") == "1"
 
 
-def test_cpu_fsdp_is_refused_naming_the_config_and_zero3() -> None:
+def test_cpu_fsdp_offload_is_refused_naming_the_config_and_the_key() -> None:
     with pytest.raises(LaunchConfigError) as err:
-        build(FSDP, "--cpu", "--num_processes", "2")
-    msg = str(err.value)
-    assert msg.startswith("cfg.yaml: accelerate does not apply FSDP on CPU")
-    assert "accelerate_configs/zero3.yaml" in msg
+        build({**FSDP, "fsdp_config": {"fsdp_offload_params": "true"}}, "--cpu", "--num_processes", "2")
+    assert str(err.value).startswith("cfg.yaml: fsdp_offload_params: true offloads to the host")
 
 
 @pytest.mark.parametrize("cfg", [{"distributed_type": "NO", "num_processes": 1}, {**MULTI_GPU, "num_processes": 1}, {}],
@@ -504,12 +519,15 @@ def test_main_refuses_a_config_count_that_is_not_an_integer_with_one_line(key: s
 
 
 @pytest.mark.usefixtures("no_exec")
-def test_main_refuses_fsdp_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
-    config = str(ROOT / "accelerate_configs" / "fsdp.yaml")
-    code = launch.main(["--config_file", config, "--cpu", "--dry_run"])
+def test_main_refuses_fsdp_offload_on_cpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    shipped = yaml.safe_load((ROOT / "accelerate_configs" / "fsdp.yaml").read_text())
+    shipped["fsdp_config"]["fsdp_offload_params"] = True
+    config = tmp_path / "fsdp_offload.yaml"
+    config.write_text(yaml.safe_dump(shipped))
+    code = launch.main(["--config_file", str(config), "--cpu", "--dry_run"])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith(f"qa_train.launch: error: {config}: accelerate does not apply FSDP on CPU")
+    assert err.startswith(f"qa_train.launch: error: {config}: fsdp_offload_params: true offloads to the host")
     assert len(err.splitlines()) == 1
 
 

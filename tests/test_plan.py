@@ -378,9 +378,9 @@ def test_attention_is_what_training_resolves_auto_to(tmp_path: Path, capsys: pyt
     assert check_run(run).estimate_gib == pytest.approx(eager / GIB)
 
 
-def test_on_cpu_offload_and_fsdp_are_not_planned(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_on_cpu_offload_is_not_planned(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """On CPU processes the host is the device: ZeRO-2 offload used to "fit" in 1.5 GiB at 0.91 GiB while its own
-    host column said 2.43 GiB of that same memory, and FSDP (refused by the launcher on CPU) was planned."""
+    host column said 2.43 GiB of that same memory. FSDP runs on CPU processes and is planned there."""
     from test_report import fake_metrics, rewrite
 
     cpu = ["--model_name_or_path", "bert-base-uncased", "--device", "cpu", "--per_device_train_batch_size", "4",
@@ -388,7 +388,7 @@ def test_on_cpu_offload_and_fsdp_are_not_planned(tmp_path: Path, capsys: pytest.
     code, out, _ = run_plan([*cpu, "--num_gpus", "1", "--gpu_memory_gib", "1.5"], capsys)
     assert code == 0 and "nothing fits in 1.35 GiB" in out and "offload" not in out
     code, out, _ = run_plan([*cpu, "--num_gpus", "2", "--gpu_memory_gib", "80", "--json"], capsys)
-    assert [e["config"] for e in json.loads(out)["estimates"]] == ["ddp", "zero1", "zero2", "zero3"]
+    assert [e["config"] for e in json.loads(out)["estimates"]] == ["ddp", "zero1", "zero2", "fsdp", "zero3"]
     run = rewrite(fake_metrics(tmp_path / "zero2-offload", "zero2", 2, 40.0, 0.9, offload="optimizer"),
                   {"config_name": str(TINY)}, host_rss_baseline_gb={"per_rank": [0.4, 0.5], "max": 0.5, "mean": 0.45})
     check = check_run(run)
