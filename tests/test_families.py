@@ -4,7 +4,8 @@ random model with a tokenizer trained offline (tests/families.py), through qa_tr
 Per family: the windows and labels are the tokenizer's own overflow encoding; a real run (in this process,
 one family after another) trains a few steps, evaluates, answers a file of unlabelled questions and exports;
 the export reloads with transformers and qa_train.predict gives the run's answers; no normalisation layer or
-bias is decayed, whatever the family calls it.
+bias is decayed, whatever the family calls it. FSDP wraps each family's layers, and the two families whose
+layout differs most from BERT's train under FSDP on two CPU processes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DEMO_DEV, DEMO_TRAIN
+from conftest import DEMO_DEV, DEMO_TRAIN, PY, base_env, read_metrics, run_ok
 from families import FAMILIES, corpus, write_family
 from qa_train.data import load_file
 from qa_train.features import featurize, window_offsets
@@ -170,3 +171,29 @@ def test_fsdp_leaves_the_input_embeddings_to_accelerate(family_dirs: dict[str, P
     model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(family_dirs["bert"]))
     monkeypatch.setattr(type(model), "_no_split_modules", ["BertEmbeddings", "BertLayer"], raising=False)
     assert fsdp_layer_classes(model) == ["BertLayer"]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("family", ["deberta-v2", "modernbert"])
+def test_family_trains_under_fsdp_on_two_processes_and_its_export_answers_alike(
+        family: str, family_dirs: dict[str, Path], questions_without_answers: Path, tmp_path: Path) -> None:
+    """DeBERTa-v3 shares its relative position embeddings across the layers from outside them (they stay in the
+    root FSDP unit); ModernBERT has its own embeddings module and layer class and no token types. Each trains
+    sharded by layer, and the export gathered from the shards answers the test file as the run did."""
+    from qa_train.flags import parse_args
+    from qa_train.predict import Predictor
+
+    out, model_dir = tmp_path / "run", str(family_dirs[family])
+    flags = ["--config_name", model_dir, "--tokenizer_name", model_dir, "--train_file", str(DEMO_TRAIN),
+             "--validation_file", str(DEMO_DEV), "--max_train_samples", "64", "--max_eval_samples", "16",
+             "--max_seq_length", "128", "--doc_stride", "32", "--per_device_train_batch_size", "8",
+             "--max_train_steps", "4", "--learning_rate", "1e-3", "--do_predict", "--test_file",
+             str(questions_without_answers), "--report_to", "none", "--disable_tqdm", "--output_dir", str(out)]
+    run_ok([PY, "-m", "qa_train.launch", "--cpu", "--config_file", "accelerate_configs/fsdp.yaml", "--num_processes",
+            "2", "--main_process_port", str(29760 + FAMILIES.index(family)), "--", *flags], base_env(tmp_path))
+    m = read_metrics(out)
+    assert (m["strategy"], m["distributed_type"], m["world_size"], m["train_steps"]) == ("fsdp", "FSDP", 2, 4)
+    predicted = json.loads((out / "predict_predictions.json").read_text())
+    reloaded = Predictor(str(out / "final"), parse_args(flags).data, device="cpu").predict(
+        load_file(questions_without_answers, "optional"))
+    assert reloaded.predictions == predicted, "the export answers as the run did"
