@@ -307,6 +307,27 @@ def nonfinite_tensors(params: Iterable[torch.Tensor], device: torch.device) -> t
     return bad
 
 
+def export_state_dict(accelerator, model) -> dict[str, Any]:
+    """The weights to export, whole on the main process (a collective). accelerate's get_state_dict gathers FSDP
+    shards and ZeRO-3 partitions, but under DeepSpeed with bf16/fp16 it returns the engine's 16-bit copy, while
+    DDP and FSDP export their fp32 weights: the fp32 master weights DeepSpeed's optimizer holds replace it, so
+    every strategy exports what it trained (as DeepSpeed's zero_to_fp32 would consolidate them)."""
+    import torch
+    from accelerate.utils import DistributedType
+
+    state = accelerator.get_state_dict(model)
+    named = list(model.module.named_parameters()) if accelerator.distributed_type == DistributedType.DEEPSPEED else []
+    if not named or named[0][1].dtype == torch.float32:
+        return state
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    for name, param in named:
+        master = safe_get_full_fp32_param(param)  # every rank: ZeRO-3 assembles it with an all-reduce
+        if accelerator.is_main_process and master is not None:
+            state[name] = master.detach().to("cpu", copy=True)
+    return state
+
+
 def num_parameters(model) -> int:
     """Parameters of an unwrapped model; ZeRO-3 leaves empty placeholders whose ds_numel is the real size."""
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from qa_train.checkpoint import (MANIFEST, STATE_FILE, checkpoint_root, complete_checkpoints, delete_folder,
                                  latest_usable, move_aside, one_line, run_id_of, verify)
-from qa_train.distributed import failed_ranks
+from qa_train.distributed import export_state_dict, failed_ranks
 from qa_train.outputdir import remove_entry
 from qa_train.train_state import TrainerState
 
@@ -163,15 +163,20 @@ def _rotate(output_dir: str | Path, keep: int | None, run_id: str, just_written:
 def export_final(accelerator, model, tokenizer, final: Path) -> Path:
     """Full consolidated weights + tokenizer in `final` (output_dir/final or /best), loadable by from_pretrained.
 
-    get_state_dict gathers ZeRO-3 partitions (16-bit, rank 0 only) and FSDP shards; saving the
+    export_state_dict gathers ZeRO-3 partitions and FSDP shards (fp32 under every strategy); saving the
     unwrapped model without it would write placeholders under ZeRO-3.
     """
     tmp = final.with_name(f".tmp-{final.name}")
-    state_dict = accelerator.get_state_dict(model)
+    state_dict = export_state_dict(accelerator, model)
     if accelerator.is_main_process:
         remove_entry(tmp)
         unwrapped = accelerator.unwrap_model(model)
+        # save_pretrained records the live model's dtype (DeepSpeed's 16-bit engine copy), not that of the weights
+        # it writes (and empties state_dict as it does), and transformers 5 loads a model in the recorded dtype.
+        written = next(str(t.dtype).removeprefix("torch.") for t in state_dict.values() if t.is_floating_point())
         unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        unwrapped.config.dtype = written
+        unwrapped.config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         # save_pretrained only logs (and writes nothing) when its target is not a folder.
         if not any(tmp.glob("*.safetensors")):

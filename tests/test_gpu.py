@@ -25,9 +25,9 @@ from test_strategies import STEPS, kill_after_checkpoint, step_log
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CONFIGS = ["single", "ddp", "fsdp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
 BERT_BASE = ASSETS / "bert-base-shape"
-# The bf16 export, reloaded and run under bf16 autocast, must give evaluation's answer for at least this share
-# of questions: DeepSpeed's bf16 mode runs LayerNorm and softmax on bf16 parameters where autocast keeps fp32,
-# so near-tied spans may flip.
+# The export (fp32 weights), reloaded and run under bf16 autocast, must give evaluation's answer for at least this
+# share of questions: DeepSpeed's bf16 mode evaluates with bf16 parameters, LayerNorm and softmax included, where
+# autocast keeps fp32, so near-tied spans may flip.
 SAME_ANSWER_SHARE = 0.95
 # bf16 autocast against fp32 over 50 steps: each 10-step mean loss within this relative distance (H100,
 # 2026-11-22: at most 0.03%).
