@@ -147,12 +147,12 @@ def test_sharded_weights_with_gradient_checkpointing_train_as_without(config: st
         torch.testing.assert_close(exported[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("config", ["zero2", "zero3"])
-def test_deepspeed_in_bf16_exports_its_fp32_master_weights(config: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("config", ["zero2", "zero3", "fsdp"])
+def test_bf16_exports_the_fp32_master_weights(config: str, tmp_path: Path) -> None:
     """Under bf16 DeepSpeed's engine computes with a 16-bit copy of the weights, which accelerate's get_state_dict
     returns: the export holds the fp32 master weights instead, equal to DeepSpeed's own zero_to_fp32 consolidation
-    of the last checkpoint, as DDP and FSDP export theirs, and its config says float32 (transformers 5 loads a
-    model in the dtype its config records)."""
+    of the last checkpoint, and its config says float32 (transformers 5 loads a model in the dtype its config
+    records). FSDP2 in bf16 (16-bit gathers over fp32 shards) exports its fp32 shards, as its checkpoint holds."""
     out = tmp_path / "run"
     run_ok(launch_cmd(config, out, "--mixed_precision", "bf16"), base_env(tmp_path))
     assert read_metrics(out)["mixed_precision"] == "bf16"
