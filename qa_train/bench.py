@@ -85,7 +85,7 @@ def strategy_plans(configs: list[str], process_counts: list[int], on_cpu: bool) 
         cfg = launch.read_config(str(CONFIG_DIR / f"{name}.yaml"), launch_dir=CONFIG_DIR.parent)
         refusal = launch.cpu_refusal(cfg)
         if on_cpu and refusal:  # runs that need devices this machine lacks are skipped, with the reason
-            print(f"skipping {name}: {refusal}; run it on GPUs", flush=True)
+            print(f"skipping {name} on CPU: {refusal}", flush=True)
             continue
         single = str(cfg.get("distributed_type", "NO")) == "NO"
         plans += [Point(name, name, n) for n in ([1] if single else process_counts)]

@@ -25,18 +25,30 @@ class LaunchError(RuntimeError):
     """The processes that started do not form the world the launcher meant."""
 
 
-def resolve_mixed_precision(flag: str, env: dict[str, str], bf16_capable: bool) -> str:
-    """auto: the accelerate config's choice (ACCELERATE_MIXED_PRECISION) if it set one, else bf16 where capable."""
-    if flag != "auto":
-        return flag
-    chosen = env.get("ACCELERATE_MIXED_PRECISION", "no")
-    if chosen in ("fp16", "bf16"):
+def resolve_mixed_precision(flag: str, env: dict[str, str], on_cuda: bool, bf16_capable: bool) -> str:
+    """auto: the accelerate config's choice (ACCELERATE_MIXED_PRECISION) if it set one, else bf16 where capable.
+    fp16 without CUDA is refused: accelerate (1.15) then applies neither autocast nor a loss scaler, so a single
+    or DDP run trains in fp32 under the fp16 label, FSDP2 computes in fp16 unscaled, and DeepSpeed fails."""
+    chosen = flag if flag != "auto" else env.get("ACCELERATE_MIXED_PRECISION", "no")
+    if chosen == "fp16" and not on_cuda:
+        said = "--mixed_precision fp16" if flag == "fp16" else "the accelerate config's mixed_precision: fp16"
+        raise ConfigError(f"{said}: fp16 needs a CUDA GPU (on CPU accelerate applies neither autocast nor a "
+                          "loss scaler); use --mixed_precision bf16 or no")
+    if chosen in ("fp16", "bf16") or flag != "auto":
         return chosen
     return "bf16" if bf16_capable else "no"
 
 
-def make_accelerator(args: TrainArgs, log_with: list[Any]) -> tuple[Any, str]:
-    """The Accelerator for this launch (with its unstarted trackers), and the mixed precision it resolved to."""
+def launch_precision(flag: str) -> str:
+    """--mixed_precision as this launch resolves it (alike on every rank), before any data is read."""
+    import torch
+
+    on_cuda = torch.cuda.is_available()
+    return resolve_mixed_precision(flag, dict(os.environ), on_cuda, on_cuda and torch.cuda.is_bf16_supported())
+
+
+def make_accelerator(args: TrainArgs, log_with: list[Any], mixed_precision: str) -> Any:
+    """The Accelerator for this launch (with its unstarted trackers), in `launch_precision`'s mixed precision."""
     import torch
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
@@ -46,8 +58,6 @@ def make_accelerator(args: TrainArgs, log_with: list[Any]) -> tuple[Any, str]:
     if not on_cuda and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # Without this DeepSpeed on CPU initialises its own group while accelerate sees a world of 1.
         handlers.append(InitProcessGroupKwargs(backend="gloo"))
-    mixed_precision = resolve_mixed_precision(args.system.mixed_precision, dict(os.environ),
-                                              on_cuda and torch.cuda.is_bf16_supported())
     accelerator = Accelerator(
         gradient_accumulation_steps=args.optim.gradient_accumulation_steps,
         mixed_precision=mixed_precision,
@@ -58,9 +68,8 @@ def make_accelerator(args: TrainArgs, log_with: list[Any]) -> tuple[Any, str]:
         # step, so the host could not prepare the next one meanwhile.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=on_cuda),
     )
-    if not on_cuda:
-        _shard_on_cpu(accelerator, mixed_precision)
-    return accelerator, mixed_precision
+    _shard_on_cpu(accelerator, mixed_precision)
+    return accelerator
 
 
 def _shard_on_cpu(accelerator, mixed_precision: str) -> None:
@@ -74,6 +83,9 @@ def _shard_on_cpu(accelerator, mixed_precision: str) -> None:
             or accelerator.distributed_type != DistributedType.MULTI_CPU):
         return
     plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* variables, as Accelerator reads them
+    if plugin.fsdp_version != 2 or fsdp_offloads(plugin):
+        raise LaunchError("FSDP on CPU processes runs FSDP2 without parameter offload: set fsdp_version: 2 and "
+                          "fsdp_offload_params: false in the accelerate config")
     if mixed_precision != "no":
         plugin.set_mixed_precision(mixed_precision)
     accelerator.state.distributed_type = DistributedType.FSDP
@@ -98,7 +110,7 @@ def check_world(accelerator) -> None:
             f"the launcher started WORLD_SIZE={launcher} processes but this one sees a world of {seen} "
             f"(distributed type {accelerator.distributed_type.value}): they would train separate models. "
             "On a CPU-only machine use `python -m qa_train.launch --cpu --config_file ...` (torchrun with "
-            "ACCELERATE_USE_CPU=true for DDP, gloo for DeepSpeed)."
+            "ACCELERATE_USE_CPU=true for DDP, gloo for DeepSpeed and FSDP)."
         )
 
 
@@ -128,6 +140,15 @@ def _offload_device(section: dict | None) -> bool:
     return bool(section) and str(section.get("device", "none")).lower() not in ("none", "")
 
 
+def fsdp_offloads(plugin) -> bool:
+    """Whether an FSDP plugin offloads parameters to the host: FSDP2's policy is a CPUOffloadPolicy (no offload is
+    its base class OffloadPolicy, an object that is always true), FSDP1's a CPUOffload(offload_params=...)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    cpu = getattr(plugin, "cpu_offload", None)
+    return isinstance(cpu, CPUOffloadPolicy) or bool(getattr(cpu, "offload_params", False))
+
+
 def detect_strategy(accelerator) -> Strategy:
     """Read the strategy from the live accelerator state, never from a file name."""
     from accelerate.utils import DistributedType
@@ -141,9 +162,7 @@ def detect_strategy(accelerator) -> Strategy:
                    (False, True): "params"}[(opt, par)]
         return Strategy(f"zero{stage}" if stage else "deepspeed", stage, offload, dtype.value)
     if dtype == DistributedType.FSDP:
-        plugin = accelerator.state.fsdp_plugin
-        cpu = getattr(plugin, "cpu_offload", None)
-        offload = "optimizer+params" if getattr(cpu, "offload_params", False) else "none"
+        offload = "optimizer+params" if fsdp_offloads(accelerator.state.fsdp_plugin) else "none"
         return Strategy("fsdp", None, offload, dtype.value)
     if dtype in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU, DistributedType.MULTI_XPU):
         return Strategy("ddp", None, "none", dtype.value)
@@ -307,22 +326,20 @@ def nonfinite_tensors(params: Iterable[torch.Tensor], device: torch.device) -> t
     return bad
 
 
-def export_state_dict(accelerator, model) -> dict[str, Any]:
-    """The weights to export, whole on the main process (a collective). accelerate's get_state_dict gathers FSDP
-    shards and ZeRO-3 partitions, but under DeepSpeed with bf16/fp16 it returns the engine's 16-bit copy, while
-    DDP and FSDP export their fp32 weights: the fp32 master weights DeepSpeed's optimizer holds replace it, so
-    every strategy exports what it trained (as DeepSpeed's zero_to_fp32 would consolidate them)."""
-    import torch
+def export_state_dict(accelerator, model) -> dict[str, Any] | None:
+    """The weights to export, whole on the main process (a collective; other ranks may get None or {}).
+    accelerate's get_state_dict gathers FSDP shards and ZeRO-3 partitions, but under DeepSpeed with bf16/fp16 it
+    returns the engine's 16-bit copy, while DDP and FSDP export their fp32 weights: the fp32 master weights
+    DeepSpeed's optimizer holds replace it, so every strategy exports what it trained (as zero_to_fp32 would)."""
     from accelerate.utils import DistributedType
 
     state = accelerator.get_state_dict(model)
-    named = list(model.module.named_parameters()) if accelerator.distributed_type == DistributedType.DEEPSPEED else []
-    if not named or named[0][1].dtype == torch.float32:
+    if accelerator.distributed_type != DistributedType.DEEPSPEED or accelerator.mixed_precision == "no":
         return state
     from deepspeed.utils import safe_get_full_fp32_param
 
-    for name, param in named:
-        master = safe_get_full_fp32_param(param)  # every rank: ZeRO-3 assembles it with an all-reduce
+    for name, param in model.module.named_parameters():
+        master = safe_get_full_fp32_param(param)  # a collective: ZeRO-3 all-gathers it, ZeRO-1/2 all-reduce
         if accelerator.is_main_process and master is not None:
             state[name] = master.detach().to("cpu", copy=True)
     return state

@@ -136,6 +136,7 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
         return cmd + ["--main_process_port", str(port), "-m", "qa_train", *train_args], env
     env["ACCELERATE_USE_CPU"] = "true"
     env.setdefault("ACCELERATE_MIXED_PRECISION", "no")
+    env.pop("ACCELERATE_USE_FSDP", None)  # one left in the shell would turn this DDP run into FSDP on CPU
     if procs == 1 and machines == 1:
         return [sys.executable, "-m", "qa_train", *train_args], env  # no process group, so no port
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(machines), "--node_rank",

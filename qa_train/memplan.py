@@ -167,9 +167,11 @@ def model_states(config: str, shape: ModelShape, setup: Setup) -> tuple[float, s
                 "4L + B (only the layer being computed and one reduce bucket; the rest on the host)", host)
     if config == "fsdp":
         # FSDP2 keeps fp32 shards of weights, gradients and Adam state and gathers one unit at a time: DeepSpeed's
-        # ZeRO-3 allowance for the gathered unit. Not yet measured on GPUs; on CPU 0.87 of the peak where glibc
-        # returns freed buffers, 0.61 where its heap keeps the gathers (docs/benchmarks.md).
-        return 16.0 * p / n + FP32 * big, "16P/N + 4L (fp32 shards; L = largest unit, gathered)", None
+        # ZeRO-3 allowance for the gathered unit. Not yet measured on GPUs; on CPU it reads low where glibc's heap
+        # keeps the gathered buffers (docs/benchmarks.md, "FSDP on CPU processes").
+        cpu = setup.device == "cpu"
+        heap = "; on CPU glibc's heap keeps the gathers unless MALLOC_MMAP_THRESHOLD_=131072" if cpu else ""
+        return 16.0 * p / n + FP32 * big, f"16P/N + 4L (fp32 shards; L = largest unit, gathered{heap})", None
     raise ValueError(f"unknown config {config!r}; one of single, {', '.join(CONFIGS)}")
 
 

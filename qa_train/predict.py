@@ -56,7 +56,8 @@ class Predictor:
             config = load_config(model_args)
         check_positions(config, self.tokenizer, self.data.max_seq_length, self.data.doc_stride)
         on_cuda = device != "cpu" and torch.cuda.is_available()
-        precision = resolve_mixed_precision(mixed_precision, dict(os.environ), on_cuda and torch.cuda.is_bf16_supported())
+        precision = resolve_mixed_precision(mixed_precision, dict(os.environ), on_cuda,
+                                            on_cuda and torch.cuda.is_bf16_supported())
         self.accelerator = Accelerator(cpu=not on_cuda, mixed_precision=precision)
         with loading("MODEL_DIR", model_dir, "the model"):
             model = load_model(model_args, self.tokenizer, config)

@@ -8,6 +8,7 @@ every rank as CheckpointSaveError, and its temporary folder is removed.
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import logging
@@ -175,8 +176,9 @@ def export_final(accelerator, model, tokenizer, final: Path) -> Path:
         # it writes (and empties state_dict as it does), and transformers 5 loads a model in the recorded dtype.
         written = next(str(t.dtype).removeprefix("torch.") for t in state_dict.values() if t.is_floating_point())
         unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-        unwrapped.config.dtype = written
-        unwrapped.config.save_pretrained(tmp)
+        config = copy.deepcopy(unwrapped.config)
+        config.dtype = written
+        config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         # save_pretrained only logs (and writes nothing) when its target is not a folder.
         if not any(tmp.glob("*.safetensors")):

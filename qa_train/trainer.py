@@ -76,13 +76,14 @@ class Trainer:
         check_checkpointing(self.model_config, args.system.gradient_checkpointing)
         check_weights(m)
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
+        self.mixed_precision = distributed.launch_precision(args.system.mixed_precision)
         splits = load_splits(args)
         out = args.output
         trackers = build_trackers(out.trackers, self.output_dir, out.wandb_project, {
             "name": out.run_name, "group": os.environ.get("WANDB_RUN_GROUP"),
             "job_type": os.environ.get("WANDB_JOB_TYPE"), "id": os.environ.get("WANDB_RUN_ID"),
             "resume": "allow" if out.resume_from_checkpoint else None})
-        self.accelerator, self.mixed_precision = distributed.make_accelerator(args, trackers)
+        self.accelerator = distributed.make_accelerator(args, trackers, self.mixed_precision)
         self.is_main = self.accelerator.is_main_process
         setup_logging(self.is_main)
         distributed.check_world(self.accelerator)

@@ -71,9 +71,24 @@ def test_optimizer_values_set_in_the_json_are_kept() -> None:
     ("auto", {"ACCELERATE_MIXED_PRECISION": "fp16"}, True, "fp16"),  # then the accelerate config
     ("auto", {"ACCELERATE_MIXED_PRECISION": "no"}, True, "bf16"),  # then the device
     ("auto", {}, False, "no"),
+    ("no", {"ACCELERATE_MIXED_PRECISION": "fp16"}, True, "no"),
 ])
 def test_mixed_precision_resolution(flag: str, env: dict, bf16_capable: bool, expected: str) -> None:
-    assert resolve_mixed_precision(flag, env, bf16_capable) == expected
+    assert resolve_mixed_precision(flag, env, True, bf16_capable) == expected
+
+
+@pytest.mark.parametrize(("flag", "env", "said"), [
+    ("fp16", {}, "--mixed_precision fp16: "),
+    ("auto", {"ACCELERATE_MIXED_PRECISION": "fp16"}, "the accelerate config's mixed_precision: fp16: "),
+])
+def test_fp16_without_cuda_is_refused_naming_where_it_came_from(flag: str, env: dict, said: str) -> None:
+    """accelerate (1.15) on CPU applies neither autocast nor a loss scaler for fp16: single and DDP runs trained
+    in fp32 under the fp16 label (with the gradient-norm guard off, as a scaler would skip overflows), FSDP2
+    computed in fp16 unscaled, and DeepSpeed failed with a traceback."""
+    with pytest.raises(ConfigError) as err:
+        resolve_mixed_precision(flag, env, False, False)
+    assert str(err.value).startswith(said) and "use --mixed_precision bf16 or no" in str(err.value)
+    assert resolve_mixed_precision("bf16", env, False, False) == "bf16"
 
 
 def fake_accelerator(processes: int, ds_config: dict | None) -> SimpleNamespace:
@@ -110,3 +125,17 @@ def test_num_parameters_counts_zero3_placeholders_at_their_real_size() -> None:
     assert num_parameters(model) == 15
     model.weight.ds_numel = 1200  # ZeRO-3 leaves an empty tensor and records the full size here
     assert num_parameters(model) == 1203
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("offload", [True, False])
+def test_fsdp_offload_is_read_from_either_fsdp_versions_policy(version: int, offload: bool) -> None:
+    """FSDP2 states its offload as a CPUOffloadPolicy, with no offload_params field: metrics.json called an
+    offloading FSDP2 run "none", and any FSDP2 policy object is true, offloading or not."""
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    from qa_train.distributed import detect_strategy
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=version, cpu_offload=offload)
+    accelerator = SimpleNamespace(distributed_type=DistributedType.FSDP, state=SimpleNamespace(fsdp_plugin=plugin))
+    assert detect_strategy(accelerator).offload == ("optimizer+params" if offload else "none")

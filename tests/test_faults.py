@@ -128,6 +128,17 @@ def test_unwritable_output_dir_is_refused_before_any_work(where: str, tmp_path: 
     assert not (tmp_path / "cache").exists(), "featurisation ran before the refusal"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only without CUDA")
+def test_fp16_on_cpu_is_refused_before_the_data_is_read(tmp_path: Path, in_process: None,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The train file is not JSON: a refusal after the data was read would name it instead."""
+    (tmp_path / "broken.json").write_text("{")
+    argv = flags(tmp_path / "out", "--mixed_precision", "fp16", "--max_train_steps", "1")
+    argv[argv.index("--train_file") + 1] = str(tmp_path / "broken.json")
+    line = refused(argv, capsys)
+    assert line.startswith("qa_train: error: --mixed_precision fp16: fp16 needs a CUDA GPU"), line
+
+
 def test_max_seq_length_beyond_the_position_embeddings_is_refused_before_featurisation(
         tmp_path: Path, in_process: None, capsys: pytest.CaptureFixture[str]) -> None:
     line = refused(flags(tmp_path / "out", "--max_seq_length", "1000", "--max_train_steps", "1"), capsys)

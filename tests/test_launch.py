@@ -7,7 +7,6 @@ import os
 import re
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import yaml
@@ -273,17 +272,25 @@ def test_cpu_deepspeed_is_accelerate_launch() -> None:
     assert env == {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
 
 
-def test_cpu_fsdp_is_accelerate_launch_on_gloo_in_fp32_unless_asked() -> None:
+def test_cpu_fsdp_is_accelerate_launch_on_gloo_in_fp32_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     """accelerate launch turns the config's FSDP keys into the ranks' FSDP_* variables; ACCELERATE_USE_CPU gives
     a gloo group (qa_train then applies FSDP2 itself), and the config's bf16 is not forced on CPU autocast."""
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     cmd, env = build(FSDP, "--cpu", "--num_processes", "2")
     assert cmd == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "2", "--mixed_precision",
-                   os.environ.get("ACCELERATE_MIXED_PRECISION", "no"), "--main_process_port", "29500", "-m",
-                   "qa_train", *TRAIN]
+                   "no", "--main_process_port", "29500", "-m", "qa_train", *TRAIN]
     assert env["ACCELERATE_USE_CPU"] == "true"
-    with mock.patch.dict(os.environ, {"ACCELERATE_MIXED_PRECISION": "bf16"}):
-        cmd, _ = build(FSDP, "--cpu", "--num_processes", "2")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    cmd, _ = build(FSDP, "--cpu", "--num_processes", "2")
     assert flag(cmd, "--mixed_precision") == "bf16"
+
+
+def test_cpu_ddp_drops_an_fsdp_switch_left_in_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """qa_train applies FSDP on CPU when ACCELERATE_USE_FSDP says so: one exported by hand earlier must not turn
+    a DDP config's run into FSDP."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    _, env = build(MULTI_GPU, "--cpu", "--num_processes", "2")
+    assert "ACCELERATE_USE_FSDP" not in env and env["ACCELERATE_USE_CPU"] == "true"
 
 
 def test_cpu_deepspeed_multi_machine() -> None:

@@ -147,7 +147,7 @@ def test_sharded_weights_with_gradient_checkpointing_train_as_without(config: st
         torch.testing.assert_close(exported[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("config", ["zero2", "zero3", "fsdp"])
+@pytest.mark.parametrize("config", ["zero2", "zero3_offload", "fsdp"])
 def test_bf16_exports_the_fp32_master_weights(config: str, tmp_path: Path) -> None:
     """Under bf16 DeepSpeed's engine computes with a 16-bit copy of the weights, which accelerate's get_state_dict
     returns: the export holds the fp32 master weights instead, equal to DeepSpeed's own zero_to_fp32 consolidation

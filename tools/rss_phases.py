@@ -58,9 +58,10 @@ def main() -> None:
         torch.distributed.init_process_group("gloo")
     show = int(os.environ.get("RANK", "0")) == 0
     base = rss_and_peak()[0]
-    model = shard(AutoModelForQuestionAnswering.from_config(config), opts.shard)
-    if opts.gradient_checkpointing:
+    model = AutoModelForQuestionAnswering.from_config(config)
+    if opts.gradient_checkpointing:  # before the wrapping, as qa_train does
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    model = shard(model, opts.shard)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     params = sum(t.numel() for t in model.parameters())
