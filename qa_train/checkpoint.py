@@ -40,6 +40,20 @@ def read_state(path: Path) -> TrainerState:
         raise CheckpointError(f"{path / STATE_FILE}: unreadable or invalid ({one_line(err)})") from None
 
 
+def library_errors() -> tuple[type[BaseException], ...]:
+    """What a checkpoint save or load can raise besides Exception: torch.distributed.checkpoint (FSDP's sharded
+    state) wraps each rank's own error in CheckpointException, a BaseException."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return Exception, CheckpointException
+
+
+def own_error(err: BaseException) -> BaseException:
+    """The error behind a CheckpointException (its lowest failing rank's), else `err` itself."""
+    failures = getattr(err, "failures", None)
+    return failures[min(failures)][0] if isinstance(failures, dict) and failures else err
+
+
 def one_line(err: BaseException, limit: int = 300) -> str:
     lines = str(err).strip().splitlines()
     text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
@@ -183,10 +197,10 @@ def load_checkpoint(accelerator, path: Path, now: TrainerState | None = None) ->
     error = None
     try:
         accelerator.load_state(str(path))
-    except Exception as err:  # corrupt content surfaces as SafetensorError, RuntimeError, pickle errors, ...
+    except library_errors() as err:  # corrupt content: SafetensorError, RuntimeError, pickle errors, DCP's ...
         if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
             raise  # not the checkpoint's fault
-        error = err
+        error = own_error(err)
     # A rank's own files (its ZeRO optimizer shard) can fail where the others load: every rank learns which failed
     # and all refuse the checkpoint together. Alone, the failed rank left the others to meet it at the next
     # collective (a "connection closed by peer" traceback, or a hang), and its reason was never said (only rank
@@ -211,7 +225,7 @@ def _check_contract(accelerator, path: Path, saved: TrainerState, now: TrainerSt
             log.warning("resuming from %s: %s", path, note)
 
 
-def _load_failure(path: Path, err: Exception, rank: int | None = None) -> str:
+def _load_failure(path: Path, err: BaseException, rank: int | None = None) -> str:
     step = _step_of(path)
     earlier = [p for p in _good_siblings(path) if step is None or (_step_of(p) or 0) < step]
     hint = (f"if it is damaged, resume from the previous complete checkpoint: --resume_from_checkpoint {earlier[0]}"

@@ -136,6 +136,17 @@ class Strategy:
                 "distributed_type": self.distributed_type}
 
 
+def checkpoint_layout(strategy: Strategy, accelerator) -> str:
+    """What save_state writes under this strategy, in words: DeepSpeed's files per ZeRO stage, FSDP's per state-dict
+    type (sharded DCP files, or one full file), else accelerate's model.safetensors and optimizer.bin."""
+    if strategy.zero_stage is not None:
+        return f"DeepSpeed ZeRO-{strategy.zero_stage} files"
+    if strategy.name == "fsdp":
+        kind = accelerator.state.fsdp_plugin.state_dict_type
+        return f"FSDP {str(getattr(kind, 'name', kind)).lower()} files"
+    return "model.safetensors and optimizer.bin"
+
+
 def _offload_device(section: dict | None) -> bool:
     return bool(section) and str(section.get("device", "none")).lower() not in ("none", "")
 

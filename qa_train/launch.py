@@ -52,8 +52,13 @@ class LaunchConfigError(ValueError):
 def cpu_refusal(cfg: dict) -> str | None:
     """Why this accelerate config cannot run on CPU processes, or None when it can."""
     fsdp = cfg.get("fsdp_config") or {}
+    if str(cfg.get("distributed_type")) != "FSDP":
+        return None
+    # FSDP1 (accelerate's default without fsdp_version) syncs module states through an accelerator device.
+    if str(fsdp.get("fsdp_version", 1)) != "2":
+        return "FSDP on CPU processes is FSDP2: set fsdp_version: 2 under fsdp_config"
     # FSDP2's CPUOffloadPolicy asks torch for an accelerator device, which a CPU-only machine does not have.
-    if str(cfg.get("distributed_type")) == "FSDP" and str(fsdp.get("fsdp_offload_params", False)).lower() == "true":
+    if str(fsdp.get("fsdp_offload_params", False)).lower() == "true":
         return ("fsdp_offload_params: true offloads to the host from an accelerator, and CPU processes have none; "
                 "set it false")
     return None

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from qa_train.checkpoint import (MANIFEST, STATE_FILE, checkpoint_root, complete_checkpoints, delete_folder,
-                                 latest_usable, move_aside, one_line, run_id_of, verify)
+                                 latest_usable, library_errors, move_aside, one_line, own_error, run_id_of, verify)
 from qa_train.distributed import export_state_dict, failed_ranks
 from qa_train.outputdir import remove_entry
 from qa_train.train_state import TrainerState
@@ -83,8 +83,8 @@ def _phase(accelerator, final: Path, tmp: Path, work: Callable[[], object] | Non
     if work is not None:
         try:
             work()
-        except Exception as err:  # a full disk: OSError, or torch's RuntimeError, or safetensors' own error
-            error = err
+        except library_errors() as err:  # a full disk: OSError, torch's RuntimeError, safetensors' own error, DCP's
+            error = own_error(err)
     reason = _failure_reason(error, tmp.parent) if error is not None else None  # before the removal frees space
     failed = failed_ranks(accelerator, error is not None)
     if not failed:
@@ -97,7 +97,7 @@ def _phase(accelerator, final: Path, tmp: Path, work: Callable[[], object] | Non
     raise CheckpointSaveError(message, reporter=failed[0]) from error
 
 
-def _failure_reason(err: Exception, root: Path) -> str:
+def _failure_reason(err: BaseException, root: Path) -> str:
     if isinstance(err, OSError):
         return one_line(err)  # names errno's text and, for most calls, the file
     # torch's zip writer says only "unexpected pos ..." on a full disk: the free space tells.
@@ -108,7 +108,7 @@ def _failure_reason(err: Exception, root: Path) -> str:
     return one_line(err) + free
 
 
-def _save_failure(final: Path, reason: str, err: Exception, rank: int, failed: list[int], world: int) -> str:
+def _save_failure(final: Path, reason: str, err: BaseException, rank: int, failed: list[int], world: int) -> str:
     others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
     who = f"rank {rank}{others}: " if world > 1 else ""
     kept = latest_usable(final.parent, warn=False)
@@ -117,7 +117,7 @@ def _save_failure(final: Path, reason: str, err: Exception, rank: int, failed: l
             f"{_fix(err)}, then rerun with --resume_from_checkpoint latest")
 
 
-def _fix(err: Exception) -> str:
+def _fix(err: BaseException) -> str:
     if not isinstance(err, OSError):
         return "free space (if that is the cause)"  # torch and safetensors hide the errno
     return "free space" if err.errno in OUT_OF_SPACE else "fix that"

@@ -37,6 +37,8 @@ class TrainerState:
     seed: int | None = None  # DATA_ORDER: refused mid-epoch when it changes
     group_by_length: bool | None = None
     num_train_windows: int | None = None
+    # What the strategy's save_state wrote (distributed.checkpoint_layout): another strategy cannot load it.
+    checkpoint_layout: str | None = None
     # The best evaluation so far ({"step", "exact_match", "f1"}), so a resumed run's best_* still counts the
     # evaluations before the checkpoint (with --save_best, output_dir/best/best.json says the same).
     best_eval: dict[str, float] | None = None
@@ -44,7 +46,7 @@ class TrainerState:
     eval_owed: bool = False
 
     def contract(self) -> dict[str, int | bool | None]:
-        return {name: getattr(self, name) for name in (*CONTRACT, *DATA_ORDER)}
+        return {name: getattr(self, name) for name in (*CONTRACT, *DATA_ORDER, "checkpoint_layout")}
 
 
 def state_from_json(text: str) -> TrainerState:
@@ -67,6 +69,8 @@ def state_from_json(text: str) -> TrainerState:
         value = data.get(name)
         if value is not None and not (isinstance(value, bool) if name == "group_by_length" else is_int(value)):
             raise ValueError(f"{name} is {value!r}")
+    if not isinstance(data.get("checkpoint_layout") or "", str):
+        raise ValueError(f"checkpoint_layout is {data['checkpoint_layout']!r}, not a string")
     if not isinstance(data.get("eval_owed", False), bool):
         raise ValueError(f"eval_owed is {data['eval_owed']!r}, not true or false")
     best = data.get("best_eval")
@@ -90,6 +94,11 @@ def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str],
         return was is not None and now_is is not None and was != now_is
 
     refusals, notes = [], []
+    if changed("checkpoint_layout"):  # before the library's loader fails on files it does not know, or hangs
+        refusals.append(
+            f"it was saved as {saved.checkpoint_layout}, this run loads {now.checkpoint_layout}: each strategy writes "
+            "its own files; resume under the accelerate config that wrote it, or start a new run with "
+            "--overwrite_output_dir")
     if changed("world_size"):
         refusals.append(
             f"it was written by {saved.world_size} processes, this run has {now.world_size}: its optimizer, RNG and "

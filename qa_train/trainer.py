@@ -170,7 +170,8 @@ class Trainer:
                            gradient_accumulation_steps=self.args.optim.gradient_accumulation_steps,
                            total_steps=self.plan.total_steps, seed=self.args.system.seed,
                            group_by_length=self.args.data.group_by_length,
-                           num_train_windows=len(self.inputs.train_features))
+                           num_train_windows=len(self.inputs.train_features),
+                           checkpoint_layout=distributed.checkpoint_layout(self.strategy, self.accelerator))
         spec = self.args.output.resume_from_checkpoint
         path = checkpoint.resolve_resume(spec, self.output_dir, warn=self.is_main)
         if path is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 from dataclasses import asdict
@@ -11,7 +12,7 @@ import pytest
 
 from qa_train import checkpoint as ckpt  # names added with manifests: fail one by one on an older module
 from qa_train.checkpoint import STATE_FILE, checkpoint_root, complete_checkpoints, load_checkpoint, resolve_resume
-from qa_train.saving import _rotate, save_checkpoint
+from qa_train.saving import CheckpointSaveError, _rotate, save_checkpoint
 from qa_train.train_state import CONTRACT, DATA_ORDER, TrainerState, state_from_json
 from test_train_state import contract
 
@@ -397,6 +398,39 @@ def test_a_load_failure_names_the_checkpoint_the_error_and_the_previous_one(tmp_
     assert err.value.__cause__ is error
 
 
+def dcp_failure(error: Exception) -> BaseException:
+    """What torch.distributed.checkpoint (FSDP's sharded state) raises: a BaseException wrapping each rank's error."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException("CheckpointException ranks:dict_keys([0, 1])", {1: (error, None), 0: (error, None)})
+
+
+def test_a_sharded_checkpoint_that_fails_to_load_is_refused_in_one_line(tmp_path: Path) -> None:
+    """FSDP's loader raised CheckpointException, which is not an Exception: it escaped the refusal as exit 1 with
+    every rank's traceback. Refused as any other load failure, naming the error behind it."""
+    previous = make(tmp_path, "step_00000002")
+    path = make(tmp_path, "step_00000004")
+    inner = ValueError("Invalid magic number; corrupt file?")
+    with pytest.raises(ckpt.CheckpointError) as err:
+        load_checkpoint(FakeAccelerator(fail_load=dcp_failure(inner)), path)
+    assert str(err.value) == (f"checkpoint {path} could not be loaded: ValueError: Invalid magic number; corrupt "
+                              f"file?; if it is damaged, resume from the previous complete checkpoint: "
+                              f"--resume_from_checkpoint {previous}")
+
+
+def test_a_sharded_save_that_fails_is_a_save_failure_and_leaves_no_partial_folder(tmp_path: Path) -> None:
+    """FSDP's saver raised CheckpointException past the save agreement: exit 1, and the partial folder (on a
+    full disk, the space needed back) stayed."""
+    class ShardedSave(FakeAccelerator):
+        def save_state(self, output_dir: str) -> None:
+            (Path(output_dir) / "__0_0.distcp").write_text("half written")
+            raise dcp_failure(OSError(errno.ENOSPC, "No space left on device", output_dir))
+
+    with pytest.raises(CheckpointSaveError, match=r"could not be saved: OSError: \[Errno 28\] No space left"):
+        save_checkpoint(ShardedSave(), tmp_path, TrainerState(completed_steps=4), keep=None)
+    assert list(checkpoint_root(tmp_path).iterdir()) == []
+
+
 def test_a_load_failure_without_an_earlier_checkpoint_says_so(tmp_path: Path) -> None:
     path = make(tmp_path, "step_00000004")
     with pytest.raises(ckpt.CheckpointError, match=f"there is no earlier complete checkpoint in {path.parent}$"):
@@ -461,7 +495,7 @@ def test_an_older_trainer_state_loads(tmp_path: Path) -> None:
     old = make_old_format(tmp_path, "step_00000003")
     state = load_checkpoint(FakeAccelerator(), old)
     assert (state.completed_steps, state.epoch, state.batches_in_epoch) == (3, 1, 2)
-    assert state.contract() == dict.fromkeys([*CONTRACT, *DATA_ORDER])  # all unknown
+    assert state.contract() == dict.fromkeys([*CONTRACT, *DATA_ORDER, "checkpoint_layout"])  # all unknown
     assert len(state.run_id) == 32
 
 

@@ -188,9 +188,12 @@ def test_every_shipped_config_runs_on_cpu_and_only_fsdp_offload_is_refused() -> 
     reasons = {p.stem: cpu_refusal(yaml.safe_load(p.read_text())) for p in REPO_CONFIGS}
     assert set(reasons.values()) == {None}
     assert cpu_refusal({}) is None  # no distributed_type: accelerate's NO
-    offload = {**FSDP, "fsdp_config": {"fsdp_offload_params": True}}
+    offload = {**FSDP, "fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": True}}
     assert cpu_refusal(offload).startswith("fsdp_offload_params: true offloads to the host from an accelerator")
-    assert cpu_refusal({**FSDP, "fsdp_config": {"fsdp_offload_params": False}}) is None
+    assert cpu_refusal({**FSDP, "fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": False}}) is None
+    for fsdp1 in ({}, {"fsdp_version": 1}):  # accelerate's FSDP1 needs a device to sync module states
+        assert cpu_refusal({**FSDP, "fsdp_config": fsdp1}) == "FSDP on CPU processes is FSDP2: set fsdp_version: 2 " \
+                                                              "under fsdp_config"
 
 
 # --- parse -------------------------------------------------------------------------------------
@@ -229,7 +232,7 @@ def test_parse_requires_config_file(capsys: pytest.CaptureFixture[str]) -> None:
 MULTI_GPU = {"distributed_type": "MULTI_GPU", "num_processes": 8, "num_machines": 1}
 DEEPSPEED = {"distributed_type": "DEEPSPEED", "num_processes": 8, "num_machines": 1,
              "deepspeed_config": {"deepspeed_config_file": "ds_configs/zero2.json"}}
-FSDP = {"distributed_type": "FSDP", "num_processes": 8, "num_machines": 1}
+FSDP = {"distributed_type": "FSDP", "num_processes": 8, "num_machines": 1, "fsdp_config": {"fsdp_version": 2}}
 TRAIN = ["--output_dir", "out", "--max_train_steps", "3"]
 
 
@@ -381,7 +384,8 @@ def test_slurm_cpu_node_command(config: str) -> None:
 
 def test_cpu_fsdp_offload_is_refused_naming_the_config_and_the_key() -> None:
     with pytest.raises(LaunchConfigError) as err:
-        build({**FSDP, "fsdp_config": {"fsdp_offload_params": "true"}}, "--cpu", "--num_processes", "2")
+        build({**FSDP, "fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": "true"}}, "--cpu", "--num_processes",
+              "2")
     assert str(err.value).startswith("cfg.yaml: fsdp_offload_params: true offloads to the host")
 
 

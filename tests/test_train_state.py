@@ -81,3 +81,16 @@ def test_unknown_fields_are_skipped() -> None:
     old = TrainerState(completed_steps=40)
     assert resume_conflicts(old, contract(world_size=8)) == ([], [])
     assert resume_conflicts(contract(), TrainerState()) == ([], [])
+
+
+def test_another_checkpoint_layout_is_refused_before_loading() -> None:
+    """A DDP checkpoint resumed under FSDP crashed in torch.distributed.checkpoint, an FSDP one under DDP or ZeRO
+    failed with "FileNotFoundError ... pytorch_model.bin" or a bare AssertionError, and FSDP's sharded files under
+    its full-state-dict type hung (rank 0 failed while rank 1 waited in a broadcast)."""
+    saved = contract(checkpoint_layout="FSDP sharded_state_dict files")
+    refusals, _ = resume_conflicts(saved, contract(checkpoint_layout="FSDP full_state_dict files"))
+    assert refusals == ["it was saved as FSDP sharded_state_dict files, this run loads FSDP full_state_dict files: "
+                        "each strategy writes its own files; resume under the accelerate config that wrote it, or "
+                        "start a new run with --overwrite_output_dir"]
+    assert resume_conflicts(saved, contract(checkpoint_layout="FSDP sharded_state_dict files")) == ([], [])
+    assert resume_conflicts(contract(), saved) == ([], [])  # a checkpoint from before the field: unknown, skipped
