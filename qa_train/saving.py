@@ -171,24 +171,31 @@ def export_final(accelerator, model, tokenizer, final: Path) -> Path:
     state_dict = export_state_dict(accelerator, model)
     if accelerator.is_main_process:
         remove_entry(tmp)
-        unwrapped = accelerator.unwrap_model(model)
-        # save_pretrained records the live model's dtype (DeepSpeed's 16-bit engine copy), not that of the weights
-        # it writes (and empties state_dict as it does), and transformers 5 loads a model in the recorded dtype.
-        written = next(str(t.dtype).removeprefix("torch.") for t in state_dict.values() if t.is_floating_point())
-        unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-        config = copy.deepcopy(unwrapped.config)
-        config.dtype = written
-        config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        # save_pretrained only logs (and writes nothing) when its target is not a folder.
-        if not any(tmp.glob("*.safetensors")):
-            raise OSError(f"{tmp}: no weights were written")
-        _share_like_umask(tmp)
+        try:
+            _write_export(accelerator.unwrap_model(model), state_dict, tokenizer, tmp)
+        except BaseException:
+            remove_entry(tmp)  # on a full disk, the space it holds is what the user needs back
+            raise
         remove_entry(final)
         tmp.rename(final)
         log.info("model exported: %s", final)
     accelerator.wait_for_everyone()
     return final
+
+
+def _write_export(unwrapped, state_dict: dict, tokenizer, tmp: Path) -> None:
+    # save_pretrained records the live model's dtype (DeepSpeed's 16-bit engine copy), not that of the weights
+    # it writes (and empties state_dict as it does), and transformers 5 loads a model in the recorded dtype.
+    written = next(str(t.dtype).removeprefix("torch.") for t in state_dict.values() if t.is_floating_point())
+    unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+    config = copy.deepcopy(unwrapped.config)
+    config.dtype = written
+    config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    # save_pretrained only logs (and writes nothing) when its target is not a folder.
+    if not any(tmp.glob("*.safetensors")):
+        raise OSError(f"{tmp}: no weights were written")
+    _share_like_umask(tmp)
 
 
 def _share_like_umask(folder: Path) -> None:

@@ -207,6 +207,7 @@ def test_a_failed_export_keeps_metrics_json(tmp_path: Path, env: dict[str, str])
     m = json.loads((out / "metrics.json").read_text())
     assert m["exact_match"] is not None and m["train_steps"] == 3
     assert not (out / "final").exists(), "no half-written export under the final name"
+    assert not (out / ".tmp-final").exists(), "the partial export gives its space back"
 
 
 def test_an_exported_model_is_readable_by_others(tmp_path: Path, env: dict[str, str]) -> None:
