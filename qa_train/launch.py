@@ -128,19 +128,19 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     ip, port = main_process(cfg, opts)
     if opts.cpu:  # DeepSpeed otherwise guesses its accelerator, and warns once per rank that it chose the CPU
         env.setdefault("DS_ACCELERATOR", "cpu")
+    if opts.cpu and kind != "DEEPSPEED":  # ranks that form a gloo group on CPU, in fp32 unless asked
+        env["ACCELERATE_USE_CPU"] = "true"
+        env.setdefault("ACCELERATE_MIXED_PRECISION", "no")
     if not opts.cpu or kind in ("DEEPSPEED", "FSDP"):
         cmd = ["accelerate", "launch", "--config_file", opts.config_file, "--num_processes", str(procs)]
         if opts.cpu and kind == "FSDP":
-            # accelerate launch turns the config's FSDP keys into the ranks' FSDP_* variables; ACCELERATE_USE_CPU
-            # makes the ranks form a gloo group, and the config's bf16 would be autocast on CPU: fp32 unless asked.
-            env["ACCELERATE_USE_CPU"] = "true"
-            cmd += ["--mixed_precision", env.get("ACCELERATE_MIXED_PRECISION", "no")]
+            # accelerate launch turns the config's FSDP keys into the ranks' FSDP_* variables, and would hand them
+            # the config's bf16 (autocast on CPU) over the environment's choice.
+            cmd += ["--mixed_precision", env["ACCELERATE_MIXED_PRECISION"]]
         if machines > 1:
             cmd += ["--num_machines", str(machines), "--machine_rank", str(opts.machine_rank), "--main_process_ip", ip]
         # Always the port: on one node too, two jobs left on accelerate's default 29500 would collide.
         return cmd + ["--main_process_port", str(port), "-m", "qa_train", *train_args], env
-    env["ACCELERATE_USE_CPU"] = "true"
-    env.setdefault("ACCELERATE_MIXED_PRECISION", "no")
     env.pop("ACCELERATE_USE_FSDP", None)  # one left in the shell would turn this DDP run into FSDP on CPU
     if procs == 1 and machines == 1:
         return [sys.executable, "-m", "qa_train", *train_args], env  # no process group, so no port
