@@ -14,8 +14,9 @@ node must not both take accelerate's default 29500.
 The launch runs as a child in a session of its own, so stop signals reach the ranks only through
 this launcher: SIGTERM, SIGUSR1 and Ctrl-C ask every rank to checkpoint and stop (qa_train's own
 handler), a second Ctrl-C or SIGTERM, or --stop_grace_s without an exit, kills them, and no rank
-outlives the launcher. Its exit code is the launch's (the main process's own code where torchrun
-would report only 1).
+outlives the launcher. Its exit code is the launch's: the main process's own code where torchrun would
+report only 1, and on another machine its first failed rank's (qa_train.agent, which also says that failure in one
+line instead of torchrun's traceback).
 """
 
 from __future__ import annotations
@@ -212,7 +213,18 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(cmd))
         return 0
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-    return run_launch(cmd, env, opts.stop_grace_s)
+    return run_launch(agent_command(cmd), env, opts.stop_grace_s)
+
+
+def agent_command(cmd: list[str]) -> list[str]:
+    """The same launch through qa_train.agent, which says a failed rank in one line and exits with its code."""
+    if cmd[0] == "accelerate":
+        return [sys.executable, "-m", "qa_train.agent", "accelerate", *cmd[2:]]
+    if cmd[1:3] == ["-m", "accelerate.commands.launch"]:
+        return [sys.executable, "-m", "qa_train.agent", "accelerate", *cmd[3:]]
+    if cmd[1:3] == ["-m", "torch.distributed.run"]:
+        return [sys.executable, "-m", "qa_train.agent", "torchrun", *cmd[3:]]
+    return cmd  # one process, no agent
 
 
 # --- running the launch ------------------------------------------------------------------------
@@ -304,7 +316,7 @@ class Supervisor:
             self.deadline = None
             kill_all(self._tree())
             return
-        ranks = [p for p in self._tree() if runs_module(p, RANK_MODULE)]
+        ranks = outermost([p for p in self._tree() if runs_module(p, RANK_MODULE)])
         # qa_train checkpoints and stops on SIGTERM and SIGUSR1; SIGINT would only raise KeyboardInterrupt there.
         # Before any rank exists, torchrun's own SIGTERM handling stops the launch (SIGUSR1 would kill it).
         if not ranks:
@@ -365,6 +377,20 @@ def runs_module(p: psutil.Process, module: str) -> bool:
         elif not arg.startswith("-"):
             return False  # a script
     return False
+
+
+def outermost(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of `procs` whose parent is not among them: the ranks, without their forked DataLoader workers (which
+    carry the rank's command line, and whose stop is their rank's to make)."""
+    pids = {p.pid for p in procs}
+    outer = []
+    for p in procs:
+        try:
+            if p.ppid() not in pids:
+                outer.append(p)
+        except psutil.Error:
+            pass  # already gone
+    return outer
 
 
 def _send(procs: list[psutil.Process], sig: signal.Signals) -> None:

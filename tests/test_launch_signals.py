@@ -238,12 +238,77 @@ def test_main_process_code(tmp_path: Path, code: int, status: str | None, expect
     assert launch._main_process_code(code, path) == expected
 
 
+def test_loader_workers_forked_by_a_rank_are_not_ranks() -> None:
+    """A DataLoader worker is forked by its rank and carries the rank's `-m qa_train`: the launcher counted
+    "asked 6 rank(s)" for two ranks with two workers each."""
+    class Proc(NamedTuple):
+        pid: int
+        parent: int
+
+        def ppid(self) -> int:
+            return self.parent
+
+    rank0, rank1 = Proc(10, 1), Proc(11, 1)
+    workers = [Proc(20, 10), Proc(21, 10), Proc(22, 11)]
+    assert launch.outermost([workers[0], rank0, *workers[1:], rank1]) == [rank0, rank1]
+
+
+def test_the_launch_runs_through_the_agent_that_reports_a_failed_rank() -> None:
+    agent = [PY, "-m", "qa_train.agent"]
+    assert launch.agent_command(["accelerate", "launch", "--config_file", "c.yaml", "-m", "qa_train"]) == \
+        [*agent, "accelerate", "--config_file", "c.yaml", "-m", "qa_train"]
+    assert launch.agent_command([PY, "-m", "accelerate.commands.launch", "--num_processes", "2"]) == \
+        [*agent, "accelerate", "--num_processes", "2"]
+    assert launch.agent_command([PY, "-m", "torch.distributed.run", "--nnodes", "2", "-m", "qa_train"]) == \
+        [*agent, "torchrun", "--nnodes", "2", "-m", "qa_train"]
+    assert launch.agent_command([PY, "-m", "qa_train", "--do_eval"]) == [PY, "-m", "qa_train", "--do_eval"]
+
+
+RANK_SCRIPT = """
+import os, signal, sys
+rank = int(os.environ.get("RANK", "0"))
+print(f"rank {rank} says why", file=sys.stderr)
+if os.environ["HOW"] == "kill" and rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(int(os.environ["HOW"]) if rank == 1 or os.environ.get("WORLD_SIZE", "1") == "1" else 0)
+"""
+
+
+@pytest.mark.parametrize(("how", "code", "said"), [("75", 75, "rank 1 exited with 75"),
+                                                   ("kill", 137, "rank 1 was killed by SIGKILL")])
+def test_the_agent_exits_with_the_failed_ranks_code_in_one_line(tmp_path: Path, how: str, code: int,
+                                                                 said: str) -> None:
+    """torchrun's ChildFailedError was a 35-line traceback and exit 1: on a machine without rank 0 (which the
+    launcher's status file cannot speak for) a preempted rank's 75 became 1, and SLURM saw a failure."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    proc = subprocess.run([PY, "-m", "qa_train.agent", "torchrun", "--nproc_per_node", "2", "--master_port",
+                           "29781" if how == "75" else "29782", str(script)], cwd=ROOT,
+                          env={**base_env(tmp_path), "HOW": how}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "rank 1 says why" in proc.stderr
+    assert f"qa_train.launch: {said} (its own lines above say why)\n" in proc.stderr
+
+
+def test_accelerates_single_process_launch_fails_in_one_line_with_the_runs_code(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    proc = subprocess.run([PY, "-m", "qa_train.agent", "accelerate", "--cpu", "--num_processes", "1",
+                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script)],
+                          cwd=ROOT, env={**base_env(tmp_path), "HOW": "3"}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "rank 0 says why" in proc.stderr
+    assert proc.stderr.endswith("qa_train.launch: the run exited with 3 (its own lines above say why)\n")
+
+
 # --- the real launch ----------------------------------------------------------------------------
 
 
 class Signalled(NamedTuple):
     code: int
     tree: list[psutil.Process]  # the run's processes when it was signalled
+    running_qa_train: int  # how many of them ran `-m qa_train` then (ranks, and the loader workers they forked)
     left: list[psutil.Process]  # those still alive after it ended
     elapsed: float  # seconds from the signal to the end of every process
     log: str
@@ -260,12 +325,13 @@ def _signal_held_run(cmd: list[str], out: Path, ranks: int, sig: signal.Signals,
     try:
         _wait_for([out / f"HOLDING-rank{r}" for r in range(ranks)], proc, 90)
         tree = psutil.Process(proc.pid).children(recursive=True)
+        running = sum(launch.runs_module(p, "qa_train") for p in tree)
         t0 = time.monotonic()
         os.killpg(proc.pid, sig)
         code = proc.wait(timeout=60)
         _, alive = psutil.wait_procs(tree, timeout=max(1.0, 60 - (time.monotonic() - t0)))
         left = [p for p in alive if _alive(p)]
-        return Signalled(code, tree, left, time.monotonic() - t0, log.read_text())
+        return Signalled(code, tree, running, left, time.monotonic() - t0, log.read_text())
     finally:  # a failed assertion must not leave the run going
         if proc.poll() is None:
             proc.kill()
@@ -284,8 +350,10 @@ def test_a_signal_to_the_launchers_group_checkpoints_every_rank_and_leaves_no_pr
     out = tmp_path / "run"
     cmd = [PY, "-m", "qa_train.launch", "--cpu", "--config_file", "accelerate_configs/ddp.yaml",
            "--num_processes", "2", "--main_process_port", str(port), "--",
-           *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval")]
+           *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval",
+                       "--dataloader_num_workers", "1")]
     run = _signal_held_run(cmd, out, 2, sig, tmp_path)
+    assert run.running_qa_train == 4  # two ranks, each with its loader worker
     assert not run.left, f"outlived the launcher: {[(p.pid, p.cmdline()) for p in run.left]}\n{run.log[-3000:]}"
     assert run.elapsed < 60
     assert (out / "checkpoints" / "step_00000003" / "trainer_state.json").is_file(), run.log[-3000:]
@@ -294,6 +362,8 @@ def test_a_signal_to_the_launchers_group_checkpoints_every_rank_and_leaves_no_pr
         from qa_train.__main__ import PREEMPTED
 
         assert run.code == PREEMPTED, run.log[-3000:]  # rank 0's own "preempted", where torchrun says only 1
+    if sig in (signal.SIGTERM, signal.SIGINT):
+        assert "asked 2 rank(s) to checkpoint and stop" in run.log, run.log[-3000:]
 
 
 # --- one process with dataloader workers ------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""The launch agent of one machine (torchrun, or accelerate launch, which runs torchrun), as qa_train.launch runs it.
+
+    python -m qa_train.agent torchrun|accelerate ARGS...    (what `torchrun ARGS` or `accelerate launch ARGS` do)
+
+Both end a launch in which a rank failed by raising torch's ChildFailedError uncaught (accelerate's launcher of a
+single process, CalledProcessError): a 35-line traceback of
+the agent's own frames under the rank's one-line error, and exit code 1 whatever the ranks' own codes said, so a
+machine other than rank 0's reported 1 where its ranks were preempted (75). Here the failure is one line, and the
+exit code is that of the rank that failed first (the root cause torch names), 128 + N for a rank killed by signal N.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+
+def rank_exit_code(code: int) -> int:
+    return code if code >= 0 else 128 - code
+
+
+def summary(error) -> tuple[str, int]:
+    """One line for a ChildFailedError, and the exit code of its first failure."""
+    rank, first = error.get_first_failure()
+    code = rank_exit_code(first.exitcode)
+    if first.exitcode < 0:
+        try:
+            what = f"was killed by {signal.Signals(-first.exitcode).name}"
+        except ValueError:
+            what = f"was killed by signal {-first.exitcode}"
+    else:
+        what = f"exited with {code}"
+    others = len(error.failures) - 1
+    also = f"; {others} other rank(s) of this machine failed after it" if others else ""
+    return f"rank {rank} {what} (its own lines above say why){also}", code
+
+
+def main(argv: list[str]) -> int:
+    import subprocess
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    which, args = argv[0], argv[1:]
+    try:
+        if which == "torchrun":
+            from torch.distributed.run import main as torchrun
+
+            torchrun(args)
+        elif which == "accelerate":
+            from accelerate.commands.launch import main as accelerate_launch
+
+            sys.argv = ["accelerate launch", *args]  # accelerate's launcher parses sys.argv itself
+            accelerate_launch()
+        else:
+            print(f"qa_train.agent: unknown agent {which!r}: torchrun or accelerate", file=sys.stderr)
+            return 2
+    except ChildFailedError as err:
+        line, code = summary(err)
+    except subprocess.CalledProcessError as err:  # accelerate's launcher of one process without a process group
+        code = rank_exit_code(err.returncode)
+        line = f"the run exited with {code} (its own lines above say why)"
+    else:
+        return 0
+    print(f"qa_train.launch: {line}", file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
