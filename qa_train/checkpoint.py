@@ -2,7 +2,7 @@
 accelerate's state, and which changes a resume may make, is qa_train.train_state).
 
 A checkpoint (written by qa_train.saving) is complete only with its manifest, and usable only when every
-file still has the size the manifest records (`verify`).
+file still has the size and, checked before a resume, the CRC32 the manifest records (`verify`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import json
 import logging
 import re
 import shutil
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -81,12 +83,30 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
             if (p / STATE_FILE).is_file() and (p / MANIFEST).is_file()]
 
 
-def _read_manifest(path: Path) -> dict[str, int]:
-    """The manifest's files and sizes; ValueError (or OSError) when it is not a manifest."""
-    files = json.loads((path / MANIFEST).read_text()).get("files")
+def _read_manifest(path: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """The manifest's files with their sizes, and with their CRC32s (none in a format-1 manifest, written before
+    2026-11-25); ValueError (or OSError) when it is not a manifest."""
+    manifest = json.loads((path / MANIFEST).read_text())
+    files, crcs = manifest.get("files"), manifest.get("crc32", {})
     if not isinstance(files, dict) or not all(is_int(size) for size in files.values()):
         raise ValueError("no 'files' mapping of sizes")
-    return files
+    if not isinstance(crcs, dict) or not all(is_int(crc) for crc in crcs.values()):
+        raise ValueError("its 'crc32' is not a mapping of checksums")
+    return files, crcs
+
+
+def file_crcs(folder: Path, names: list[str]) -> dict[str, int]:
+    """CRC32 of each named file under `folder`, several files at a time: zlib and file reads release the GIL."""
+    with ThreadPoolExecutor(max_workers=min(8, len(names) or 1)) as pool:
+        return dict(zip(names, pool.map(lambda name: _crc32(folder / name), names)))
+
+
+def _crc32(path: Path, chunk: int = 1 << 24) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return crc
 
 
 def _size_problem(path: Path, name: str, expected: int) -> str | None:
@@ -96,8 +116,9 @@ def _size_problem(path: Path, name: str, expected: int) -> str | None:
     return None if size == expected else f"{name}: {size} bytes, manifest says {expected}"
 
 
-def verify(path: str | Path) -> str | None:
-    """What makes `path` unusable as a checkpoint, in one line, or None when it is complete and whole."""
+def verify(path: str | Path, contents: bool = False) -> str | None:
+    """What makes `path` unusable as a checkpoint, in one line, or None when it is complete and whole. Sizes are
+    checked always; with `contents`, the CRC32s too (reading every byte: for the checkpoint a resume loads)."""
     path = Path(path)
     if not path.is_dir():
         return f"no {STATE_FILE}: the folder does not exist"
@@ -106,7 +127,7 @@ def verify(path: str | Path) -> str | None:
     if not (path / MANIFEST).is_file():
         return f"no {MANIFEST}: incomplete (written by a run that was killed mid-save, or by an older qa_train?)"
     try:
-        files = _read_manifest(path)
+        files, crcs = _read_manifest(path)
     except (OSError, ValueError, AttributeError) as err:
         return f"{MANIFEST}: unreadable or invalid ({one_line(err)})"
     problems = [p for name, size in files.items() if (p := _size_problem(path / name, name, size))]
@@ -117,7 +138,22 @@ def verify(path: str | Path) -> str | None:
         state_from_json((path / STATE_FILE).read_text())
     except (OSError, ValueError) as err:
         return f"{STATE_FILE}: unreadable or invalid ({one_line(err)})"
-    return None
+    return _content_problem(path, crcs) if contents else None
+
+
+def _content_problem(path: Path, crcs: dict[str, int]) -> str | None:
+    # Damage at the same size (a bad disk, a faulty copy) reaches the library's loader otherwise: it loads
+    # altered weights without a word, or fails on one rank inside a collective the others wait in until the
+    # process group's timeout (FSDP's FULL_STATE_DICT broadcast).
+    try:
+        found = file_crcs(path, sorted(crcs))
+    except OSError as err:
+        return f"unreadable ({one_line(err)})"
+    damaged = [name for name in sorted(crcs) if found[name] != crcs[name]]
+    if not damaged:
+        return None
+    more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+    return f"{damaged[0]}: its contents differ from the manifest's CRC32 (damaged after it was written){more}"
 
 
 def _good_siblings(path: Path) -> list[Path]:
@@ -133,18 +169,40 @@ def _step_of(path: Path) -> int | None:
 # --- resume ------------------------------------------------------------------------------------
 
 
-def resolve_resume(spec: str | None, output_dir: str | Path, warn: bool = True) -> Path | None:
+def agreed_resume(accelerator, spec: str | None, output_dir: str | Path) -> Path | None:
+    """resolve_resume, contents checked, on the main process alone (every byte read once, not once per rank), its
+    answer or its refusal sent to every rank."""
+    answer: list[tuple[str, str | None]] = [("path", None)]
+    if accelerator.is_main_process:
+        try:
+            path = resolve_resume(spec, output_dir, warn=True, contents=True)
+            answer = [("path", None if path is None else str(path))]
+        except CheckpointError as err:
+            answer = [("refused", str(err))]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(answer)
+    kind, value = answer[0]
+    if kind == "refused":
+        raise CheckpointError(str(value))
+    return None if value is None else Path(value)
+
+
+def resolve_resume(spec: str | None, output_dir: str | Path, warn: bool = True,
+                   contents: bool = False) -> Path | None:
     """The checkpoint to resume from, or None for a fresh start.
 
     'latest' is the newest usable checkpoint in output_dir: damaged ones are skipped with a warning
     (pass warn=False on all but the main process). An explicit path must be usable: CheckpointError.
+    `contents`: see verify.
     """
     if spec is None:
         return None
     if spec == "latest":
-        return latest_usable(checkpoint_root(output_dir), warn)
+        return latest_usable(checkpoint_root(output_dir), warn, contents)
     path = Path(spec)
-    problem = verify(path)
+    problem = verify(path, contents)
     if problem is None:
         return path
     good = _good_siblings(path)
@@ -153,11 +211,11 @@ def resolve_resume(spec: str | None, output_dir: str | Path, warn: bool = True) 
     raise CheckpointError(f"--resume_from_checkpoint {path}: {problem}; {instead}")
 
 
-def latest_usable(root: Path, warn: bool) -> Path | None:
+def latest_usable(root: Path, warn: bool, contents: bool = False) -> Path | None:
     skipped: list[tuple[Path, str]] = []
     chosen = None
     for path in reversed(_step_folders(root)):
-        problem = verify(path)
+        problem = verify(path, contents)
         if problem is None:
             chosen = path
             break

@@ -173,7 +173,7 @@ class Trainer:
                            num_train_windows=len(self.inputs.train_features),
                            checkpoint_layout=distributed.checkpoint_layout(self.strategy, self.accelerator))
         spec = self.args.output.resume_from_checkpoint
-        path = checkpoint.resolve_resume(spec, self.output_dir, warn=self.is_main)
+        path = checkpoint.agreed_resume(self.accelerator, spec, self.output_dir)
         if path is None:
             if spec == "latest":
                 log.info("no checkpoint in %s yet: starting from scratch", checkpoint.checkpoint_root(self.output_dir))

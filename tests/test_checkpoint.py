@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import shutil
+import zlib
 from dataclasses import asdict
 from pathlib import Path
 
@@ -276,6 +278,84 @@ def test_save_writes_a_manifest_of_every_file_and_its_size(tmp_path: Path) -> No
     assert manifest["files"]["pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt"] == 1000
     assert STATE_FILE in manifest["files"]  # written after the trainer state
     assert ckpt.verify(final) is None
+
+
+def test_save_records_each_files_crc32(tmp_path: Path) -> None:
+    final = save_checkpoint(ShardingAccelerator(), tmp_path, TrainerState(completed_steps=3), keep=None)
+    manifest = json.loads((final / MANIFEST).read_text())
+    assert manifest["format"] == 2 and set(manifest["crc32"]) == set(manifest["files"])
+    for name, crc in manifest["crc32"].items():
+        assert crc == zlib.crc32((final / name).read_bytes()), name
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_verify_with_contents_names_a_file_damaged_at_its_own_size(tmp_path: Path) -> None:
+    final = save_checkpoint(ShardingAccelerator(), tmp_path, TrainerState(completed_steps=3), keep=None)
+    flip_a_byte(final / "pytorch_model" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    assert ckpt.verify(final) is None  # sizes alone: what rotation and listings check, reading no file
+    assert ckpt.verify(final, contents=True) == ("pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt: its "
+                                                 "contents differ from the manifest's CRC32 (damaged after it was "
+                                                 "written)")
+    flip_a_byte(final / "model.safetensors")
+    assert ckpt.verify(final, contents=True) == ("model.safetensors: its contents differ from the manifest's CRC32 "
+                                                 "(damaged after it was written) (and 1 more)")
+
+
+def test_a_manifest_without_checksums_still_verifies_with_contents(tmp_path: Path) -> None:
+    d = make(tmp_path, "step_00000001")  # format 1: sizes only, as written before the checksums
+    assert ckpt.verify(d, contents=True) is None
+    manifest = json.loads((d / MANIFEST).read_text())
+    (d / MANIFEST).write_text(json.dumps({**manifest, "crc32": {"model.safetensors": "abc"}}))
+    assert ckpt.verify(d).startswith("manifest.json: unreadable or invalid (ValueError: its 'crc32' is not")
+
+
+def test_latest_with_contents_skips_a_damaged_checkpoint(tmp_path: Path, caplog) -> None:
+    good = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=2), keep=None)
+    bad = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=4), keep=None)
+    flip_a_byte(bad / "model.safetensors")
+    assert resolve_resume("latest", tmp_path) == bad
+    with caplog.at_level(logging.WARNING, logger="qa_train"):
+        assert resolve_resume("latest", tmp_path, contents=True) == good
+    assert f"checkpoint {bad} skipped: model.safetensors: its contents differ" in caplog.text
+    with pytest.raises(ckpt.CheckpointError, match=f"the newest good checkpoint there is {good}"):
+        resolve_resume(str(bad), tmp_path, contents=True)
+
+
+class ResumingRank(FakeAccelerator):
+    """One of two ranks deciding where to resume: rank 0's answer is what broadcast_object_list delivers."""
+
+    def __init__(self, index: int, sent: list | None = None) -> None:
+        super().__init__()
+        self.process_index, self.is_main_process, self.num_processes, self.sent = index, index == 0, 2, sent
+
+
+def test_the_main_process_alone_checks_contents_and_every_rank_gets_its_answer(tmp_path: Path, monkeypatch) -> None:
+    import accelerate.utils
+
+    good = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=2), keep=None)
+    bad = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=4), keep=None)
+    flip_a_byte(bad / "model.safetensors")
+    read: list[Path] = []
+    monkeypatch.setattr(ckpt, "_crc32", lambda path, chunk=0: read.append(path) or zlib.crc32(path.read_bytes()))
+    sent: list = []
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", lambda answer: sent.extend(answer) or answer)
+    assert ckpt.agreed_resume(ResumingRank(0), "latest", tmp_path) == good
+    assert read and sent == [("path", str(good))]
+
+    read.clear()
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", lambda answer: answer.__setitem__(0, sent[0]))
+    assert ckpt.agreed_resume(ResumingRank(1), "latest", tmp_path) == good
+    assert read == []  # no rank but the main process reads the checkpoint's bytes
+
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list",
+                        lambda answer: answer.__setitem__(0, ("refused", "--resume_from_checkpoint x: damaged")))
+    with pytest.raises(ckpt.CheckpointError, match="^--resume_from_checkpoint x: damaged$"):
+        ckpt.agreed_resume(ResumingRank(1), str(bad), tmp_path)
 
 
 def test_verify_names_a_truncated_file_and_both_sizes(tmp_path: Path) -> None:

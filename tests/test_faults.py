@@ -12,6 +12,7 @@ import resource
 import shutil
 import subprocess
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -168,11 +169,11 @@ def test_resume_under_another_world_size_or_batch_is_refused(finished: Path, tmp
 
 
 def _refresh_manifest(changed: Path) -> None:
-    """The test edits a file the manifest lists: record its new size so only the contract can object."""
+    """The test edits a file the manifest lists: record its new size and CRC32 so only the contract can object."""
     manifest_file = changed.parent / "manifest.json"
     manifest = json.loads(manifest_file.read_text())
-    files = manifest.get("files", manifest)
-    files[changed.name] = changed.stat().st_size
+    manifest["files"][changed.name] = changed.stat().st_size
+    manifest["crc32"][changed.name] = zlib.crc32(changed.read_bytes())
     manifest_file.write_text(json.dumps(manifest))
 
 
@@ -191,6 +192,28 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(finished: Path
     assert explicit.returncode == 2
     [line] = error_lines(explicit.stderr)
     assert str(weights.parent) in line and "model.safetensors" in line
+
+
+def test_a_checkpoint_damaged_at_its_own_size_is_skipped_not_loaded(finished: Path, tmp_path: Path,
+                                                                     env: dict[str, str]) -> None:
+    """Bytes changed in place (a bad disk or copy) kept every size the manifest checks: the weights loaded altered
+    without a word. The CRC32s catch it before anything is loaded."""
+    out = old_run(finished, tmp_path)
+    weights = out / "checkpoints" / "step_00000003" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside a tensor: safetensors' own header check would not see it
+    weights.write_bytes(bytes(data))
+    explicit = run_cmd(qa_train(tmp_path / "other", "--max_train_steps", "4", "--resume_from_checkpoint",
+                                str(weights.parent)), env)
+    assert explicit.returncode == 2
+    [line] = error_lines(explicit.stderr)
+    assert str(weights.parent) in line and "model.safetensors: its contents differ" in line
+
+    proc = run_ok(qa_train(out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), env)
+    logged = proc.stdout + proc.stderr
+    assert f"checkpoint {weights.parent} skipped: model.safetensors: its contents differ from the manifest's CRC32" \
+        in logged
+    assert f"resumed from {out / 'checkpoints' / 'step_00000002'}" in logged
 
 
 def test_a_failed_export_keeps_metrics_json(tmp_path: Path, env: dict[str, str]) -> None:

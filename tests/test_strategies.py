@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from qa_train.launch import runs_module
 
-from conftest import PY, ROOT, base_env, read_metrics, run_ok, tiny_flags
+from conftest import PY, ROOT, base_env, error_lines, read_metrics, run_ok, tiny_flags
 
 pytestmark = pytest.mark.distributed
 STEPS = 8
@@ -230,6 +230,28 @@ def test_kill_and_resume_matches_uninterrupted(config: str, tol: float, uninterr
     expected = load_file(reference / "final" / "model.safetensors")
     for name, tensor in expected.items():
         torch.testing.assert_close(resumed[name], tensor, rtol=tol, atol=tol, msg=name)
+
+
+def test_a_full_state_dict_checkpoint_damaged_at_its_own_size_is_refused_by_every_rank(tmp_path: Path) -> None:
+    """FSDP's FULL_STATE_DICT checkpoint is read by rank 0 alone, inside accelerate's loader, while the other ranks
+    wait in its broadcast: damage that kept the file's size made rank 0 fail there and the others hang until the
+    process group's timeout. The manifest's CRC32s refuse it on every rank before anything is loaded."""
+    config = tmp_path / "fsdp_full.yaml"
+    config.write_text((ROOT / "accelerate_configs" / "fsdp.yaml").read_text()
+                      .replace("SHARDED_STATE_DICT", "FULL_STATE_DICT"))
+    env, out = base_env(tmp_path), tmp_path / "run"
+    cmd = [str(config) if part == "accelerate_configs/fsdp.yaml" else part for part in launch_cmd("fsdp", out)]
+    run_ok([*cmd, "--max_train_steps", "4"], env)
+    checkpoint = out / "checkpoints" / "step_00000004"
+    [weights] = [p for p in checkpoint.iterdir() if p.name.startswith("pytorch_model_fsdp")]
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    proc = subprocess.run([*cmd, "--max_train_steps", "8", "--resume_from_checkpoint", str(checkpoint)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    [line] = error_lines(proc.stderr)
+    assert str(checkpoint) in line and f"{weights.name}: its contents differ from the manifest's CRC32" in line
 
 
 def test_a_stop_request_is_said_once_and_only_the_main_process_draws_library_bars(tmp_path: Path) -> None:
