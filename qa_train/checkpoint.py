@@ -172,6 +172,8 @@ def _step_of(path: Path) -> int | None:
 def agreed_resume(accelerator, spec: str | None, output_dir: str | Path) -> Path | None:
     """resolve_resume, contents checked, on the main process alone (every byte read once, not once per rank), its
     answer or its refusal sent to every rank."""
+    if spec is None:  # every rank knows: no collective
+        return None
     answer: list[tuple[str, str | None]] = [("path", None)]
     if accelerator.is_main_process:
         try:
