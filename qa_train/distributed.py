@@ -340,20 +340,30 @@ def nonfinite_tensors(params: Iterable[torch.Tensor], device: torch.device) -> t
 def export_state_dict(accelerator, model) -> dict[str, Any] | None:
     """The weights to export, whole on the main process (a collective; other ranks may get None or {}).
     accelerate's get_state_dict gathers FSDP shards and ZeRO-3 partitions, but under DeepSpeed with bf16/fp16 it
-    returns the engine's 16-bit copy, while DDP and FSDP export their fp32 weights: the fp32 master weights
-    DeepSpeed's optimizer holds replace it, so every strategy exports what it trained (as zero_to_fp32 would)."""
+    returns the engine's 16-bit copy (under ZeRO-3 gathered whole for nothing), while DDP and FSDP export their fp32
+    weights: there the fp32 master weights DeepSpeed's optimizer holds are gathered instead, as zero_to_fp32 would,
+    so every strategy exports what it trained."""
     from accelerate.utils import DistributedType
 
-    state = accelerator.get_state_dict(model)
     if accelerator.distributed_type != DistributedType.DEEPSPEED or accelerator.mixed_precision == "no":
-        return state
+        return accelerator.get_state_dict(model)
+    import torch
     from deepspeed.utils import safe_get_full_fp32_param
 
-    for name, param in model.module.named_parameters():
-        master = safe_get_full_fp32_param(param)  # a collective: ZeRO-3 all-gathers it, ZeRO-1/2 all-reduce
-        if accelerator.is_main_process and master is not None:
-            state[name] = master.detach().to("cpu", copy=True)
-    return state
+    main = accelerator.is_main_process
+    state: dict[str, Any] = {}
+    masters: dict[int, torch.Tensor | None] = {}  # by parameter: a tied one is gathered once
+    # keep_vars: parameters stay Parameters (ZeRO-3's are empty placeholders), buffers are whole on every rank.
+    for name, tensor in model.module.state_dict(keep_vars=True).items():
+        if isinstance(tensor, torch.nn.Parameter):
+            if id(tensor) not in masters:  # a collective: ZeRO-3 all-gathers it, ZeRO-1/2 all-reduce
+                masters[id(tensor)] = safe_get_full_fp32_param(tensor)
+            value = masters[id(tensor)]
+        else:  # the engine cast floating buffers to 16 bits with the module: exported as fp32 like the rest
+            value = tensor.float() if tensor.is_floating_point() else tensor
+        if main and value is not None:
+            state[name] = value.detach().to("cpu", copy=True)
+    return state if main else {}
 
 
 def num_parameters(model) -> int:

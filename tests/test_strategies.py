@@ -148,7 +148,7 @@ def test_sharded_weights_with_gradient_checkpointing_train_as_without(config: st
 
 
 @pytest.mark.parametrize("config", ["zero2", "zero3_offload", "fsdp"])
-def test_bf16_exports_the_fp32_master_weights(config: str, tmp_path: Path) -> None:
+def test_bf16_exports_the_fp32_master_weights(config: str, tmp_path: Path, ddp_run: Path) -> None:
     """Under bf16 DeepSpeed's engine computes with a 16-bit copy of the weights, which accelerate's get_state_dict
     returns: the export holds the fp32 master weights instead, equal to DeepSpeed's own zero_to_fp32 consolidation
     of the last checkpoint, and its config says float32 (transformers 5 loads a model in the dtype its config
@@ -159,6 +159,9 @@ def test_bf16_exports_the_fp32_master_weights(config: str, tmp_path: Path) -> No
     assert {t.dtype for t in load_file(out / "final" / "model.safetensors").values()} == {torch.float32}
     assert json.loads((out / "final" / "config.json").read_text())["dtype"] == "float32"
     assert_export_is_trained(out)
+    # Every tensor an fp32 run exports, buffers included (DeepSpeed's are gathered apart from accelerate's helper).
+    exported, fp32 = (load_file(run / "final" / "model.safetensors") for run in (out, ddp_run))
+    assert set(exported) == set(fp32)
 
 
 def _kill_tree(proc: subprocess.Popen) -> list[psutil.Process]:
