@@ -89,11 +89,14 @@ def test_a_warning_signal_after_the_training_loop_does_not_requeue_the_finished_
 
 
 def gpu_node_env(tmp_path: Path, job_id: str) -> dict[str, str]:
-    """The fake cluster as a GPU partition seen from a CPU machine: `nvidia-smi -L` lists no GPU, and
-    `accelerate` records its command line in the node's log instead of starting processes."""
+    """The fake cluster as a GPU partition seen from a CPU machine: `nvidia-smi -L` lists no GPU, and the
+    accelerate launch (through qa_train.agent) records its command line in the node's log instead of starting
+    processes; any other `python` is the real one."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in (("nvidia-smi", "exit 0"), ("accelerate", 'echo "accelerate $*"')):
+    agent = ('[ "$1 $2 $3" = "-m qa_train.agent accelerate" ] && shift 3 && echo "accelerate launch $*" && '
+             'exit "${FAKE_RANKS_CODE:-0}"\n' f'exec {PY} "$@"')
+    for name, body in (("nvidia-smi", "exit 0"), ("python", agent)):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
     env = cluster_env(tmp_path, job_id, "ddp", 29771)
@@ -113,6 +116,15 @@ def test_a_gpu_job_runs_as_many_processes_per_node_as_it_asked_for_gpus(tmp_path
         line = (tmp_path / "logs" / f"node{node}.log").read_text()
         assert f"--num_machines 2 --num_processes 6 --machine_rank {node}" in line and "-m qa_train" in line
         assert "--seed 7" in line
+
+
+def test_a_gpu_job_ends_with_its_ranks_code(tmp_path: Path) -> None:
+    """`accelerate launch` said 1 whatever its ranks said: a diverged (3) or refused (2) run looked like a crash,
+    and the preemption trap, which must not requeue those, could not tell them apart. The agent passes the
+    ranks' code on."""
+    env = {**gpu_node_env(tmp_path, "7336"), "FAKE_RANKS_CODE": "3"}
+    proc = run_cmd(["sbatch", "--nodes", "1", "--gpus-per-node", "2", "slurm/train.sbatch"], env)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
 
 
 def test_a_gpu_job_without_gpus_is_refused_in_one_line_before_launching(tmp_path: Path) -> None:
