@@ -348,22 +348,37 @@ def export_state_dict(accelerator, model) -> dict[str, Any] | None:
     if accelerator.distributed_type != DistributedType.DEEPSPEED or accelerator.mixed_precision == "no":
         return accelerator.get_state_dict(model)
     import torch
-    from deepspeed.utils import safe_get_full_fp32_param
 
     main = accelerator.is_main_process
     state: dict[str, Any] = {}
-    masters: dict[int, torch.Tensor | None] = {}  # by parameter: a tied one is gathered once
+    copies: dict[int, torch.Tensor | None] = {}  # main's CPU copy per parameter: a tied one is gathered once
     # keep_vars: parameters stay Parameters (ZeRO-3's are empty placeholders), buffers are whole on every rank.
     for name, tensor in model.module.state_dict(keep_vars=True).items():
         if isinstance(tensor, torch.nn.Parameter):
-            if id(tensor) not in masters:  # a collective: ZeRO-3 all-gathers it, ZeRO-1/2 all-reduce
-                masters[id(tensor)] = safe_get_full_fp32_param(tensor)
-            value = masters[id(tensor)]
+            if id(tensor) not in copies:
+                copies[id(tensor)] = _full_fp32_on_main(tensor, main)
+            value = copies[id(tensor)]
         else:  # the engine cast floating buffers to 16 bits with the module: exported as fp32 like the rest
-            value = tensor.float() if tensor.is_floating_point() else tensor
-        if main and value is not None:
-            state[name] = value.detach().to("cpu", copy=True)
+            value = tensor.detach().to("cpu", copy=True) if main else None
+            value = value.float() if value is not None and value.is_floating_point() else value
+        if value is not None:
+            state[name] = value
     return state if main else {}
+
+
+def _full_fp32_on_main(param, main: bool):
+    """One parameter whole in fp32, as a CPU copy on the main process (None elsewhere): a collective. The full
+    tensor each rank gets is dropped at once, so no rank ever holds more than one parameter whole."""
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    full = safe_get_full_fp32_param(param)  # ZeRO-3 all-gathers it, ZeRO-1/2 all-reduce
+    if full is not None:
+        return full.detach().to("cpu", copy=True) if main else None
+    # No master copy: a frozen parameter (requires_grad is alike on every rank, so all come here together). Its
+    # 16-bit value is what it holds; GatheredParameters makes a ZeRO-3 partition whole and is a no-op otherwise.
+    with deepspeed.zero.GatheredParameters([param]):
+        return param.detach().to("cpu", copy=True).float() if main else None
 
 
 def num_parameters(model) -> int:

@@ -164,6 +164,28 @@ def test_bf16_exports_the_fp32_master_weights(config: str, tmp_path: Path, ddp_r
     assert set(exported) == set(fp32)
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_deepspeed_export_holds_every_tensor_in_fp32(stage: int, tmp_path: Path) -> None:
+    """A parameter without an fp32 master copy (frozen) was left out of the bf16 export (safe_get_full_fp32_param
+    gives None for it), where from_pretrained would have initialised it afresh without a word; a tied weight and
+    the buffers must be there too, all in fp32, with integer buffers kept as integers."""
+    saved = tmp_path / "export.pt"
+    env = {**base_env(tmp_path), "ACCELERATE_USE_DEEPSPEED": "true", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    run_ok([PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(next(PORTS)),
+            str(ROOT / "tests" / "deepspeed_export_probe.py"), str(stage), str(saved)], env)
+    state = torch.load(saved)
+    assert sorted(state) == ["emb.weight", "frozen.bias", "frozen.weight", "out.weight", "scale", "steps"]
+    assert {name: t.dtype for name, t in state.items() if name != "steps"} == dict.fromkeys(
+        ["emb.weight", "frozen.bias", "frozen.weight", "out.weight", "scale"], torch.float32)
+    assert state["steps"].tolist() == [0, 1, 2, 3]
+    torch.manual_seed(0)
+    torch.nn.Embedding(16, 8)
+    torch.nn.Linear(8, 16, bias=False)
+    initial = torch.nn.Linear(8, 8).weight  # the probe's frozen weight as it was built: only rounded to bf16
+    torch.testing.assert_close(state["frozen.weight"], initial.detach().bfloat16().float(), rtol=0, atol=0)
+    torch.testing.assert_close(state["out.weight"], state["emb.weight"], rtol=0, atol=0)
+
+
 def _kill_tree(proc: subprocess.Popen) -> list[psutil.Process]:
     """SIGKILL the launcher and every process under it, as a node failure would: no chance to clean up.
     torchrun starts its ranks in sessions of their own, so killing the launcher's process group is not enough.
