@@ -6,7 +6,8 @@ Both end a launch in which a rank failed by raising torch's ChildFailedError unc
 single process, CalledProcessError): a 35-line traceback of
 the agent's own frames under the rank's one-line error, and exit code 1 whatever the ranks' own codes said, so a
 machine other than rank 0's reported 1 where its ranks were preempted (75). Here the failure is one line, and the
-exit code is that of the rank that failed first (the root cause torch names), 128 + N for a rank killed by signal N.
+exit code is that of the rank torch names as the root cause (the first seen failed; with no error files, seen
+at a poll of whole seconds), 128 + N for a rank killed by signal N.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def rank_exit_code(code: int) -> int:
 
 
 def summary(error) -> tuple[str, int]:
-    """One line for a ChildFailedError, and the exit code of its first failure."""
+    """One line for a ChildFailedError, and the exit code of the failure torch names as the root cause."""
     rank, first = error.get_first_failure()
     code = rank_exit_code(first.exitcode)
     if first.exitcode < 0:

@@ -92,7 +92,20 @@ def _read_manifest(path: Path) -> tuple[dict[str, int], dict[str, int]]:
         raise ValueError("no 'files' mapping of sizes")
     if not isinstance(crcs, dict) or not all(is_int(crc) for crc in crcs.values()):
         raise ValueError("its 'crc32' is not a mapping of checksums")
+    outside = next((name for name in files if not _inside(name)), None)
+    if outside is not None:  # the manifest names files of the checkpoint: reading /dev/zero would never end
+        raise ValueError(f"{outside!r} is not a file inside the checkpoint")
+    version = manifest.get("format", 1)
+    if not is_int(version):
+        raise ValueError(f"'format' is {version!r}, not a number")
+    covered = set(crcs) == set(files) if version >= 2 else set(crcs) <= set(files)  # format 1: sizes only
+    if not covered:
+        raise ValueError("its 'crc32' does not cover exactly the files it lists")
     return files, crcs
+
+
+def _inside(name: str) -> bool:
+    return bool(name) and "\0" not in name and not name.startswith("/") and ".." not in name.split("/")
 
 
 def file_crcs(folder: Path, names: list[str]) -> dict[str, int]:
@@ -156,9 +169,13 @@ def _content_problem(path: Path, crcs: dict[str, int]) -> str | None:
     return f"{damaged[0]}: its contents differ from the manifest's CRC32 (damaged after it was written){more}"
 
 
-def _good_siblings(path: Path) -> list[Path]:
-    """The usable step folders next to `path`, newest first."""
-    return [p for p in reversed(_step_folders(path.parent)) if p != path and verify(p) is None]
+def _newest_good_sibling(path: Path, before: int | None = None) -> Path | None:
+    """The newest step folder next to `path` (older than step `before`, if given) that a resume would accept, its
+    contents checked: one a refusal names must not be refused in turn."""
+    for p in reversed(_step_folders(path.parent)):
+        if p != path and (before is None or (_step_of(p) or 0) < before) and verify(p, contents=True) is None:
+            return p
+    return None
 
 
 def _step_of(path: Path) -> int | None:
@@ -175,16 +192,23 @@ def agreed_resume(accelerator, spec: str | None, output_dir: str | Path) -> Path
     if spec is None:  # every rank knows: no collective
         return None
     answer: list[tuple[str, str | None]] = [("path", None)]
+    crash: Exception | None = None
     if accelerator.is_main_process:
         try:
             path = resolve_resume(spec, output_dir, warn=True, contents=True)
             answer = [("path", None if path is None else str(path))]
         except CheckpointError as err:
             answer = [("refused", str(err))]
+        except OSError as err:  # unreadable (permissions, a vanished file system): the user's to fix
+            answer = [("refused", f"--resume_from_checkpoint {spec}: could not be checked ({one_line(err)})")]
+        except Exception as err:  # a bug: its traceback on the main process, but no rank left waiting below
+            crash, answer = err, [("refused", "the main process failed while checking the checkpoint")]
     if accelerator.num_processes > 1:
         from accelerate.utils import broadcast_object_list
 
         broadcast_object_list(answer)
+    if crash is not None:
+        raise crash
     kind, value = answer[0]
     if kind == "refused":
         raise CheckpointError(str(value))
@@ -207,8 +231,8 @@ def resolve_resume(spec: str | None, output_dir: str | Path, warn: bool = True,
     problem = verify(path, contents)
     if problem is None:
         return path
-    good = _good_siblings(path)
-    instead = (f"the newest good checkpoint there is {good[0]}" if good
+    good = _newest_good_sibling(path)
+    instead = (f"the newest good checkpoint there is {good}" if good
                else f"there is no good checkpoint in {path.parent}")
     raise CheckpointError(f"--resume_from_checkpoint {path}: {problem}; {instead}")
 
@@ -287,8 +311,8 @@ def _check_contract(accelerator, path: Path, saved: TrainerState, now: TrainerSt
 
 def _load_failure(path: Path, err: BaseException, rank: int | None = None) -> str:
     step = _step_of(path)
-    earlier = [p for p in _good_siblings(path) if step is None or (_step_of(p) or 0) < step]
-    hint = (f"if it is damaged, resume from the previous complete checkpoint: --resume_from_checkpoint {earlier[0]}"
+    earlier = _newest_good_sibling(path, before=step)
+    hint = (f"if it is damaged, resume from the previous complete checkpoint: --resume_from_checkpoint {earlier}"
             if earlier else f"there is no earlier complete checkpoint in {path.parent}")
     who = f"rank {rank}: " if rank is not None else ""
     return f"checkpoint {path} could not be loaded: {who}{one_line(err)}; {hint}"

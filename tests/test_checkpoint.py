@@ -326,6 +326,34 @@ def test_latest_with_contents_skips_a_damaged_checkpoint(tmp_path: Path, caplog)
         resolve_resume(str(bad), tmp_path, contents=True)
 
 
+@pytest.mark.parametrize(("edit", "problem"), [
+    (lambda m: m["files"].update({"/etc/hostname": 5}), "'/etc/hostname' is not a file inside the checkpoint"),
+    (lambda m: m["files"].update({"../step_00000002/model.safetensors": 5}), "is not a file inside the checkpoint"),
+    (lambda m: m["crc32"].pop("model.safetensors"), "its 'crc32' does not cover exactly the files it lists"),
+    (lambda m: m["crc32"].update({"extra.bin": 1}), "its 'crc32' does not cover exactly the files it lists"),
+    (lambda m: m.update(format="2"), "'format' is '2', not a number"),
+], ids=["absolute", "dotdot", "crc-missing", "crc-extra", "format"])
+def test_a_manifest_naming_files_outside_the_checkpoint_or_missing_checksums_is_invalid(tmp_path: Path, edit,
+                                                                                      problem: str) -> None:
+    """Found in review: any name in 'crc32' was read (`/dev/zero` would never end, on the main process while every
+    rank waited), and a format-2 manifest whose 'crc32' left files out checked none of them."""
+    final = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=3), keep=None)
+    manifest = json.loads((final / MANIFEST).read_text())
+    edit(manifest)
+    (final / MANIFEST).write_text(json.dumps(manifest))
+    assert problem in ckpt.verify(final, contents=True)
+
+
+def test_a_refusal_names_no_sibling_that_would_be_refused_in_turn(tmp_path: Path) -> None:
+    older = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=2), keep=None)
+    damaged = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=4), keep=None)
+    refused = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=6), keep=None)
+    flip_a_byte(damaged / "model.safetensors")
+    truncate(refused / "model.safetensors")
+    with pytest.raises(ckpt.CheckpointError, match=f"the newest good checkpoint there is {older}$"):
+        resolve_resume(str(refused), tmp_path, contents=True)
+
+
 class ResumingRank(FakeAccelerator):
     """One of two ranks deciding where to resume: rank 0's answer is what broadcast_object_list delivers."""
 
@@ -356,6 +384,32 @@ def test_the_main_process_alone_checks_contents_and_every_rank_gets_its_answer(t
                         lambda answer: answer.__setitem__(0, ("refused", "--resume_from_checkpoint x: damaged")))
     with pytest.raises(ckpt.CheckpointError, match="^--resume_from_checkpoint x: damaged$"):
         ckpt.agreed_resume(ResumingRank(1), str(bad), tmp_path)
+
+
+@pytest.mark.parametrize("error", [PermissionError(13, "Permission denied", "manifest.json"), KeyError("a bug")],
+                         ids=["unreadable", "bug"])
+def test_a_check_that_fails_on_the_main_process_leaves_no_rank_waiting(tmp_path: Path, monkeypatch,
+                                                                       error: Exception) -> None:
+    """Found in review: only CheckpointError was caught, so any other error on the main process skipped the
+    broadcast the other ranks wait in (until the process group's timeout). They now get a refusal; an unreadable
+    checkpoint is one for the main process too, a bug keeps its traceback there."""
+    import accelerate.utils
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(ckpt, "resolve_resume", fail)
+    sent: list = []
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", lambda answer: sent.extend(answer) or answer)
+    with pytest.raises(type(error) if isinstance(error, KeyError) else ckpt.CheckpointError) as raised:
+        ckpt.agreed_resume(ResumingRank(0), "latest", tmp_path)
+    [(kind, message)] = sent
+    assert kind == "refused"
+    if isinstance(error, OSError):
+        assert str(raised.value) == message == ("--resume_from_checkpoint latest: could not be checked "
+                                                "(PermissionError: [Errno 13] Permission denied: 'manifest.json')")
+    else:
+        assert message == "the main process failed while checking the checkpoint"
 
 
 def test_verify_names_a_truncated_file_and_both_sizes(tmp_path: Path) -> None:
