@@ -7,7 +7,8 @@ single process, CalledProcessError): a 35-line traceback of
 the agent's own frames under the rank's one-line error, and exit code 1 whatever the ranks' own codes said, so a
 machine other than rank 0's reported 1 where its ranks were preempted (75). Here the failure is one line, and the
 exit code is that of the rank torch names as the root cause (the first seen failed; with no error files, seen
-at a poll of whole seconds), 128 + N for a rank killed by signal N.
+at a poll of whole seconds), 128 + N for a rank killed by signal N. An agent stopped by a signal itself (the
+launcher's stop before any rank exists) says so in one line and exits 128 + N, where torchrun raised a traceback.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def summary(error) -> tuple[str, int]:
 def main(argv: list[str]) -> int:
     import subprocess
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     which, args = argv[0], argv[1:]
@@ -57,6 +59,9 @@ def main(argv: list[str]) -> int:
             return 2
     except ChildFailedError as err:
         line, code = summary(err)
+    except SignalException as err:  # torchrun's own SIGTERM/SIGINT handler, once it has stopped its ranks
+        code = 128 + int(err.sigval)
+        line = f"the launch was stopped by {err.sigval.name}"
     except subprocess.CalledProcessError as err:  # accelerate's launcher of one process without a process group
         code = rank_exit_code(err.returncode)
         line = f"the run exited with {code} (its own lines above say why)"

@@ -290,6 +290,22 @@ def test_the_agent_exits_with_the_failed_ranks_code_in_one_line(tmp_path: Path, 
     assert f"qa_train.launch: {said} (its own lines above say why)\n" in proc.stderr
 
 
+def test_an_agent_told_to_stop_says_so_in_one_line(tmp_path: Path) -> None:
+    """SIGTERM to torchrun itself (the launcher's stop before any rank exists, or its parent-death signal) raised
+    torch's SignalException out of the agent: a traceback and exit 1."""
+    script = tmp_path / "rank.py"
+    script.write_text("import pathlib, sys, time\npathlib.Path(sys.argv[1]).touch()\ntime.sleep(60)\n")
+    started = tmp_path / "started"
+    proc = subprocess.Popen([PY, "-m", "qa_train.agent", "torchrun", "--nproc_per_node", "1", "--master_port",
+                             "29783", str(script), str(started)], cwd=ROOT, env=base_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for([started], proc, 60)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stderr and stderr.endswith("qa_train.launch: the launch was stopped by SIGTERM\n")
+
+
 def test_accelerates_single_process_launch_fails_in_one_line_with_the_runs_code(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
