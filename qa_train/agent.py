@@ -3,9 +3,9 @@
     python -m qa_train.agent torchrun|accelerate ARGS...    (what `torchrun ARGS` or `accelerate launch ARGS` do)
 
 Both end a launch in which a rank failed by raising torch's ChildFailedError uncaught (accelerate's launcher of a
-single process, CalledProcessError): a 35-line traceback of
-the agent's own frames under the rank's one-line error, and exit code 1 whatever the ranks' own codes said, so a
-machine other than rank 0's reported 1 where its ranks were preempted (75). Here the failure is one line, and the
+single process, CalledProcessError): a 35-line traceback of the agent's own frames under the rank's one-line
+error, and exit code 1 whatever the ranks' own codes said, so a machine other than rank 0's reported 1 where its
+ranks were preempted (75). Here the failure is one line, and the
 exit code is that of the rank torch names as the root cause (the first seen failed; with no error files, seen
 at a poll of whole seconds), 128 + N for a rank killed by signal N. An agent stopped by a signal itself (the
 launcher's stop before any rank exists) says so in one line and exits 128 + N, where torchrun raised a traceback.
