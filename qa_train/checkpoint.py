@@ -195,7 +195,7 @@ def agreed_resume(accelerator, spec: str | None, output_dir: str | Path) -> Path
     crash: Exception | None = None
     if accelerator.is_main_process:
         try:
-            path = resolve_resume(spec, output_dir, warn=True, contents=True)
+            path = resolve_resume(spec, output_dir, contents=True)
             answer = [("path", None if path is None else str(path))]
         except CheckpointError as err:
             answer = [("refused", str(err))]
@@ -215,18 +215,16 @@ def agreed_resume(accelerator, spec: str | None, output_dir: str | Path) -> Path
     return None if value is None else Path(value)
 
 
-def resolve_resume(spec: str | None, output_dir: str | Path, warn: bool = True,
-                   contents: bool = False) -> Path | None:
-    """The checkpoint to resume from, or None for a fresh start.
+def resolve_resume(spec: str | None, output_dir: str | Path, contents: bool = False) -> Path | None:
+    """The checkpoint to resume from, or None for a fresh start (on the main process: see agreed_resume).
 
-    'latest' is the newest usable checkpoint in output_dir: damaged ones are skipped with a warning
-    (pass warn=False on all but the main process). An explicit path must be usable: CheckpointError.
-    `contents`: see verify.
+    'latest' is the newest usable checkpoint in output_dir: damaged ones are skipped with a warning. An explicit
+    path must be usable: CheckpointError. `contents`: see verify.
     """
     if spec is None:
         return None
     if spec == "latest":
-        return latest_usable(checkpoint_root(output_dir), warn, contents)
+        return latest_usable(checkpoint_root(output_dir), warn=True, contents=contents)
     path = Path(spec)
     problem = verify(path, contents)
     if problem is None:

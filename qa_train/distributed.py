@@ -358,9 +358,11 @@ def export_state_dict(accelerator, model) -> dict[str, Any] | None:
             if id(tensor) not in copies:
                 copies[id(tensor)] = _full_fp32_on_main(tensor, main)
             value = copies[id(tensor)]
-        else:  # the engine cast floating buffers to 16 bits with the module: exported as fp32 like the rest
-            value = tensor.detach().to("cpu", copy=True) if main else None
-            value = value.float() if value is not None and value.is_floating_point() else value
+        elif main:  # the engine cast floating buffers to 16 bits with the module: exported as fp32 like the rest
+            value = tensor.detach().to("cpu", copy=True)
+            value = value.float() if value.is_floating_point() else value
+        else:
+            value = None
         if value is not None:
             state[name] = value
     return state if main else {}

@@ -482,7 +482,7 @@ def test_latest_with_nothing_usable_starts_fresh_with_a_warning(tmp_path: Path, 
 def test_latest_warns_only_where_asked(tmp_path: Path, caplog) -> None:
     truncate(make(tmp_path, "step_00000004") / "model.safetensors")
     with caplog.at_level("WARNING", logger="qa_train"):
-        assert resolve_resume("latest", tmp_path, warn=False) is None
+        assert ckpt.latest_usable(checkpoint_root(tmp_path), warn=False) is None
     assert caplog.records == []
 
 
