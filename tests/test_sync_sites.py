@@ -34,7 +34,7 @@ def test_sites_are_recorded_by_step_and_phase(tmp_path: Path, monkeypatch: pytes
     assert all(Path(f).name == "test_sync_sites.py" for _, _, f, _ in sites)
     from qa_train.trainer import Trainer
 
-    assert (Trainer.fit.__name__, Trainer._micro_step.__name__) == ("fit", "_micro_step"), "the tool's hooks stayed"
+    assert (Trainer._train_epoch.__name__, Trainer._micro_step.__name__) == ("_train_epoch", "_micro_step"), "the tool's hooks stayed"
 
 
 def test_evaluation_is_its_own_phase_and_work_after_it_the_update_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,3 +61,26 @@ def test_evaluation_is_its_own_phase_and_work_after_it_the_update_s(tmp_path: Pa
     sites = json.loads(sites_file.read_text())
     # The evaluation at step 2 is its own phase; the final one (after step 4) is outside the loop.
     assert [(step, phase) for step, phase, *_ in sites] == [(2, "eval"), (2, "after"), (4, "after")]
+
+
+def test_the_weight_check_after_the_last_step_is_not_the_loaders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weight check runs before each checkpoint (the update's bookkeeping) and once after the loop; that
+    last one stalls no step (the H100 run of 2026-11-25 had it as a "loader" sync at the last step)."""
+    from qa_train.trainer import Trainer
+
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
+    import sync_sites
+
+    check = Trainer._check_weights
+
+    def syncing(self):
+        warnings.warn("called a synchronizing CUDA operation")
+        return check(self)
+
+    monkeypatch.setattr(Trainer, "_check_weights", syncing)
+    sites_file = tmp_path / "sites.json"
+    sync_sites.main([str(sites_file), "--", *tiny_flags(
+        tmp_path / "run", "--max_train_steps", "4", "--checkpointing_steps", "2", "--no_eval", "--disable_tqdm",
+        "--save_final_model", "false")])
+    assert [(step, phase) for step, phase, *_ in json.loads(sites_file.read_text())] == [(2, "after"), (4, "after")]

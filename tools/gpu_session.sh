@@ -12,6 +12,7 @@
 #   profile     --profile of the fixed-length BERT-base step: the top kernels and host operators
 #   zeroprofile the same under ZeRO-2 and single at batch 32 (the strategy table's step)
 #   compiled    the speed part's two runs with --torch_compile
+#   fixed       the fixed-length run alone, eager then with --torch_compile
 #   overhead    qa_train's step against tools/bare_loop.py's on MiniLM: how much of a host-bound step is ours
 #
 # DEADLINE_S=N stops the parts still running N seconds from the start (a device command has 10 minutes) and
@@ -114,9 +115,20 @@ speed_runs() {  # the two speed runs; $1 names them, the rest (e.g. --torch_comp
   log "speed$suffix: two epochs of SQuAD v1.1, BERT-base shape $*"
   single "speed-2ep$suffix" --train_file "$DATA/train-full.json" --no_eval --num_train_epochs 2 \
     --per_device_train_batch_size 64 --group_by_length "$@"
+  fixed_run "$suffix" "$@"
+}
+
+fixed_run() {  # the fixed-length (MFU) run alone; $1 names it, the rest goes to it
+  local suffix=$1; shift
   log "speed$suffix: fixed length (MFU), BERT-base shape $*"
   single "speed-fixed$suffix" --train_file "$DATA/train.json" --max_train_samples 20000 --no_eval \
     --pad_to_max_length --per_device_train_batch_size 64 --max_train_steps 150 --throughput_warmup_steps 20 "$@"
+}
+
+part_fixed() {  # only the fixed-length runs, eager then compiled: the MFU figure in a short command
+  data
+  fixed_run ""
+  fixed_run -compiled --torch_compile
 }
 
 part_speed() {

@@ -7,7 +7,8 @@ with the step and phase it fell in and the Python line that caused it.
 Phases: "loader" (fetching and placing the next batch), "step" (forward, backward, optimizer), "after" (the
 update's bookkeeping: logging, checkpoints), "eval" (evaluation during training). A sync inside "loader" or
 "step" stalls every step: the host cannot queue the next step's work while the GPU finishes this one; one in
-every evaluation batch stalls evaluation likewise. Setup, the final evaluation and export are not recorded. Writes [[step, phase, file, line], ...] and prints the sites by count. Without CUDA nothing syncs
+every evaluation batch stalls evaluation likewise. Setup, the weight check after the last step, the final
+evaluation and export are not recorded. Writes [[step, phase, file, line], ...] and prints the sites by count. Without CUDA nothing syncs
 and the list is empty.
 """
 
@@ -41,8 +42,9 @@ def main(argv: list[str]) -> None:
                 where["phase"] = before
         return wrapped
 
-    # Inside fit, outside the step and the bookkeeping, the loop is fetching and placing the next batch.
-    phases = {"fit": "loader", "_micro_step": "step", "_after_update": "after", "_evaluate_during_training": "eval"}
+    # Inside an epoch, outside the step and the bookkeeping, the loop is fetching and placing the next batch. Not
+    # fit: what it does once after the loop (the final weight check) stalls no step.
+    phases = {"_train_epoch": "loader", "_micro_step": "step", "_after_update": "after", "_evaluate_during_training": "eval"}
     originals = {name: getattr(trainer.Trainer, name) for name in phases}
     for name, method in originals.items():
         setattr(trainer.Trainer, name, phase(phases[name], method))
