@@ -38,7 +38,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 export QA_TRAIN_CACHE=${QA_TRAIN_CACHE:-/tmp/qa_train_cache}
 
 # A dry run shrinks every run (the flags go last, so they win) and runs on CPU.
-small=() bench_small=() cpu=() strategy_steps=30 ablation_steps=100
+small=() bench_small=() cpu=() strategy_steps=60 ablation_steps=100
 if [[ ${DRY:-0} == 1 ]]; then
   small=(--max_train_samples 300 --max_eval_samples 40 --max_train_steps 3 --per_device_train_batch_size 4
          --per_device_eval_batch_size 8)
@@ -93,7 +93,7 @@ part_strategies() {
     --timeout_s 240 --num_processes 1 --max_train_steps $strategy_steps --output_dir "$RUNS/strategies" -- \
     --config_name $BASE --tokenizer_name $MINILM --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" \
     --max_train_samples 3000 --no_eval --max_seq_length 384 --doc_stride 128 --pad_to_max_length \
-    --per_device_train_batch_size 32 --learning_rate 3e-5 --mixed_precision bf16 --throughput_warmup_steps 10 \
+    --per_device_train_batch_size 32 --learning_rate 3e-5 --mixed_precision bf16 --throughput_warmup_steps 20 \
     "${bench_small[@]}" 2>&1 | tail -n 30 || true
   cp "$RUNS/strategies/report/report.md" "$OUT_DIR/strategies-report.md" 2>/dev/null || true
   $PY -m qa_train.plan --check "$RUNS"/strategies/*-p1-r1 2>&1 | tee "$OUT_DIR/plan-check.txt" | tail -n 20 || true
