@@ -63,9 +63,12 @@ def test_evaluation_is_its_own_phase_and_work_after_it_the_update_s(tmp_path: Pa
     assert [(step, phase) for step, phase, *_ in sites] == [(2, "eval"), (2, "after"), (4, "after")]
 
 
-def test_the_weight_check_after_the_last_step_is_not_the_loaders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The weight check runs before each checkpoint (the update's bookkeeping) and once after the loop; that
-    last one stalls no step (the H100 run of 2026-11-25 had it as a "loader" sync at the last step)."""
+@pytest.mark.parametrize("every", ["2", "epoch"])
+def test_the_weight_check_after_the_last_step_is_not_the_loaders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 every: str) -> None:
+    """The weight check runs before each checkpoint (the update's bookkeeping, also at an epoch's end) and once
+    after the loop; that last one stalls no step (the H100 run of 2026-11-25 had it as a "loader" sync at the
+    last step)."""
     from qa_train.trainer import Trainer
 
     monkeypatch.syspath_prepend(str(ROOT / "tools"))
@@ -80,7 +83,10 @@ def test_the_weight_check_after_the_last_step_is_not_the_loaders(tmp_path: Path,
 
     monkeypatch.setattr(Trainer, "_check_weights", syncing)
     sites_file = tmp_path / "sites.json"
+    length = ["--max_train_steps", "4"] if every == "2" else ["--max_train_samples", "24", "--num_train_epochs", "1"]
     sync_sites.main([str(sites_file), "--", *tiny_flags(
-        tmp_path / "run", "--max_train_steps", "4", "--checkpointing_steps", "2", "--no_eval", "--disable_tqdm",
+        tmp_path / "run", *length, "--checkpointing_steps", every, "--no_eval", "--disable_tqdm",
         "--save_final_model", "false")])
-    assert [(step, phase) for step, phase, *_ in json.loads(sites_file.read_text())] == [(2, "after"), (4, "after")]
+    sites = [(step, phase) for step, phase, *_ in json.loads(sites_file.read_text())]
+    steps = json.loads((tmp_path / "run" / "metrics.json").read_text())["train_steps"]
+    assert sites == ([(2, "after"), (4, "after")] if every == "2" else [(steps, "after")])
