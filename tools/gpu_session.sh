@@ -11,7 +11,7 @@
 #   hf          transformers' run_qa_no_trainer.py on the same model, data and hyper-parameters (tools/hf_example.sh)
 #   profile     --profile of the fixed-length BERT-base step: the top kernels and host operators
 #   zeroprofile the same under ZeRO-2 and single at batch 32 (the strategy table's step)
-#   compiled    the speed part's two runs with --torch_compile
+#   compiled    the two epochs with --torch_compile; the fixed-length run with CUDA graphs
 #   fixed       the fixed-length run alone, eager then with --torch_compile
 #   overhead    qa_train's step against tools/bare_loop.py's on MiniLM: how much of a host-bound step is ours
 #
@@ -111,11 +111,15 @@ single() {  # one single-GPU BERT-base run into $RUNS/$1, its figures appended t
 }
 
 speed_runs() {  # the two speed runs; $1 names them, the rest (e.g. --torch_compile) goes to both
+  epochs_run "$@"
+  fixed_run "$@"
+}
+
+epochs_run() {  # two epochs of the full training set; $1 names the run, the rest goes to it
   local suffix=$1; shift
   log "speed$suffix: two epochs of SQuAD v1.1, BERT-base shape $*"
   single "speed-2ep$suffix" --train_file "$DATA/train-full.json" --no_eval --num_train_epochs 2 \
     --per_device_train_batch_size 64 --group_by_length "$@"
-  fixed_run "$suffix" "$@"
 }
 
 fixed_run() {  # the fixed-length (MFU) run alone; $1 names it, the rest goes to it
@@ -156,7 +160,7 @@ part_zeroprofile() {  # ZeRO-1/2 ran 3.7-4x slower than single on one GPU: where
 
 part_compiled() {  # the levers the profile points at: compiled kernels, and CUDA graphs for the launches
   data
-  speed_runs -compiled --torch_compile
+  epochs_run -compiled --torch_compile  # the fixed path compiled is the fixed part's
   log "compiled: fixed length with CUDA graphs (--torch_compile_mode reduce-overhead)"
   single speed-fixed-graphs --train_file "$DATA/train.json" --max_train_samples 20000 --no_eval \
     --pad_to_max_length --per_device_train_batch_size 64 --max_train_steps 150 --throughput_warmup_steps 20 \
