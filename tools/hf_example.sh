@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Run transformers' own example run_qa_no_trainer.py offline, to compare against qa-train on the same
-# model, data and hyper-parameters. Needs the git-ignored .hfex/ folder at the repo root: whl/ (datasets,
-# evaluate, dill, multiprocess for CPython 3.12), run_qa_no_trainer.py + utils_qa.py (upstream, patched
-# only where they need the network; see .hfex/PATCH.md).
+# model, data and hyper-parameters. Needs the git-ignored .hfex/ folder at the repo root: whl/ (datasets 4.8,
+# evaluate 0.4 and what they import that the GPU image lacks, for CPython 3.12; the image has pyarrow and pandas,
+# which would not fit the device's carry limit), run_qa_no_trainer.py + utils_qa.py (upstream, patched only
+# where they need the network; see .hfex/PATCH.md).
 #
 #   tools/hf_example.sh --flatten IN.json OUT.json   nested SQuAD JSON -> the flat layout the example reads
 #   tools/hf_example.sh EXAMPLE_ARGS...              install the wheels to $HFSITE, run the example
 #
 # .hfex/ is made once by hand (it holds upstream code, so it stays out of the repository): .hfex/PATCH.md says
-# where the two files came from, the three network-only edits, and which wheels whl/ holds.
+# where the two files came from, the network-only edits, and which wheels whl/ holds.
 #
 # The example reads --train_file/--validation_file with datasets' json loader and field="data", so it needs
 # {"data": [{"id", "title", "context", "question", "answers": {"text": [...], "answer_start": [...]}}, ...]}
