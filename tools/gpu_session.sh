@@ -161,10 +161,7 @@ part_zeroprofile() {  # ZeRO-1/2 ran 3.7-4x slower than single on one GPU: where
 part_compiled() {  # the levers the profile points at: compiled kernels, and CUDA graphs for the launches
   data
   epochs_run -compiled --torch_compile  # the fixed path compiled is the fixed part's
-  log "compiled: fixed length with CUDA graphs (--torch_compile_mode reduce-overhead)"
-  single speed-fixed-graphs --train_file "$DATA/train.json" --max_train_samples 20000 --no_eval \
-    --pad_to_max_length --per_device_train_batch_size 64 --max_train_steps 150 --throughput_warmup_steps 20 \
-    --torch_compile_mode reduce-overhead
+  fixed_run -graphs --torch_compile_mode reduce-overhead  # CUDA graphs: the launches of a step replayed at once
 }
 
 part_overhead() {  # qa_train's step against the bare step (tools/bare_loop.py), MiniLM at 32 x 384: the harness's share
