@@ -112,11 +112,12 @@ class IntervalMonitor:
         """Gather every rank's counts (a collective: all ranks call it at the same step) and start the next interval."""
         allocated, reserved = self.device_memory.take_interval_peaks()
         elapsed = max(time.perf_counter() - self.t0 - self.excluded_s, 1e-9)
-        row = [self.loss_sum.double(), self.micro_batches, float(stop_requested), self.bad_grad_norms.double(),
-               self.grad_norm_sum.double(), self.norms, self.samples, self.tokens, self.padded_tokens, elapsed,
-               allocated, reserved, self.host_memory.take_interval_peak() / GIB]
-        device = self.loss_sum.device
-        mine = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in row]).unsqueeze(0)
+        counted = torch.stack([self.loss_sum, self.bad_grad_norms, self.grad_norm_sum]).double()
+        # The host's figures cross to the device as one tensor: each scalar copy would be a stream sync of its own.
+        host = torch.tensor([self.micro_batches, float(stop_requested), self.norms, self.samples, self.tokens,
+                             self.padded_tokens, elapsed, allocated, reserved,
+                             self.host_memory.take_interval_peak() / GIB], dtype=torch.float64).to(counted.device)
+        mine = torch.cat([counted[:1], host[:2], counted[1:], host[2:]]).unsqueeze(0)  # in COLUMNS' order
         ranks = self.accelerator.gather(mine).cpu().tolist()
         self.start()
         return reduce_ranks([dict(zip(COLUMNS, r)) for r in ranks])
