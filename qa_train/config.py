@@ -390,8 +390,8 @@ class SystemArgs:
     torch_compile_mode: str | None = field(
         default=None,
         metadata={"help": f"torch.compile's mode ({', '.join(COMPILE_MODES)}); naming one implies --torch_compile, "
-                  "as in transformers' Trainer. reduce-overhead replays CUDA graphs: for --pad_to_max_length, "
-                  "where every batch has one shape."},
+                  "as in transformers' Trainer. reduce-overhead replays CUDA graphs, one recorded per batch shape: "
+                  "one with --pad_to_max_length, one per padded length with dynamic padding."},
     )
     torch_compile_backend: str | None = field(
         default=None,
