@@ -35,6 +35,17 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
+@dataclass(frozen=True)
+class BatchCount:
+    """One micro-batch's work, as the meters count it."""
+
+    samples: int
+    tokens: int
+    padded_tokens: int
+    flops: float
+    """Training FLOPs at the batch's padded width (ModelCost.batch_flops)."""
+
+
 @dataclass
 class ThroughputMeter:
     """Counts samples and tokens per optimizer step; the first `warmup_steps` steps are not timed, unless that
@@ -47,8 +58,8 @@ class ThroughputMeter:
     t_end: float | None = None
     t_first: float = field(default_factory=time.perf_counter)
     excluded_s: float = 0.0  # evaluation during training, warm-up included
-    counted: tuple[int, int, int] = (0, 0, 0)  # samples, tokens and padded tokens of every step, warm-up included
-    before_clock: tuple[int, int, int] = (0, 0, 0)  # what `counted` held when the clock started
+    counted: tuple[float, ...] = (0, 0, 0, 0.0)  # BatchCount's fields summed over every step, warm-up included
+    before_clock: tuple[float, ...] = (0, 0, 0, 0.0)  # what `counted` held when the clock started
     excluded_before_clock: float = 0.0  # and what `excluded_s` held
 
     def start(self) -> None:
@@ -58,8 +69,8 @@ class ThroughputMeter:
         if self.warmup_steps == 0:  # no warm-up: the clock runs from here, so evaluations are left out of it
             self._start_clock(self.t_first)
 
-    def micro_batch(self, samples: int, tokens: int, padded_tokens: int) -> None:
-        self.counted = (self.counted[0] + samples, self.counted[1] + tokens, self.counted[2] + padded_tokens)
+    def micro_batch(self, count: BatchCount) -> None:
+        self.counted = tuple(a + b for a, b in zip(self.counted, dataclasses.astuple(count)))
 
     def optimizer_step(self, sync) -> None:
         self.steps += 1
@@ -73,13 +84,13 @@ class ThroughputMeter:
         sync()
         self.t_end = time.perf_counter()
         if self.timed_steps == 0:  # no more steps than warm-up: time everything rather than nothing
-            self.t_start, self.timed_steps, self.before_clock = self.t_first, self.steps, (0, 0, 0)
+            self.t_start, self.timed_steps, self.before_clock = self.t_first, self.steps, (0, 0, 0, 0.0)
             self.excluded_before_clock = 0.0  # the warm-up's evaluations are now inside the clock
 
     @property
-    def timed(self) -> tuple[int, int, int]:
-        """Samples, tokens and padded tokens of the timed steps."""
-        return tuple(a - b for a, b in zip(self.counted, self.before_clock))  # type: ignore[return-value]
+    def timed(self) -> tuple[float, ...]:
+        """Samples, tokens, padded tokens and FLOPs of the timed steps."""
+        return tuple(a - b for a, b in zip(self.counted, self.before_clock))
 
     def _start_clock(self, now: float) -> None:
         self.t_start, self.before_clock, self.excluded_before_clock = now, self.counted, self.excluded_s
@@ -142,6 +153,7 @@ class RankFigures:
     samples: float
     tokens: float
     padded_tokens: float
+    flops: float
     elapsed_s: float
     timed_steps: float
     cuda_allocated_gib: float
@@ -165,16 +177,14 @@ def gather_figures(accelerator, mine: RankFigures) -> list[RankFigures]:
     return [RankFigures.from_row(r) for r in accelerator.gather(row).cpu().tolist()]
 
 
-def achieved(padded_tokens_per_second_per_device: float, flops_per_token_padded: float,
-             peak: float | None) -> tuple[float, float | None]:
-    """(TFLOP/s per device, MFU or None): padded tokens computed per second x FLOPs per token, against the
+def achieved(flops_per_second_per_device: float, peak: float | None) -> tuple[float, float | None]:
+    """(TFLOP/s per device, MFU or None): the training FLOPs of the padded batches per second, against the
     device's dense 16-bit peak. The one definition the run summary and the interval log share."""
-    tflops = padded_tokens_per_second_per_device * flops_per_token_padded / 1e12
+    tflops = flops_per_second_per_device / 1e12
     return tflops, (round(tflops / peak, 4) if peak else None)
 
 
-def summarize(ranks: list[RankFigures], flops_per_token_padded: float, peak: float | None,
-              on_cuda: bool) -> TrainFigures:
+def summarize(ranks: list[RankFigures], peak: float | None, on_cuda: bool) -> TrainFigures:
     """Combine the ranks' figures: throughput summed over ranks, timed by the slowest; memory per rank."""
     elapsed = max(r.elapsed_s for r in ranks)
     steps = max(r.timed_steps for r in ranks)
@@ -184,7 +194,7 @@ def summarize(ranks: list[RankFigures], flops_per_token_padded: float, peak: flo
         return round(total / elapsed, digits) if steps else None
 
     padded = sum(r.padded_tokens for r in ranks)
-    tflops, mfu = achieved(padded / elapsed / len(ranks), flops_per_token_padded, peak)
+    tflops, mfu = achieved(sum(r.flops for r in ranks) / elapsed / len(ranks), peak)
     train_memory = [r.cuda_allocated_gib if on_cuda else r.train_rss_gib for r in ranks]
     return TrainFigures(
         train_samples_per_second=per_second(sum(r.samples for r in ranks), 3),

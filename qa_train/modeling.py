@@ -219,17 +219,23 @@ def load_model(args: ModelArgs, tokenizer, config):
     return model
 
 
-def flops_per_token(config, seq_len: int) -> float:
-    """Training FLOPs per token: 6 x matmul weights (forward + backward) plus attention scores.
+def flop_coefficients(config) -> tuple[float, float]:
+    """Training FLOPs per token, in two parts: 6 x matmul weights (forward + backward), and attention's per
+    position of the padded width (12 * layers * hidden: QK^T and AV, forward 2 x 2, backward twice that).
 
-    Embedding lookups do no matmul work and are left out; the QA head is counted. Attention is
-    12 * layers * hidden * seq_len per token (QK^T and AV, forward 2 x 2, backward twice that).
+    Embedding lookups do no matmul work and are left out; the QA head is counted.
     """
     h, layers = config.hidden_size, config.num_hidden_layers
     inter = getattr(config, "intermediate_size", 4 * h)
     per_layer = 4 * h * h + 2 * h * inter  # Q, K, V, output projections + the two MLP matrices
     matmul_params = layers * per_layer + 2 * h  # + QA head
-    return 6.0 * matmul_params + 12.0 * layers * h * seq_len
+    return 6.0 * matmul_params, 12.0 * layers * h
+
+
+def flops_per_token(config, seq_len: int) -> float:
+    """Training FLOPs per token of a batch padded to `seq_len`."""
+    matmul, attention = flop_coefficients(config)
+    return matmul + attention * seq_len
 
 
 def import_model_code(config) -> None:

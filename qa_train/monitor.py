@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import torch
 
 from qa_train.hostmem import HostMemory
-from qa_train.metrics import GIB, DeviceMemory, achieved
+from qa_train.metrics import GIB, BatchCount, DeviceMemory, achieved
 
 # One float row per rank: the order of Interval.gather's columns.
 COLUMNS = ("loss_sum", "micro_batches", "stop", "bad_grad_norms", "grad_norm_sum", "norms", "samples", "tokens",
-           "padded_tokens", "elapsed_s", "cuda_allocated_gib", "cuda_reserved_gib", "host_rss_gib")
+           "flops", "elapsed_s", "cuda_allocated_gib", "cuda_reserved_gib", "host_rss_gib")
 
 
 @dataclass
@@ -36,7 +36,7 @@ class IntervalFigures:
     stop_requested: bool
     samples_per_second: float
     tokens_per_second: float
-    padded_tokens_per_second_per_device: float
+    flops_per_second_per_device: float
     peak_allocated_gib: float
     peak_reserved_gib: float
     host_rss_gib: float
@@ -44,10 +44,17 @@ class IntervalFigures:
 
 @dataclass
 class ModelCost:
-    """What MFU needs: FLOPs per padded token and the device's peak (None: no MFU, as on CPU or in fp32)."""
+    """What MFU needs: training FLOPs per token (modeling.flop_coefficients) and the device's peak (None: no MFU,
+    as on CPU or in fp32)."""
 
-    flops_per_token: float
+    matmul_flops_per_token: float
+    attention_flops_per_token_and_position: float
     peak_tflops: float | None
+
+    def batch_flops(self, padded_tokens: int, width: int) -> float:
+        """A batch padded to `width`: attention's share follows the width, not --max_seq_length (with dynamic
+        padding, counting every batch at full length overstated MFU by attention's share of the difference)."""
+        return padded_tokens * (self.matmul_flops_per_token + self.attention_flops_per_token_and_position * width)
 
 
 class IntervalMonitor:
@@ -71,16 +78,17 @@ class IntervalMonitor:
         self._restart()
 
     def _restart(self) -> None:
-        self.micro_batches = self.norms = self.samples = self.tokens = self.padded_tokens = 0
+        self.micro_batches = self.norms = self.samples = self.tokens = 0
+        self.flops = 0.0
         self.excluded_s = 0.0
         self.t0 = time.perf_counter()
 
-    def micro_batch(self, loss: torch.Tensor, samples: int, tokens: tuple[int, int]) -> None:
+    def micro_batch(self, loss: torch.Tensor, count: BatchCount) -> None:
         self.loss_sum += loss.detach().float()
         self.micro_batches += 1
-        self.samples += samples
-        self.tokens += tokens[0]
-        self.padded_tokens += tokens[1]
+        self.samples += count.samples
+        self.tokens += count.tokens
+        self.flops += count.flops
 
     def update(self, grad_norm: torch.Tensor | float | None) -> None:
         """One optimizer step's global gradient norm (None where the strategy does not say): a non-finite norm
@@ -115,7 +123,7 @@ class IntervalMonitor:
         counted = torch.stack([self.loss_sum, self.bad_grad_norms, self.grad_norm_sum]).double()
         # The host's figures cross to the device as one tensor: each scalar copy would be a stream sync of its own.
         host = torch.tensor([self.micro_batches, float(stop_requested), self.norms, self.samples, self.tokens,
-                             self.padded_tokens, elapsed, allocated, reserved,
+                             self.flops, elapsed, allocated, reserved,
                              self.host_memory.take_interval_peak() / GIB], dtype=torch.float64).to(counted.device)
         mine = torch.cat([counted[:1], host[:2], counted[1:], host[2:]]).unsqueeze(0)  # in COLUMNS' order
         ranks = self.accelerator.gather(mine).cpu().tolist()
@@ -140,7 +148,7 @@ def reduce_ranks(ranks: list[dict[str, float]]) -> IntervalFigures:
         stop_requested=total["stop"] > 0,
         samples_per_second=total["samples"] / elapsed,
         tokens_per_second=total["tokens"] / elapsed,
-        padded_tokens_per_second_per_device=total["padded_tokens"] / elapsed / len(ranks),
+        flops_per_second_per_device=total["flops"] / elapsed / len(ranks),
         peak_allocated_gib=_max([r["cuda_allocated_gib"] for r in ranks]),
         peak_reserved_gib=_max([r["cuda_reserved_gib"] for r in ranks]),
         host_rss_gib=_max([r["host_rss_gib"] for r in ranks]),
@@ -154,7 +162,7 @@ def interval_log(figures: IntervalFigures, cost: ModelCost, lr: float, epoch: fl
         values["train/grad_norm"] = figures.grad_norm
     values["throughput/samples_per_second"] = round(figures.samples_per_second, 3)
     values["throughput/tokens_per_second"] = round(figures.tokens_per_second, 1)
-    _, mfu = achieved(figures.padded_tokens_per_second_per_device, cost.flops_per_token, cost.peak_tflops)
+    _, mfu = achieved(figures.flops_per_second_per_device, cost.peak_tflops)
     if mfu is not None:
         values["throughput/mfu"] = mfu
     if not math.isnan(figures.peak_allocated_gib):

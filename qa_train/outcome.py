@@ -105,7 +105,7 @@ def run_metrics(t: Trainer, scores: EvalResult | None, initial: EvalResult | Non
         return None
     model = t.accelerator.unwrap_model(t.model)
     seq, device = t.args.data.max_seq_length, t.device
-    figures = summarize(ranks, t.monitor.cost.flops_per_token, t.monitor.cost.peak_tflops, t.on_cuda)
+    figures = summarize(ranks, t.monitor.cost.peak_tflops, t.on_cuda)
     inputs, s = t.inputs, t.strategy
     return RunMetrics(
         **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},

@@ -52,7 +52,7 @@ class TrainFigures:
     timed_steps: int | None = None
     """Optimizer steps timed (all after --throughput_warmup_steps)."""
     tflops_per_device: float | None = None
-    """Achieved training TFLOP/s per device, from padded tokens/s x FLOPs per token."""
+    """Achieved training TFLOP/s per device: each batch's FLOPs at its padded width, per second."""
     mfu: float | None = None
     """Model FLOPs utilisation against the GPU's dense 16-bit peak; None on CPU, fp32 or unknown GPUs."""
     peak_memory_source: str | None = None

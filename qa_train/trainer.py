@@ -23,9 +23,9 @@ from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer_and
                                  span_rules, write_predictions)
 from qa_train.hostmem import HostMemory
 from qa_train.inputs import Splits, build_loaders, featurize_splits, load_splits
-from qa_train.metrics import DeviceMemory, ThroughputMeter, device_name, peak_tflops
+from qa_train.metrics import BatchCount, DeviceMemory, ThroughputMeter, device_name, peak_tflops
 from qa_train.modeling import (check_checkpointing, check_positions, check_weights, enable_checkpointing,
-                               flops_per_token, import_model_code, load_config, load_model, load_tokenizer, loading,
+                               flop_coefficients, import_model_code, load_config, load_model, load_tokenizer, loading,
                                uses_token_types)
 from qa_train.monitor import IntervalMonitor, ModelCost, interval_log
 from qa_train.optimization import batches_per_rank, build_optimizer, hyperparameters, plan_steps, reapply
@@ -110,8 +110,7 @@ class Trainer:
         self.tracker = Tracker(self.accelerator, self.output_dir)
         self.tracker.start(out.wandb_project, self._run_config(), resumed_at=self.first_step)
         self.meter = ThroughputMeter(args.system.throughput_warmup_steps)
-        cost = ModelCost(flops_per_token(self.model_config, args.data.max_seq_length),
-                         peak_tflops(self.device, self.mixed_precision))
+        cost = ModelCost(*flop_coefficients(self.model_config), peak_tflops(self.device, self.mixed_precision))
         self.monitor = IntervalMonitor(self.accelerator, self.device_memory, self.host_memory, cost)
         # fp16's loss scaler expects overflowing gradients now and then and skips those steps itself.
         self.guard_grad_norm = self.mixed_precision != "fp16"
@@ -279,8 +278,10 @@ class Trainer:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.state.batches_in_epoch += 1
-        self.monitor.micro_batch(loss, len(batch["input_ids"]), (real, padded))
-        self.meter.micro_batch(len(batch["input_ids"]), real, padded)
+        samples, width = batch["input_ids"].shape
+        count = BatchCount(samples, real, padded, self.monitor.cost.batch_flops(padded, width))
+        self.monitor.micro_batch(loss, count)
+        self.meter.micro_batch(count)
         self.host_memory.step()
 
     def _window_scale(self) -> float:

@@ -8,26 +8,27 @@ import math
 import pytest
 import torch
 
-from qa_train.metrics import RankFigures, peak_tflops, summarize
-from qa_train.modeling import flops_per_token
+from qa_train.metrics import BatchCount, RankFigures, peak_tflops, summarize
+from qa_train.modeling import flop_coefficients, flops_per_token
+from qa_train.monitor import ModelCost
 from qa_train.schema import MetricsFileError, PerRank, RunMetrics, Scores, TrainFigures
 
 NAN = float("nan")
 
 
 def rank(samples: float, elapsed: float, rss: float, cuda: float = NAN, loss: float = 1.0) -> RankFigures:
-    return RankFigures(samples=samples, tokens=samples * 100, padded_tokens=samples * 128, elapsed_s=elapsed,
+    return RankFigures(samples=samples, tokens=samples * 100, padded_tokens=samples * 128, flops=samples * 128 * 5e8,
+                       elapsed_s=elapsed,
                        timed_steps=10, cuda_allocated_gib=cuda, cuda_reserved_gib=cuda * 1.25,
                        train_rss_gib=rss, baseline_rss_gib=rss - 0.25, lifetime_rss_gib=rss + 0.5, last_loss=loss)
 
 
 def test_throughput_sums_ranks_over_the_slowest_and_memory_stays_per_rank() -> None:
-    fig = summarize([rank(100, 10.0, 1.0), rank(100, 12.5, 1.5)], flops_per_token_padded=1e9, peak=None,
-                    on_cuda=False)
+    fig = summarize([rank(100, 10.0, 1.0), rank(100, 12.5, 1.5)], peak=None, on_cuda=False)
     assert fig.train_samples_per_second == 16.0  # 200 samples / the slower rank's 12.5 s
     assert fig.train_tokens_per_second == 1600.0 and fig.train_padded_tokens_per_second == 2048.0
     assert fig.train_step_time_s_mean == 1.25 and fig.timed_steps == 10
-    assert fig.tflops_per_device == round(2048 * 1e9 / 2 / 1e12, 3) and fig.mfu is None
+    assert fig.tflops_per_device == round(2048 * 5e8 / 2 / 1e12, 3) and fig.mfu is None
     assert fig.peak_memory_source == "host_rss_during_training"
     assert fig.peak_memory_gb == PerRank([1.0, 1.5], 1.5, 1.25) == fig.train_host_rss_gb
     assert fig.peak_host_rss_gb == PerRank([1.5, 2.0], 2.0, 1.75)
@@ -37,7 +38,7 @@ def test_throughput_sums_ranks_over_the_slowest_and_memory_stays_per_rank() -> N
 
 def test_on_cuda_memory_is_the_allocator_peak_and_mfu_is_against_the_peak() -> None:
     fig = summarize([rank(1000, 1.0, 3.0, cuda=20.0), rank(1000, 1.0, 3.2, cuda=22.0)],
-                    flops_per_token_padded=5e8, peak=989.0, on_cuda=True)
+                    peak=989.0, on_cuda=True)
     achieved = 2000 * 128 * 5e8 / 2 / 1e12
     assert fig.tflops_per_device == round(achieved, 3) and fig.mfu == round(achieved / 989.0, 4)
     assert fig.peak_memory_source == "cuda_max_allocated"
@@ -64,20 +65,24 @@ def test_peak_tflops_per_device_and_precision(name: str, precision: str, peak: f
     assert peak_tflops(name, precision) == peak
 
 
-def test_flops_per_token_matches_torch_flop_counter() -> None:
-    """The formula counts exactly the matmuls torch runs for one training step (forward + backward)."""
+@pytest.mark.parametrize("width", [16, 48, 120])
+def test_a_batchs_flops_at_its_padded_width_match_torch_flop_counter(width: int) -> None:
+    """The formula counts exactly the matmuls torch runs for one training step (forward + backward), at whatever
+    width dynamic padding gave the batch: attention's share follows the width, not --max_seq_length."""
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import BertConfig, BertForQuestionAnswering
 
     config = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                         intermediate_size=160, max_position_embeddings=128)
     model = BertForQuestionAnswering._from_config(config, attn_implementation="eager")
-    batch, seq = 2, 48
-    ids = torch.randint(0, 500, (batch, seq))
+    batch = 2
+    ids = torch.randint(0, 500, (batch, width))
     labels = torch.zeros(batch, dtype=torch.long)
     with FlopCounterMode(display=False) as counter:
         model(input_ids=ids, start_positions=labels, end_positions=labels).loss.backward()
-    assert flops_per_token(config, seq) * batch * seq == counter.get_total_flops()
+    cost = ModelCost(*flop_coefficients(config), peak_tflops=None)
+    assert cost.batch_flops(batch * width, width) == flops_per_token(config, width) * batch * width \
+        == counter.get_total_flops()
 
 
 def test_flops_per_token_bert_base_by_hand() -> None:
@@ -128,21 +133,21 @@ def test_a_run_no_longer_than_its_warm_up_is_timed_whole() -> None:
     meter = ThroughputMeter(warmup_steps=2)
     meter.start()
     for _ in range(2):
-        meter.micro_batch(8, 700, 1024)
+        meter.micro_batch(BatchCount(8, 700, 1024, 1e9))
         meter.optimizer_step(lambda: None)
     meter.finish(lambda: None)
-    assert (meter.timed_steps, meter.timed) == (2, (16, 1400, 2048))
+    assert (meter.timed_steps, meter.timed) == (2, (16, 1400, 2048, 2e9))
     longer = ThroughputMeter(warmup_steps=1)
     for _ in range(3):
-        longer.micro_batch(8, 700, 1024)
+        longer.micro_batch(BatchCount(8, 700, 1024, 1e9))
         longer.optimizer_step(lambda: None)
     longer.finish(lambda: None)
     assert (longer.timed_steps, longer.timed[0]) == (2, 16), "past the warm-up only the timed steps count"
 
 
 def test_no_timed_step_means_no_throughput_not_zero() -> None:
-    rank = RankFigures(0, 0, 0, 1e-9, 0, math.nan, math.nan, 0.5, 0.3, 0.6, math.nan)
-    figures = summarize([rank], 1e9, None, False)
+    rank = RankFigures(0, 0, 0, 0.0, 1e-9, 0, math.nan, math.nan, 0.5, 0.3, 0.6, math.nan)
+    figures = summarize([rank], None, False)
     assert figures.train_samples_per_second is None and figures.tflops_per_device is None
     assert figures.train_step_time_s_mean is None and figures.timed_steps == 0
 
@@ -159,7 +164,7 @@ def test_evaluation_during_training_is_left_out_of_the_clock_with_any_warm_up(
     meter = metrics.ThroughputMeter(warmup_steps=warmup)
     meter.start()
     for _ in range(steps):
-        meter.micro_batch(8, 700, 1024)
+        meter.micro_batch(BatchCount(8, 700, 1024, 1e9))
         now[0] += 1.0  # the step
         meter.optimizer_step(lambda: None)
         now[0] += 10.0  # an evaluation (Trainer._not_training)
@@ -181,7 +186,7 @@ def test_an_evaluation_before_training_starts_is_not_taken_off_its_time(monkeypa
     meter.exclude(10.0)
     meter.start()
     for _ in range(2):
-        meter.micro_batch(8, 700, 1024)
+        meter.micro_batch(BatchCount(8, 700, 1024, 1e9))
         now[0] += 1.0
         meter.optimizer_step(lambda: None)
     meter.finish(lambda: None)

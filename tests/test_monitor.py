@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from qa_train.hostmem import GIB, HostMemory
-from qa_train.metrics import DeviceMemory
+from qa_train.metrics import BatchCount, DeviceMemory
 from qa_train.monitor import COLUMNS, IntervalMonitor, ModelCost, interval_log, reduce_ranks
 
 
@@ -20,15 +20,15 @@ def rank(**values: float) -> dict[str, float]:
 
 
 def test_ranks_combine_mean_loss_global_throughput_and_max_memory() -> None:
-    a = rank(loss_sum=6.0, micro_batches=2, samples=16, tokens=1000, padded_tokens=1200, elapsed_s=2.0,
+    a = rank(loss_sum=6.0, micro_batches=2, samples=16, tokens=1000, flops=1200.0, elapsed_s=2.0,
              grad_norm_sum=3.0, norms=2, host_rss_gib=1.5)
-    b = rank(loss_sum=2.0, micro_batches=2, samples=16, tokens=800, padded_tokens=1200, elapsed_s=4.0,
+    b = rank(loss_sum=2.0, micro_batches=2, samples=16, tokens=800, flops=1200.0, elapsed_s=4.0,
              grad_norm_sum=3.0, norms=2, host_rss_gib=2.5, stop=1)
     f = reduce_ranks([a, b])
     assert f.loss == 2.0  # (6 + 2) / 4 micro-batches: not the mean of the ranks' means when they differ in count
     assert f.grad_norm == 1.5  # the global norm (the same on every rank), averaged over the interval's updates
     assert f.samples_per_second == 8.0 and f.tokens_per_second == 450.0  # all ranks' work over the slowest rank
-    assert f.padded_tokens_per_second_per_device == 300.0
+    assert f.flops_per_second_per_device == 300.0  # per device: 2,400 FLOPs over 4 s and 2 ranks
     assert f.host_rss_gib == 2.5 and math.isnan(f.peak_allocated_gib)
     assert f.stop_requested and f.bad_grad_norms == 0
 
@@ -42,14 +42,14 @@ def test_non_finite_norms_are_counted_and_left_out_of_the_mean() -> None:
 
 def test_cpu_intervals_log_host_memory_and_gpu_intervals_add_cuda_memory_and_mfu() -> None:
     cpu = reduce_ranks([rank(loss_sum=1.0, micro_batches=1, norms=1, grad_norm_sum=0.5, host_rss_gib=1.0)])
-    assert list(interval_log(cpu, ModelCost(1e9, None), lr=1e-3, epoch=0.25)) == [
+    assert list(interval_log(cpu, ModelCost(1e9, 0.0, None), lr=1e-3, epoch=0.25)) == [
         "train/loss", "train/lr", "train/epoch", "train/grad_norm", "throughput/samples_per_second",
         "throughput/tokens_per_second", "memory/host_rss_gib"]
-    gpu = reduce_ranks([rank(micro_batches=1, padded_tokens=4e5, cuda_allocated_gib=3.0, cuda_reserved_gib=4.0),
-                        rank(micro_batches=1, padded_tokens=4e5, cuda_allocated_gib=5.0, cuda_reserved_gib=6.0)])
-    values = interval_log(gpu, ModelCost(1e9, 989.0), lr=1e-3, epoch=1.0)
+    gpu = reduce_ranks([rank(micro_batches=1, flops=4e14, cuda_allocated_gib=3.0, cuda_reserved_gib=4.0),
+                        rank(micro_batches=1, flops=4e14, cuda_allocated_gib=5.0, cuda_reserved_gib=6.0)])
+    values = interval_log(gpu, ModelCost(1e9, 0.0, 989.0), lr=1e-3, epoch=1.0)
     assert values["memory/peak_allocated_gib"] == 5.0 and values["memory/peak_reserved_gib"] == 6.0
-    assert values["throughput/mfu"] == round(4e5 * 1e9 / 1e12 / 989.0, 4)
+    assert values["throughput/mfu"] == round(4e14 / 1e12 / 989.0, 4)
     assert "train/grad_norm" not in values  # no update measured a norm (clipping off)
 
 
@@ -64,16 +64,16 @@ def test_host_peak_is_per_interval_and_evaluation_is_left_out() -> None:
     rss = [1 * GIB]
     host = HostMemory(trim=False, read_rss=lambda: rss[0])
     host.reset()
-    monitor = IntervalMonitor(OneRank(), DeviceMemory(torch.device("cpu")), host, ModelCost(1.0, None))
+    monitor = IntervalMonitor(OneRank(), DeviceMemory(torch.device("cpu")), host, ModelCost(1.0, 0.0, None))
     for value in (2, 3, 2):
         rss[0] = value * GIB
         host.step()
-        monitor.micro_batch(torch.tensor(1.0), 4, (10, 12))
+        monitor.micro_batch(torch.tensor(1.0), BatchCount(4, 10, 12, 12.0))
     first = monitor.collect(stop_requested=False)
     assert first.host_rss_gib == 3.0 and first.loss == 1.0
     rss[0] = 2 * GIB
     host.step()
-    monitor.micro_batch(torch.tensor(3.0), 4, (10, 12))
+    monitor.micro_batch(torch.tensor(3.0), BatchCount(4, 10, 12, 12.0))
     with monitor.excluded():  # evaluation: a higher peak and time that are not training's
         rss[0] = 9 * GIB
         host.step()
@@ -88,11 +88,11 @@ def test_the_first_interval_is_timed_from_the_start_of_training() -> None:
     """The monitor is built before --eval_on_start's evaluation; timed from then, the first interval's samples/s
     counted that evaluation (measured: 3.4 samples/s at step 5 against 19 after it, with a 5 s evaluation)."""
     monitor = IntervalMonitor(OneRank(), DeviceMemory(torch.device("cpu")), HostMemory(trim=False),
-                              ModelCost(1.0, None))
-    monitor.micro_batch(torch.tensor(7.0), 4, (10, 12))  # anything counted before training is forgotten
+                              ModelCost(1.0, 0.0, None))
+    monitor.micro_batch(torch.tensor(7.0), BatchCount(4, 10, 12, 12.0))  # anything counted before training is forgotten
     time.sleep(0.3)  # the evaluation before training
     monitor.start()
-    monitor.micro_batch(torch.tensor(1.0), 4, (10, 12))
+    monitor.micro_batch(torch.tensor(1.0), BatchCount(4, 10, 12, 12.0))
     first = monitor.collect(stop_requested=False)
     assert first.loss == 1.0 and first.samples_per_second > 4 / 0.3
 
@@ -127,7 +127,7 @@ from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
 from accelerate.utils import DistributedType
 from qa_train.distributed import global_grad_norm, nonfinite_tensors
 from qa_train.hostmem import HostMemory
-from qa_train.metrics import DeviceMemory
+from qa_train.metrics import BatchCount, DeviceMemory
 from qa_train.monitor import IntervalMonitor, ModelCost
 
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
@@ -137,8 +137,8 @@ try:
     norm = DTensor.from_local(torch.tensor(5.0), mesh, [Partial("sum")])
     accelerator = types.SimpleNamespace(distributed_type=DistributedType.FSDP, device=torch.device("cpu"),
                                         gather=lambda t: t)
-    monitor = IntervalMonitor(accelerator, DeviceMemory(torch.device("cpu")), HostMemory(trim=False), ModelCost(1.0, None))
-    monitor.micro_batch(torch.tensor(1.0), 4, (10, 12))
+    monitor = IntervalMonitor(accelerator, DeviceMemory(torch.device("cpu")), HostMemory(trim=False), ModelCost(1.0, 0.0, None))
+    monitor.micro_batch(torch.tensor(1.0), BatchCount(4, 10, 12, 12.0))
     monitor.update(global_grad_norm(accelerator, None, norm))
     print("grad_norm", monitor.collect(stop_requested=False).grad_norm)
     # The export's weight check on FSDP2's DTensor parameters: each rank counts its own shard.
