@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from qa_train.config import ConfigError, ModelArgs
+from qa_train.config import ConfigError, ModelArgs, SystemArgs
 from qa_train.features import PairTemplate, question_room
 
 log = logging.getLogger("qa_train")
@@ -159,6 +159,22 @@ def enable_checkpointing(model) -> None:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     except ValueError as err:  # a class that claims support but has no layer to checkpoint
         raise ConfigError(f"--gradient_checkpointing: {err}") from None
+
+
+def compile_model(model, system: SystemArgs, dynamic: bool) -> None:
+    """torch.compile in place: torch.compile(model)'s wrapper prefixes every weight name with `_orig_mod.`, so the
+    export would load as a fresh model and checkpoints would not resume without compiling."""
+    kwargs = {"backend": system.torch_compile_backend or "inductor", "dynamic": dynamic, "mode": system.compile_mode}
+    if not system.torch_compile_regional:
+        model.compile(**kwargs)
+        return
+    from accelerate.utils.other import compile_regions_deepspeed, has_repeated_blocks
+
+    if not has_repeated_blocks(model):  # accelerate would compile nothing, and the run would train eagerly unsaid
+        raise ConfigError(f"--torch_compile_regional: {type(model).__name__} has no repeated layers to compile "
+                          "(use --torch_compile)")
+    # accelerate's in-place variant (written for DeepSpeed's engine): its other one wraps the layers and renames them.
+    compile_regions_deepspeed(model, **kwargs)
 
 
 def uses_token_types(config, tokenizer) -> bool:

@@ -24,7 +24,7 @@ from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer_and
 from qa_train.hostmem import HostMemory
 from qa_train.inputs import Splits, build_loaders, featurize_splits, load_splits
 from qa_train.metrics import BatchCount, DeviceMemory, ThroughputMeter, device_name, peak_tflops
-from qa_train.modeling import (check_checkpointing, check_positions, check_weights, enable_checkpointing,
+from qa_train.modeling import (check_checkpointing, check_positions, check_weights, compile_model, enable_checkpointing,
                                flop_coefficients, import_model_code, load_config, load_model, load_tokenizer, loading,
                                uses_token_types)
 from qa_train.monitor import IntervalMonitor, ModelCost, interval_log
@@ -145,10 +145,7 @@ class Trainer:
         if args.system.gradient_checkpointing:  # before compile and prepare, which wrap the layers it marks
             enable_checkpointing(model)
         if args.system.torch_compile:
-            # In place, not torch.compile(model): its wrapper prefixes every weight name with `_orig_mod.`, so
-            # the export loaded as a fresh model and checkpoints would not resume without compiling.
-            model.compile(backend=args.system.torch_compile_backend or "inductor",
-                          dynamic=not args.data.pad_to_max_length, mode=args.system.compile_mode)
+            compile_model(model, args.system, dynamic=not args.data.pad_to_max_length)
         self.plan = plan_steps(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
         self.log_every = every_n_steps(args.output.logging_steps, self.plan.total_steps)
         self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.plan.total_steps)

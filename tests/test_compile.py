@@ -10,17 +10,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForQuestionAnswering
 
 from conftest import PY, TINY, base_env, error_lines, export_answers, run_cmd, run_ok, tiny_flags
+from qa_train.config import ConfigError, SystemArgs
+from qa_train.modeling import compile_model
 
 
-def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", [[], ["--torch_compile_regional"]], ids=["whole", "regional"])
+def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: Path, how: list[str]) -> None:
     env, out = base_env(tmp_path), tmp_path / "compiled"
     flags = tiny_flags(out, "--max_train_steps", "4", "--checkpointing_steps", "2", "--max_eval_samples", "40",
                        "--disable_tqdm")
-    run_ok([PY, "-m", "qa_train", *flags, "--torch_compile_backend", "eager"], env)
+    run_ok([PY, "-m", "qa_train", *flags, "--torch_compile_backend", "eager", *how], env)
 
     names = set(AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(TINY)).state_dict())
     assert set(load_file(out / "final" / "model.safetensors")) == names
@@ -47,3 +52,19 @@ def test_a_backend_that_cannot_compile_is_one_line_and_exit_2(tmp_path: Path) ->
     [line] = error_lines(proc.stderr)
     assert line.startswith("qa_train: error: --torch_compile_backend tvm: compiling the model failed (ImportError: ")
     assert list(out.iterdir()) == []
+
+
+def test_regional_compilation_compiles_each_encoder_layer_alone_and_the_rest_apart() -> None:
+    model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(TINY))
+    system = SystemArgs(torch_compile_regional=True, torch_compile_backend="eager")
+    assert system.torch_compile, "--torch_compile_regional implies --torch_compile"
+    compile_model(model, system, dynamic=True)
+    compiled = {name for name, m in model.named_modules() if m._compiled_call_impl is not None}
+    layers = {f"bert.encoder.layer.{i}" for i in range(model.config.num_hidden_layers)}
+    assert compiled == layers | {"bert.embeddings", "qa_outputs"}, "never the whole model or the encoder in one graph"
+
+
+def test_regional_compilation_of_a_model_without_repeated_layers_is_refused() -> None:
+    """accelerate compiles nothing then, and the run would have trained eagerly without a word."""
+    with pytest.raises(ConfigError, match="--torch_compile_regional: Linear has no repeated layers"):
+        compile_model(torch.nn.Linear(2, 2), SystemArgs(torch_compile_regional=True), dynamic=True)
