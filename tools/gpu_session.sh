@@ -77,7 +77,7 @@ cpu_adam() {  # DeepSpeed JIT-builds its CPU Adam for the offload configs at fir
 
 part_tests() {  # TESTS_K: a pytest -k expression, to rerun some
   log "tests"
-  cpu_adam
+  [[ -z ${TESTS_K:-} || ${TESTS_K} == *offload* ]] && cpu_adam  # a rerun of tests without offload needs no CPU Adam
   local k=() n=()
   [[ -n ${TESTS_K:-} ]] && k=(-k "$TESTS_K")
   $PY -c "import xdist" 2>/dev/null && n=(-n 4)  # four at once where pytest-xdist is installed
