@@ -1,4 +1,4 @@
-"""On one CUDA GPU: every config trains in bf16 and exports a model that answers as evaluation did; FSDP and
+"""On one CUDA GPU: every config, and compiled runs, train in bf16 and export a model that answers as evaluation did; FSDP and
 ZeRO-3 resume after a kill; bf16 follows fp32; offload takes model states off the GPU.
 
     pytest -m gpu tests/test_gpu.py          # on a GPU machine (tools/gpu_session.sh tests)
@@ -51,6 +51,20 @@ def tiny_gpu_flags(out: Path, steps: int, *extra: str) -> list[str]:
 def test_config_trains_in_bf16_and_export_answers_like_evaluation(config: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
     run_ok(gpu_cmd(config, out, *tiny_gpu_flags(out, 30)), base_env(tmp_path))
+    assert_learned_and_export_answers_like_evaluation(out, config)
+
+
+@pytest.mark.parametrize("how", [["--torch_compile"], ["--torch_compile_regional"],
+                                 ["--torch_compile_mode", "reduce-overhead"]], ids=["whole", "regional", "cuda-graphs"])
+def test_compiled_run_trains_in_bf16_and_export_answers_like_evaluation(how: list[str], tmp_path: Path) -> None:
+    """inductor's Triton kernels over dynamic padding, in training and in evaluation (a second graph, without
+    gradients); with reduce-overhead, CUDA graphs whose outputs the next replay overwrites."""
+    out = tmp_path / "run"
+    run_ok(gpu_cmd("single", out, *tiny_gpu_flags(out, 30, *how)), base_env(tmp_path))
+    assert_learned_and_export_answers_like_evaluation(out, " ".join(how))
+
+
+def assert_learned_and_export_answers_like_evaluation(out: Path, label: str) -> None:
     m = read_metrics(out)
     assert m["train_steps"] == 30 and m["mixed_precision"] == "bf16" and m["world_size"] == 1
     assert m["peak_memory_source"] == "cuda_max_allocated" and m["peak_memory_gb"]["max"] > 0
@@ -63,8 +77,8 @@ def test_config_trains_in_bf16_and_export_answers_like_evaluation(config: str, t
     reloaded = export_answers(out / "final", device="cuda", mixed_precision="bf16")
     assert sorted(reloaded) == sorted(evaluated)
     same = sum(reloaded[q] == evaluated[q] for q in evaluated) / len(evaluated)
-    print(f"{config}: {same:.1%} of {len(evaluated)} answers equal after reload")
-    assert same >= SAME_ANSWER_SHARE, f"{config}: only {same:.1%} of answers equal after reload"
+    print(f"{label}: {same:.1%} of {len(evaluated)} answers equal after reload")
+    assert same >= SAME_ANSWER_SHARE, f"{label}: only {same:.1%} of answers equal after reload"
 
 
 @pytest.mark.parametrize("config", ["fsdp", "zero3"])
