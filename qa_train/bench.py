@@ -177,7 +177,7 @@ def thread_env(processes: int, on_cpu: bool) -> dict[str, str]:
     OMP_NUM_THREADS the user set is kept as is."""
     env = dict(os.environ)
     if on_cpu and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // processes))
+        env["OMP_NUM_THREADS"] = str(launch.cpu_threads(processes))
     return env
 
 

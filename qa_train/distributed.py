@@ -421,3 +421,14 @@ def failed_ranks(accelerator, failed: bool) -> list[int]:
     flags[accelerator.process_index] = float(failed)
     total = accelerator.reduce(flags, reduction="sum")
     return [rank for rank, flag in enumerate(total.tolist()) if flag > 0]
+
+
+def cpu_thread_warning(device_type: str, threads: int, cores: int, local_processes: int) -> str | None:
+    """One line when a CPU rank runs on 1 thread where its share of the cores is more: accelerate launch sets
+    OMP_NUM_THREADS=1 on a machine without a GPU unless given --cpu or --num_cpu_threads_per_process."""
+    share = cores // max(1, local_processes)
+    if device_type != "cpu" or threads != 1 or share < 2:
+        return None
+    return (f"training on CPU with 1 thread per process where the cores allow {share} (OMP_NUM_THREADS=1, which "
+            "accelerate launch sets unless given --cpu or --num_cpu_threads_per_process); "
+            f"python -m qa_train.launch --cpu sets it from the cores, or set OMP_NUM_THREADS={share}")

@@ -109,6 +109,11 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def cpu_threads(processes_per_node: int) -> int:
+    """Threads for each of a node's CPU ranks: the cores this process may use, split evenly."""
+    return max(1, len(os.sched_getaffinity(0)) // processes_per_node)
+
+
 def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) -> tuple[list[str], dict[str, str]]:
     kind = str(cfg.get("distributed_type", "NO"))
     # `is None`, not `or`: an explicit 0 is a mistake to refuse, not a request for the config's count.
@@ -129,6 +134,9 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     ip, port = main_process(cfg, opts)
     if opts.cpu:  # DeepSpeed otherwise guesses its accelerator, and warns once per rank that it chose the CPU
         env.setdefault("DS_ACCELERATOR", "cpu")
+        # torchrun, and accelerate launch without its own --cpu, give every rank 1 thread, a lone one too (on 2 cores
+        # that took 1.7x as long, docs/benchmarks.md); a setting of the user's is kept.
+        env.setdefault("OMP_NUM_THREADS", str(cpu_threads(procs // machines)))
     if opts.cpu and kind != "DEEPSPEED":  # ranks that form a gloo group on CPU, in fp32 unless asked
         env["ACCELERATE_USE_CPU"] = "true"
         env.setdefault("ACCELERATE_MIXED_PRECISION", "no")

@@ -13,7 +13,7 @@ import yaml
 
 from conftest import ROOT
 from qa_train import launch
-from qa_train.launch import LaunchConfigError, build_command, cpu_refusal, parse, read_config
+from qa_train.launch import LaunchConfigError, build_command, cpu_refusal, cpu_threads, parse, read_config
 
 DS_YAML = """\
 distributed_type: DEEPSPEED
@@ -271,8 +271,26 @@ def test_cpu_deepspeed_is_accelerate_launch() -> None:
     cmd, env = build(DEEPSPEED, "--cpu", "--num_processes", "2")
     assert cmd == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "2",
                    "--main_process_port", "29500", "-m", "qa_train", *TRAIN]
-    # qa_train picks gloo itself under DeepSpeed; the environment is passed through, naming DeepSpeed's accelerator.
-    assert env == {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
+    # qa_train picks gloo itself under DeepSpeed; the environment is passed through, naming DeepSpeed's accelerator
+    # and the ranks' share of the cores.
+    assert env == {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
+                   "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(cpu_threads(2)))}
+
+
+@pytest.mark.parametrize("cfg", [{"distributed_type": "NO"}, MULTI_GPU, DEEPSPEED, FSDP],
+                         ids=["single", "ddp", "deepspeed", "fsdp"])
+def test_cpu_ranks_share_the_cores_unless_the_user_set_threads(cfg: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerate launch without its own --cpu, and torchrun, give each rank 1 thread: a lone CPU rank ran on 1 of
+    2 cores."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert build(cfg, "--cpu", "--num_processes", "1")[1]["OMP_NUM_THREADS"] == "8"
+    assert build(cfg, "--cpu", "--num_processes", "2")[1]["OMP_NUM_THREADS"] == "4"
+    assert build(cfg, "--cpu", "--num_processes", "4", "--num_machines", "2")[1]["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert build(cfg, "--cpu", "--num_processes", "2")[1]["OMP_NUM_THREADS"] == "3"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert "OMP_NUM_THREADS" not in build(cfg)[1], "GPU ranks: accelerate's own choice"
 
 
 def test_cpu_fsdp_is_accelerate_launch_on_gloo_in_fp32_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
