@@ -134,8 +134,8 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     ip, port = main_process(cfg, opts)
     if opts.cpu:  # DeepSpeed otherwise guesses its accelerator, and warns once per rank that it chose the CPU
         env.setdefault("DS_ACCELERATOR", "cpu")
-        # torchrun, and accelerate launch without its own --cpu, give every rank 1 thread, a lone one too (on 2 cores
-        # that took 1.7x as long, docs/benchmarks.md); a setting of the user's is kept.
+        # torchrun gives several ranks 1 thread each whatever the cores, accelerate launch without its own --cpu every
+        # rank, a lone one too (on 2 cores: 1.7x the time, docs/benchmarks.md); a setting of the user's is kept.
         env.setdefault("OMP_NUM_THREADS", str(cpu_threads(procs // machines)))
     if opts.cpu and kind != "DEEPSPEED":  # ranks that form a gloo group on CPU, in fp32 unless asked
         env["ACCELERATE_USE_CPU"] = "true"
