@@ -34,6 +34,7 @@ import psutil
 
 from qa_train import launch, report, slurm_sweep
 from qa_train.config import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
+from qa_train.distributed import cpu_threads
 from qa_train.sweep import SCALINGS, Point, SweepError, flag_value, strong_scaling, with_repeats
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
@@ -177,7 +178,7 @@ def thread_env(processes: int, on_cpu: bool) -> dict[str, str]:
     OMP_NUM_THREADS the user set is kept as is."""
     env = dict(os.environ)
     if on_cpu and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(launch.cpu_threads(processes))
+        env["OMP_NUM_THREADS"] = str(cpu_threads(processes))
     return env
 
 

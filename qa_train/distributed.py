@@ -423,10 +423,16 @@ def failed_ranks(accelerator, failed: bool) -> list[int]:
     return [rank for rank, flag in enumerate(total.tolist()) if flag > 0]
 
 
-def cpu_thread_warning(device_type: str, threads: int, cores: int, local_processes: int) -> str | None:
-    """One line when a CPU rank runs on 1 thread where its share of the cores is more: accelerate launch sets
-    OMP_NUM_THREADS=1 on a machine without a GPU unless given --cpu or --num_cpu_threads_per_process."""
-    share = cores // max(1, local_processes)
+def cpu_threads(processes_per_node: int) -> int:
+    """Threads for each of a node's CPU ranks: the cores this process may use, split evenly."""
+    return max(1, len(os.sched_getaffinity(0)) // processes_per_node)
+
+
+def cpu_thread_warning(device_type: str, threads: int, local_processes: int) -> str | None:
+    """One line when a CPU rank runs on 1 thread where its share of the cores (what qa_train.launch would give it)
+    is more: accelerate launch sets OMP_NUM_THREADS=1 on a machine without a GPU unless given --cpu or
+    --num_cpu_threads_per_process."""
+    share = cpu_threads(local_processes)
     if device_type != "cpu" or threads != 1 or share < 2:
         return None
     return (f"training on CPU with 1 thread per process where the cores allow {share} (OMP_NUM_THREADS=1, which "

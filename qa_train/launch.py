@@ -36,6 +36,8 @@ from pathlib import Path
 import psutil
 import yaml
 
+from qa_train.distributed import cpu_threads
+
 
 DEFAULT_IP, DEFAULT_PORT = "127.0.0.1", 29500  # accelerate's defaults
 DEFAULT_GRACE_S = 120.0
@@ -107,11 +109,6 @@ def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def cpu_threads(processes_per_node: int) -> int:
-    """Threads for each of a node's CPU ranks: the cores this process may use, split evenly."""
-    return max(1, len(os.sched_getaffinity(0)) // processes_per_node)
 
 
 def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) -> tuple[list[str], dict[str, str]]:

@@ -92,9 +92,8 @@ class Trainer:
         self.on_cuda = self.accelerator.device.type == "cuda"
         log.info("qa_train %s: %s on %d process(es), device %s, mixed precision %s", __version__, self.strategy.name,
                  self.accelerator.num_processes, self.accelerator.device, self.mixed_precision)
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         threads = distributed.cpu_thread_warning(self.accelerator.device.type, torch.get_num_threads(),
-                                                 len(os.sched_getaffinity(0)), local_ranks)
+                                                 int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         if threads:
             log.warning(threads)
         self.stop = StopRequest(self.output_dir)

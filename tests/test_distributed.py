@@ -141,13 +141,16 @@ def test_fsdp_offload_is_read_from_either_fsdp_versions_policy(version: int, off
     assert detect_strategy(accelerator).offload == ("optimizer+params" if offload else "none")
 
 
-def test_a_cpu_rank_on_one_thread_with_cores_to_spare_is_warned() -> None:
+def test_a_cpu_rank_on_one_thread_with_cores_to_spare_is_warned(monkeypatch: pytest.MonkeyPatch) -> None:
     """accelerate launch on a machine without a GPU, without --cpu, sets OMP_NUM_THREADS=1: a lone rank trained on
     1 of the 2 cores here without a word."""
+    import os
+
     from qa_train.distributed import cpu_thread_warning
 
-    line = cpu_thread_warning("cpu", threads=1, cores=8, local_processes=2)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    line = cpu_thread_warning("cpu", threads=1, local_processes=2)
     assert line is not None and "1 thread per process where the cores allow 4" in line and "OMP_NUM_THREADS=4" in line
-    assert cpu_thread_warning("cpu", threads=1, cores=2, local_processes=2) is None  # each rank has its one core
-    assert cpu_thread_warning("cpu", threads=2, cores=2, local_processes=1) is None
-    assert cpu_thread_warning("cuda", threads=1, cores=16, local_processes=1) is None  # the GPU does the work
+    assert cpu_thread_warning("cpu", threads=1, local_processes=8) is None  # each rank has its one core
+    assert cpu_thread_warning("cpu", threads=2, local_processes=4) is None
+    assert cpu_thread_warning("cuda", threads=1, local_processes=1) is None  # the GPU does the work

@@ -13,7 +13,8 @@ import yaml
 
 from conftest import ROOT
 from qa_train import launch
-from qa_train.launch import LaunchConfigError, build_command, cpu_refusal, cpu_threads, parse, read_config
+from qa_train.distributed import cpu_threads
+from qa_train.launch import LaunchConfigError, build_command, cpu_refusal, parse, read_config
 
 DS_YAML = """\
 distributed_type: DEEPSPEED
