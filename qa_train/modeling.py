@@ -248,12 +248,6 @@ def flop_coefficients(config) -> tuple[float, float]:
     return 6.0 * matmul_params, 12.0 * layers * h
 
 
-def flops_per_token(config, seq_len: int) -> float:
-    """Training FLOPs per token of a batch padded to `seq_len`."""
-    matmul, attention = flop_coefficients(config)
-    return matmul + attention * seq_len
-
-
 def import_model_code(config) -> None:
     """Import the QA model class's module now. It is ~110 MB of Python for BERT, which would otherwise land
     in host memory measured as the model's own (HostMemory.mark_baseline comes right after this)."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qa_train.metrics import BatchCount, RankFigures, peak_tflops, summarize
-from qa_train.modeling import flop_coefficients, flops_per_token
+from qa_train.modeling import flop_coefficients
 from qa_train.monitor import ModelCost
 from qa_train.schema import MetricsFileError, PerRank, RunMetrics, Scores, TrainFigures
 
@@ -81,8 +81,7 @@ def test_a_batchs_flops_at_its_padded_width_match_torch_flop_counter(width: int)
     with FlopCounterMode(display=False) as counter:
         model(input_ids=ids, start_positions=labels, end_positions=labels).loss.backward()
     cost = ModelCost(*flop_coefficients(config), peak_tflops=None)
-    assert cost.batch_flops(batch * width, width) == flops_per_token(config, width) * batch * width \
-        == counter.get_total_flops()
+    assert cost.batch_flops(batch * width, width) == counter.get_total_flops()
 
 
 def test_flops_per_token_bert_base_by_hand() -> None:
@@ -90,7 +89,8 @@ def test_flops_per_token_bert_base_by_hand() -> None:
 
     h, layers, inter, seq = 768, 12, 3072, 384
     matmul_params = layers * (4 * h * h + 2 * h * inter) + 2 * h  # 84,936,192
-    assert flops_per_token(BertConfig(), seq) == 6 * matmul_params + 12 * layers * h * seq == 552_084_480
+    cost = ModelCost(*flop_coefficients(BertConfig()), peak_tflops=None)
+    assert cost.batch_flops(seq, seq) / seq == 6 * matmul_params + 12 * layers * h * seq == 552_084_480
 
 
 def test_schema_reads_what_it_writes_and_names_what_is_missing(tmp_path) -> None:
