@@ -46,6 +46,9 @@ class BatchCount:
     """Training FLOPs at the batch's padded width (ModelCost.batch_flops)."""
 
 
+NOTHING_COUNTED = dataclasses.astuple(BatchCount(0, 0, 0, 0.0))
+
+
 @dataclass
 class ThroughputMeter:
     """Counts samples and tokens per optimizer step; the first `warmup_steps` steps are not timed, unless that
@@ -58,8 +61,8 @@ class ThroughputMeter:
     t_end: float | None = None
     t_first: float = field(default_factory=time.perf_counter)
     excluded_s: float = 0.0  # evaluation during training, warm-up included
-    counted: tuple[float, ...] = (0, 0, 0, 0.0)  # BatchCount's fields summed over every step, warm-up included
-    before_clock: tuple[float, ...] = (0, 0, 0, 0.0)  # what `counted` held when the clock started
+    counted: tuple[float, ...] = NOTHING_COUNTED  # BatchCount's fields summed over every step, warm-up included
+    before_clock: tuple[float, ...] = NOTHING_COUNTED  # what `counted` held when the clock started
     excluded_before_clock: float = 0.0  # and what `excluded_s` held
 
     def start(self) -> None:
@@ -84,7 +87,7 @@ class ThroughputMeter:
         sync()
         self.t_end = time.perf_counter()
         if self.timed_steps == 0:  # no more steps than warm-up: time everything rather than nothing
-            self.t_start, self.timed_steps, self.before_clock = self.t_first, self.steps, (0, 0, 0, 0.0)
+            self.t_start, self.timed_steps, self.before_clock = self.t_first, self.steps, NOTHING_COUNTED
             self.excluded_before_clock = 0.0  # the warm-up's evaluations are now inside the clock
 
     @property
