@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 # A CPU build of torch is installed first so nothing pulls the CUDA wheels; on a GPU machine use
 # `make install TORCH_SPEC=torch` (or install torch yourself first).
 TORCH_SPEC ?= torch==2.13.0
+# The tested versions of everything else (constraints.txt); `CONSTRAINTS=` takes the newest allowed instead.
+CONSTRAINTS ?= constraints.txt
 DEMO_DIR ?= runs/demo
 DEMO_V2_DIR ?= runs/demo-v2
 
@@ -22,11 +24,11 @@ export DS_PREBUILD
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[dev]"
 	@# DeepSpeed JIT-compiles its ops at first use (CPUAdam for ZeRO offload, the shared-memory
 	@# collectives on CPU): about a minute each. Building them here keeps that stall out of the first
 	@# run and the tests; a machine without a compiler only pays it later. With the venv's ninja, as
