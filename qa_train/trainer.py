@@ -198,6 +198,11 @@ class Trainer:
                 "qa_train_version": __version__, **distributed.resolved_config(self.accelerator)}
 
     @property
+    def epoch(self) -> float:
+        """Epochs trained so far, fractional within an epoch."""
+        return self.state.epoch + self.state.batches_in_epoch / max(len(self.train_dl), 1)
+
+    @property
     def global_batch_size(self) -> int:
         return (self.args.data.per_device_train_batch_size * self.args.optim.gradient_accumulation_steps
                 * self.accelerator.num_processes)
@@ -336,9 +341,7 @@ class Trainer:
             raise TrainingDiverged(self._diverged(what))
         lr = self.scheduler.get_last_lr()[0]
         self.progress.note(loss=self.last_loss, lr=lr)
-        state = self.state
-        epoch = state.epoch + state.batches_in_epoch / max(len(self.train_dl), 1)
-        self.tracker.log_step(state.completed_steps, interval_log(figures, self.monitor.cost, lr, epoch))
+        self.tracker.log_step(self.state.completed_steps, interval_log(figures, self.monitor.cost, lr, self.epoch))
         return figures.stop_requested
 
     def _eval_due(self, step: int) -> bool:
@@ -359,6 +362,9 @@ class Trainer:
             return  # the final evaluation follows
         with self._not_training():
             result = self.evaluate()
+            if result is not None:  # the terminal and a SLURM log see each score, not only the trackers
+                log.info("evaluation at step %d (epoch %.2f): exact_match %.2f, f1 %.2f", self.state.completed_steps,
+                         self.epoch, result.exact_match, result.f1)
             self.log_eval(result)
             self.best.offer(result, self.state.completed_steps, self.export_to)
 

@@ -12,7 +12,8 @@ import pytest
 from conftest import tiny_flags
 
 
-def test_shares_of_the_run_set_when_to_log_and_evaluate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shares_of_the_run_set_when_to_log_and_evaluate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capfd: pytest.CaptureFixture[str]) -> None:
     from qa_train.flags import parse_args
     from qa_train.run import run
 
@@ -24,7 +25,13 @@ def test_shares_of_the_run_set_when_to_log_and_evaluate(tmp_path: Path, monkeypa
     entries = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert [e["step"] for e in entries if "train/loss" in e] == [2, 4, 6, 8]
     # Every half of the run; the last step's evaluation is the final one, made once.
-    assert [e["step"] for e in entries if "eval/f1" in e] == [4, 8]
+    evals = [e for e in entries if "eval/f1" in e]
+    assert [e["step"] for e in evals] == [4, 8]
+    # The log says each evaluation during training too, with the scores the trackers got (200 windows in
+    # batches of 8: step 4 is 4 of an epoch's 25 micro-batches).
+    line = (f"evaluation at step 4 (epoch 0.16): exact_match {evals[0]['eval/exact_match']:.2f}, "
+            f"f1 {evals[0]['eval/f1']:.2f}")
+    assert capfd.readouterr().err.count(line) == 1
 
 
 def test_an_epochs_short_last_window_updates_with_its_mean_gradient(tmp_path: Path,
