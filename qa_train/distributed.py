@@ -69,6 +69,10 @@ def make_accelerator(args: TrainArgs, log_with: list[Any], mixed_precision: str)
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=on_cuda),
     )
     _shard_on_cpu(accelerator, mixed_precision)
+    if accelerator.device.type == "cpu":
+        # accelerate's unwrap_model imports DeepSpeed in every run where it is installed, and DeepSpeed's own
+        # device detection then warns on CPU that it "was unable to detect" a GPU: told, it says nothing.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     return accelerator
 
 

@@ -45,14 +45,15 @@ class TrainingDiverged(RuntimeError):
     """Non-finite loss, gradients or weights: the run stops before anything non-finite is saved."""
 
 
-def setup_logging(is_main: bool) -> None:
+def setup_logging(is_main: bool, bars: bool) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if is_main else logging.WARNING, force=True)
     for noisy in ("transformers", "datasets", "accelerate", "DeepSpeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING if is_main else logging.ERROR)
-    if not is_main:
-        # Every rank loads weights (the model at start-up, --do_predict's kept best model), and transformers
-        # draws a "Loading weights" bar for each: the bars are the main process's alone, as its log lines are.
+    if not (is_main and bars):
+        # Every rank loads weights (the model at start-up, --do_predict's kept best model) and writes the export,
+        # and transformers draws a bar for each: the bars are the main process's alone, as its log lines are,
+        # and --disable_tqdm turns off these as well as ours.
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
@@ -85,7 +86,7 @@ class Trainer:
             "resume": "allow" if out.resume_from_checkpoint else None})
         self.accelerator = distributed.make_accelerator(args, trackers, self.mixed_precision)
         self.is_main = self.accelerator.is_main_process
-        setup_logging(self.is_main)
+        setup_logging(self.is_main, bars=not args.output.disable_tqdm)
         distributed.check_world(self.accelerator)
         distributed.check_recompute(self.accelerator, args.system.gradient_checkpointing)
         self.strategy = distributed.detect_strategy(self.accelerator)

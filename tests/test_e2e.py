@@ -24,7 +24,8 @@ def single_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     flags = tiny_flags(out, "--max_train_steps", "300", "--eval_on_start", "--logging_steps", "50",
                        "--eval_strategy", "steps", "--eval_steps", "50", "--wandb_log_model")
     flags[flags.index("--report_to") + 1] = "all"
-    run_ok([PY, "-m", "qa_train", *flags], env)
+    proc = run_ok([PY, "-m", "qa_train", *flags], env)
+    (tmp / "output.txt").write_text(proc.stdout + proc.stderr)  # DeepSpeed's logger writes to stdout
     return out
 
 
@@ -54,6 +55,19 @@ def test_single_process_metrics_are_sane(single_run: Path) -> None:
     assert m["max_seq_length"] == 192 and m["args"]["learning_rate"] == 1e-3
     for key in ("train_runtime_s", "mixed_precision", "num_train_features"):
         assert key in m
+
+
+def test_the_log_says_each_evaluation_and_no_library_warns(single_run: Path) -> None:
+    """A CPU run's log: every evaluation with its scores; not DeepSpeed's warning that it "was unable to detect"
+    a GPU (accelerate imports DeepSpeed at the export whatever the strategy), nor any other WARNING line."""
+    log = (single_run.parent / "output.txt").read_text()
+    scores = {e["step"]: e for e in map(json.loads, (single_run / "train_log.jsonl").read_text().splitlines())
+              if "eval/f1" in e}
+    for step in EVAL_STEPS[1:-1]:  # the final evaluation is the summary table's
+        assert (f"evaluation at step {step} (epoch " in log
+                and f"exact_match {scores[step]['eval/exact_match']:.2f}, f1 {scores[step]['eval/f1']:.2f}" in log)
+    assert "unable to detect" not in log
+    assert [line for line in log.splitlines() if "WARNING" in line] == []
 
 
 def test_predictions_file_matches_the_scorer_cli(single_run: Path, env: dict[str, str]) -> None:

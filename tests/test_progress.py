@@ -113,7 +113,8 @@ def test_a_run_on_a_terminal_draws_train_and_eval_bars(tmp_path: Path, env: dict
 
 
 def test_library_progress_bars_are_the_main_process_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every rank loads weights, and transformers drew a "Loading weights" bar for each: off on the other ranks."""
+    """Every rank loads weights, and transformers drew a "Loading weights" bar for each: off on the other ranks,
+    and on the main process too under --disable_tqdm (its export drew "Writing model shards")."""
     from transformers.utils import logging as hf_logging
 
     from qa_train.trainer import setup_logging
@@ -122,9 +123,12 @@ def test_library_progress_bars_are_the_main_process_alone(monkeypatch: pytest.Mo
     levels = {name: logging.getLogger(name).level
               for name in ("transformers", "datasets", "accelerate", "DeepSpeed", "torch.distributed")}
     try:
-        setup_logging(is_main=True)
+        setup_logging(is_main=True, bars=True)
         assert hf_logging.is_progress_bar_enabled()
-        setup_logging(is_main=False)
+        setup_logging(is_main=False, bars=True)
+        assert not hf_logging.is_progress_bar_enabled()
+        hf_logging.enable_progress_bar()
+        setup_logging(is_main=True, bars=False)
         assert not hf_logging.is_progress_bar_enabled()
     finally:
         hf_logging.enable_progress_bar()
