@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,6 +51,9 @@ def setup_logging(is_main: bool, bars: bool) -> None:
                         level=logging.INFO if is_main else logging.WARNING, force=True)
     for noisy in ("transformers", "datasets", "accelerate", "DeepSpeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING if is_main else logging.ERROR)
+    # DeepSpeed's ZeRO gathers through a collective torch deprecates: two lines on every rank, nothing to act on.
+    warnings.filterwarnings("ignore", message="`torch.distributed.all_gather_into_tensor` is deprecated",
+                            category=FutureWarning)
     if not (is_main and bars):
         # Every rank loads weights (the model at start-up, --do_predict's kept best model) and writes the export,
         # and transformers draws a bar for each: the bars are the main process's alone, as its log lines are,

@@ -112,25 +112,44 @@ def test_a_run_on_a_terminal_draws_train_and_eval_bars(tmp_path: Path, env: dict
     assert not re.search(r"train \d/6 steps \(", text)  # the plain log lines are for pipes only
 
 
-def test_library_progress_bars_are_the_main_process_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every rank loads weights, and transformers drew a "Loading weights" bar for each: off on the other ranks,
-    and on the main process too under --disable_tqdm (its export drew "Writing model shards")."""
+@pytest.fixture
+def setup_logging(monkeypatch: pytest.MonkeyPatch):
+    """qa_train's logging set-up, with the library loggers' levels and transformers' bars restored after."""
     from transformers.utils import logging as hf_logging
 
-    from qa_train.trainer import setup_logging
+    from qa_train import trainer
 
     monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: None)  # leave pytest's handlers alone
     levels = {name: logging.getLogger(name).level
               for name in ("transformers", "datasets", "accelerate", "DeepSpeed", "torch.distributed")}
-    try:
+    yield trainer.setup_logging
+    hf_logging.enable_progress_bar()
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def test_library_progress_bars_are_the_main_process_alone(setup_logging) -> None:
+    """Every rank loads weights, and transformers drew a "Loading weights" bar for each: off on the other ranks,
+    and on the main process too under --disable_tqdm (its export drew "Writing model shards")."""
+    from transformers.utils import logging as hf_logging
+
+    setup_logging(is_main=True, bars=True)
+    assert hf_logging.is_progress_bar_enabled()
+    setup_logging(is_main=False, bars=True)
+    assert not hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()
+    setup_logging(is_main=True, bars=False)
+    assert not hf_logging.is_progress_bar_enabled()
+
+
+def test_deepspeeds_use_of_a_deprecated_collective_is_not_shown(setup_logging) -> None:
+    """ZeRO runs printed torch's FutureWarning for all_gather_into_tensor on every rank; other warnings stay."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:  # restores the filters afterwards
+        warnings.simplefilter("always")
         setup_logging(is_main=True, bars=True)
-        assert hf_logging.is_progress_bar_enabled()
-        setup_logging(is_main=False, bars=True)
-        assert not hf_logging.is_progress_bar_enabled()
-        hf_logging.enable_progress_bar()
-        setup_logging(is_main=True, bars=False)
-        assert not hf_logging.is_progress_bar_enabled()
-    finally:
-        hf_logging.enable_progress_bar()
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
+        warnings.warn("`torch.distributed.all_gather_into_tensor` is deprecated. Please use "
+                      "`torch.distributed.all_gather_single` instead.", FutureWarning)
+        warnings.warn("`torch.distributed.something_else` is deprecated.", FutureWarning)
+    assert [str(w.message) for w in seen] == ["`torch.distributed.something_else` is deprecated."]
