@@ -54,12 +54,14 @@ def setup_logging(is_main: bool, bars: bool) -> None:
     # DeepSpeed's ZeRO gathers through a collective torch deprecates: two lines on every rank, nothing to act on.
     warnings.filterwarnings("ignore", message="`torch.distributed.all_gather_into_tensor` is deprecated",
                             category=FutureWarning)
-    if not (is_main and bars):
-        # Every rank loads weights (the model at start-up, --do_predict's kept best model) and writes the export,
-        # and transformers draws a bar for each: the bars are the main process's alone, as its log lines are,
-        # and --disable_tqdm turns off these as well as ours.
-        from transformers.utils import logging as hf_logging
+    # Every rank loads weights (the model at start-up, --do_predict's kept best model) and writes the export, and
+    # transformers draws a bar for each: the bars are the main process's alone, as its log lines are, and
+    # --disable_tqdm turns off these as well as ours. Set both ways: a second run in one process gets its own.
+    from transformers.utils import logging as hf_logging
 
+    if is_main and bars:
+        hf_logging.enable_progress_bar()
+    else:
         hf_logging.disable_progress_bar()
 
 

@@ -133,11 +133,12 @@ def test_library_progress_bars_are_the_main_process_alone(setup_logging) -> None
     and on the main process too under --disable_tqdm (its export drew "Writing model shards")."""
     from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # as an earlier run in this process with --disable_tqdm left it
     setup_logging(is_main=True, bars=True)
     assert hf_logging.is_progress_bar_enabled()
     setup_logging(is_main=False, bars=True)
     assert not hf_logging.is_progress_bar_enabled()
-    hf_logging.enable_progress_bar()
+    setup_logging(is_main=True, bars=True)
     setup_logging(is_main=True, bars=False)
     assert not hf_logging.is_progress_bar_enabled()
 
