@@ -71,7 +71,8 @@ def make_accelerator(args: TrainArgs, log_with: list[Any], mixed_precision: str)
     _shard_on_cpu(accelerator, mixed_precision)
     if accelerator.device.type == "cpu":
         # accelerate's unwrap_model imports DeepSpeed in every run where it is installed, and DeepSpeed's own
-        # device detection then warns on CPU that it "was unable to detect" a GPU: told, it says nothing.
+        # device detection then warns on CPU that it "was unable to detect" a GPU: told, it says nothing. (A
+        # DeepSpeed strategy imports it inside Accelerator(), too early for this: qa_train.launch --cpu sets it.)
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     return accelerator
 
