@@ -4,8 +4,9 @@ Exit codes: 0 finished; 1 crashed (a traceback says where); 2 refused input (fla
 checkpoint, a torch.compile backend that cannot compile), before any training; 3 diverged (non-finite loss,
 gradients or weights; nothing exported); 4 the export failed (metrics.json is written); 5 a checkpoint could
 not be saved (its partial folder removed, earlier ones intact), or a write found the disk or quota full
-(ENOSPC, EDQUOT): free space, then resume with --resume_from_checkpoint latest; 75 preempted (checkpoint
-saved, resume with --resume_from_checkpoint latest).
+(ENOSPC, EDQUOT): free space, then resume with --resume_from_checkpoint latest; 6 a collective waited past
+--ddp_timeout for a rank that stopped answering (resume with --resume_from_checkpoint latest); 75 preempted
+(checkpoint saved, resume with --resume_from_checkpoint latest).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 # A launcher that cannot see its workers' exit codes (torchrun reports any failure as 1) names a file
 # here, and the main process writes its code into it.
 STATUS_FILE_ENV = "QA_TRAIN_STATUS_FILE"
-FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, SAVE_FAILED, PREEMPTED = 0, 1, 2, 3, 4, 5, 75
+FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, SAVE_FAILED, HUNG, PREEMPTED = 0, 1, 2, 3, 4, 5, 6, 75
 
 
 def _rank() -> int:
@@ -49,6 +50,15 @@ def _compile_failed(cause: BaseException, backend: str | None) -> str:
     return f"{flag}: compiling the model failed ({one_line(cause)}); choose another backend or drop it"
 
 
+def _hung(rank: int, timeout_s: float, output_dir: str) -> str:
+    from qa_train.checkpoint import complete_checkpoints
+
+    rerun = ("--resume_from_checkpoint latest" if complete_checkpoints(output_dir)
+             else "--overwrite_output_dir (no checkpoint was saved)")
+    return (f"rank {rank}: a collective waited more than {timeout_s:g} s for the other ranks (--ddp_timeout): one "
+            f"of them hung or died; rerun with {rerun}, or raise --ddp_timeout if one rank works alone that long")
+
+
 def main(argv: list[str] | None = None) -> int:
     from qa_train.config import ConfigError
     from qa_train.flags import parse_args
@@ -63,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return REFUSED
     from qa_train.checkpoint import CheckpointError
     from qa_train.data import DataError
-    from qa_train.distributed import LaunchError
+    from qa_train.distributed import LaunchError, collective_fault
     from qa_train.run import Preempted, run
     from qa_train.saving import OUT_OF_SPACE, CheckpointSaveError
     from qa_train.outcome import ExportError
@@ -97,12 +107,23 @@ def main(argv: list[str] | None = None) -> int:
         return SAVE_FAILED
     except Preempted:  # its checkpoint and the log line saying so are written
         return PREEMPTED
+    except RuntimeError as err:  # not collective either: the ranks that waited say so
+        fault = collective_fault(err)
+        if fault is None:
+            raise
+        if fault == "timeout":
+            _say(_hung(rank, args.system.ddp_timeout, args.output.output_dir), rank, speaker=rank)
+            return HUNG
+        # Another rank failed first and says why; this one's traceback would bury that line.
+        _say(f"rank {rank}: another rank left the run during a collective (its own lines say why)", rank, speaker=rank)
+        return CRASHED
     return FINISHED
 
 
 def _report_status(code: int) -> int:
     path = os.environ.get(STATUS_FILE_ENV)
-    if path and _rank() == 0:
+    # CRASHED here is a rank left by another: the launcher keeps the code of the rank torch names as the root cause.
+    if path and _rank() == 0 and code != CRASHED:
         try:
             with open(path, "w") as f:
                 f.write(f"{code}\n")

@@ -415,6 +415,13 @@ class SystemArgs:
                   "others do not)."},
     )
     seed: int = field(default=42, metadata={"help": "Seed for weights init, dropout and shuffling."})
+    ddp_timeout: float = field(
+        default=1800,
+        metadata={"help": "Seconds a rank waits in a collective (all-reduce, barrier) for the others before the run "
+                  "stops with an error: a rank that hangs or died ends the job instead of holding every GPU. "
+                  "As transformers' Trainer (1800); NCCL's own default would be 600. Raise it where one rank works "
+                  "alone for long (featurising a large dataset first, uploading a model)."},
+    )
     throughput_warmup_steps: int = field(
         default=2, metadata={"help": "First optimizer steps left out of throughput figures."}
     )
@@ -422,6 +429,7 @@ class SystemArgs:
 
     def __post_init__(self) -> None:
         _not_negative(self, "throughput_warmup_steps", "seed")
+        _positive(self, "ddp_timeout")
         _require(self.seed < 2**32, "seed", f"must be below 2**32 (numpy's limit), got {self.seed}")
         _require(self.torch_compile_mode in (None, *COMPILE_MODES), "torch_compile_mode",
                  f"{self.torch_compile_mode!r} is not one of {', '.join(COMPILE_MODES)}")

@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from qa_train.config import ConfigError, TrainArgs
@@ -51,13 +52,12 @@ def make_accelerator(args: TrainArgs, log_with: list[Any], mixed_precision: str)
     """The Accelerator for this launch (with its unstarted trackers), in `launch_precision`'s mixed precision."""
     import torch
     from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
+    from accelerate.utils import DataLoaderConfiguration
 
     on_cuda = torch.cuda.is_available()
-    handlers = []
-    if not on_cuda and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # Without this DeepSpeed on CPU initialises its own group while accelerate sees a world of 1.
-        handlers.append(InitProcessGroupKwargs(backend="gloo"))
+    # Without gloo named, DeepSpeed on CPU initialises its own group while accelerate sees a world of 1.
+    backend = None if on_cuda or int(os.environ.get("WORLD_SIZE", "1")) == 1 else "gloo"
+    handlers = [process_group_kwargs(backend, args.system.ddp_timeout)]
     accelerator = Accelerator(
         gradient_accumulation_steps=args.optim.gradient_accumulation_steps,
         mixed_precision=mixed_precision,
@@ -75,6 +75,18 @@ def make_accelerator(args: TrainArgs, log_with: list[Any], mixed_precision: str)
         # DeepSpeed strategy imports it inside Accelerator(), too early for this: qa_train.launch --cpu sets it.)
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     return accelerator
+
+
+def process_group_kwargs(backend: str | None, timeout_s: float) -> Any:
+    """The process group's backend (None: accelerate's choice) and --ddp_timeout, for every strategy."""
+    from accelerate.utils import InitProcessGroupKwargs
+
+    handler = InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_s), **({"backend": backend} if backend else {}))
+    # accelerate passes on only the fields that differ from its NCCL defaults (600 s): a gloo group asked for
+    # exactly 600 s would get torch's 1800.
+    explicit = {"timeout": handler.timeout, **({"backend": backend} if backend else {})}
+    handler.to_kwargs = lambda: explicit
+    return handler
 
 
 def _shard_on_cpu(accelerator, mixed_precision: str) -> None:
@@ -426,6 +438,24 @@ def failed_ranks(accelerator, failed: bool) -> list[int]:
     flags[accelerator.process_index] = float(failed)
     total = accelerator.reduce(flags, reduction="sum")
     return [rank for rank, flag in enumerate(total.tolist()) if flag > 0]
+
+
+# torch raises a plain RuntimeError when a gloo collective fails (NCCL's watchdog aborts the process instead, after
+# its own message): only the text tells a rank that stopped answering from one that went away.
+_TIMED_OUT = ("Timed out waiting", "Application timeout caused pair closure",
+              "Watchdog caught collective operation timeout")
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "communicator was aborted")
+
+
+def collective_fault(err: BaseException) -> str | None:
+    """"timeout" for a collective that waited past --ddp_timeout, "peer" for one whose peer went away (that rank's
+    own lines say why), None for any other error."""
+    text = str(err)
+    if any(mark in text for mark in _TIMED_OUT):
+        return "timeout"
+    if any(mark in text for mark in _PEER_GONE):
+        return "peer"
+    return None
 
 
 def cpu_threads(processes_per_node: int) -> int:

@@ -12,8 +12,10 @@ PREEMPT_FILE = "PREEMPT"
 # Test hook: with QA_TRAIN_TEST_HOLD_AT_STEP=N every rank writes OUTPUT_DIR/HOLDING-rank<r> after
 # optimizer step N and waits there until a stop is requested or the process is killed, so tests stop
 # a run at a chosen step instead of slowing every step. Never set in real runs. A rank nobody stops
-# goes on after HOLD_LIMIT_S, so a failed test cannot leave processes waiting forever.
+# goes on after HOLD_LIMIT_S, so a failed test cannot leave processes waiting forever. With
+# QA_TRAIN_TEST_HOLD_RANKS=1,3 only those ranks hold: a hung rank, as the others see it.
 HOLD_ENV = "QA_TRAIN_TEST_HOLD_AT_STEP"
+HOLD_RANKS_ENV = "QA_TRAIN_TEST_HOLD_RANKS"
 HOLD_LIMIT_S = 300.0
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 _early_request = False  # a stop signal that came before the run's StopRequest existed
@@ -40,6 +42,8 @@ class StopRequest:
         self.output_dir = output_dir
         self.file = output_dir / PREEMPT_FILE
         self.hold_at = int(os.environ.get(HOLD_ENV, "0"))
+        ranks = os.environ.get(HOLD_RANKS_ENV)
+        self.hold_ranks = None if ranks is None else {int(r) for r in ranks.split(",")}
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
         if _early_request:  # after the handlers: a signal in between lands in one of the two
@@ -57,7 +61,7 @@ class StopRequest:
             self.file.unlink(missing_ok=True)
 
     def hold_if_asked(self, step: int, rank: int) -> None:
-        if step != self.hold_at or not self.hold_at:
+        if step != self.hold_at or not self.hold_at or (self.hold_ranks is not None and rank not in self.hold_ranks):
             return
         (self.output_dir / f"HOLDING-rank{rank}").touch()
         deadline = time.monotonic() + HOLD_LIMIT_S

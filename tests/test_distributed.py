@@ -1,9 +1,10 @@
-"""Strategy logic on plain values: DeepSpeed JSON reconciliation, precision, LR-schedule sizing."""
+"""Strategy logic on plain values: DeepSpeed JSON reconciliation, precision, LR-schedule sizing, collective faults."""
 
 from __future__ import annotations
 
 import copy
 import json
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,8 +13,9 @@ import torch
 
 from qa_train.config import ConfigError
 from qa_train.flags import parse_args
-from qa_train.distributed import (LaunchError, check_recompute, num_parameters, reconcile_deepspeed,
-                                  resolve_mixed_precision, scheduler_steps_per_update, uses_deepspeed_optimizer)
+from qa_train.distributed import (LaunchError, check_recompute, collective_fault, num_parameters,
+                                  process_group_kwargs, reconcile_deepspeed, resolve_mixed_precision,
+                                  scheduler_steps_per_update, uses_deepspeed_optimizer)
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "ds_configs/test.json"
@@ -154,3 +156,35 @@ def test_a_cpu_rank_on_one_thread_with_cores_to_spare_is_warned(monkeypatch: pyt
     assert cpu_thread_warning("cpu", threads=1, local_processes=8) is None  # each rank has its one core
     assert cpu_thread_warning("cpu", threads=2, local_processes=4) is None
     assert cpu_thread_warning("cuda", threads=1, local_processes=1) is None  # the GPU does the work
+
+
+@pytest.mark.parametrize(("backend", "seconds", "expected"), [
+    ("gloo", 600, {"backend": "gloo", "timeout": timedelta(seconds=600)}),  # accelerate's to_kwargs would drop 600
+    ("gloo", 1800, {"backend": "gloo", "timeout": timedelta(seconds=1800)}),
+    (None, 600, {"timeout": timedelta(seconds=600)}),  # on GPUs accelerate picks NCCL itself
+    (None, 45.5, {"timeout": timedelta(seconds=45.5)}),
+])
+def test_the_process_group_gets_the_timeout_asked_for(backend: str | None, seconds: float, expected: dict) -> None:
+    assert process_group_kwargs(backend, seconds).to_kwargs() == expected
+
+
+def test_ddp_timeout_must_be_positive() -> None:
+    assert parse_args([]).system.ddp_timeout == 1800  # transformers' Trainer's default
+    with pytest.raises(ConfigError, match="--ddp_timeout: must be positive, got 0"):
+        parse_args(["--ddp_timeout", "0"])
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    # gloo's own words (torch 2.13), as the waiting rank and then its peer see them
+    ("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to "
+     "complete", "timeout"),
+    ("Application timeout caused pair closure", "timeout"),
+    ("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:18609. This is "
+     "typically caused by a remote worker crashing.", "peer"),
+    ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600042 "
+     "milliseconds before timing out.", "timeout"),
+    ("CUDA out of memory. Tried to allocate 2.00 GiB", None),
+    ("shape '[8, 192]' is invalid for input of size 100", None),
+])
+def test_a_collective_fault_is_told_from_any_other_error(message: str, expected: str | None) -> None:
+    assert collective_fault(RuntimeError(message)) == expected

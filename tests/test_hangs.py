@@ -1,0 +1,47 @@
+"""A rank that stops answering: the others wait --ddp_timeout in their next collective, then the run ends in one line
+per rank, with exit 6 and the last checkpoint intact, instead of every rank waiting torch's default 30 minutes."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from qa_train.preemption import HOLD_ENV, HOLD_RANKS_ENV
+
+from conftest import PY, ROOT, base_env, error_lines, tiny_flags
+
+pytestmark = pytest.mark.distributed
+TIMEOUT_S = 5
+
+
+@pytest.mark.parametrize(("config", "hung", "port"), [("ddp", 1, 29781), ("zero2", 0, 29782)])
+def test_a_hung_rank_ends_the_run_after_ddp_timeout_in_one_line(config: str, hung: int, port: int,
+                                                                 tmp_path: Path) -> None:
+    """ZeRO-2 too: DeepSpeed forms its own process group, which must get the timeout as well. Rank 0 hung is the
+    case where the launcher cannot read the main process's code: the agent's root cause gives it."""
+    out = tmp_path / "run"
+    env = {**base_env(tmp_path), HOLD_ENV: "6", HOLD_RANKS_ENV: str(hung)}
+    cmd = [PY, "-m", "qa_train.launch", "--cpu", "--config_file", f"accelerate_configs/{config}.yaml",
+           "--num_processes", "2", "--main_process_port", str(port), "--",
+           *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval", "--checkpointing_steps",
+                       "4", "--ddp_timeout", str(TIMEOUT_S))]
+    start = time.monotonic()
+    # Under torch's default the waiting rank would sit 30 minutes; the hold itself gives up after 300 s.
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
+    waited = time.monotonic() - start
+    assert proc.returncode == 6, proc.stderr[-3000:]
+    waiting = 1 - hung
+    lines = error_lines(proc.stderr)  # and no traceback, from either rank
+    assert lines[0] == (f"qa_train: error: rank {waiting}: a collective waited more than {TIMEOUT_S} s for the other "
+                        "ranks (--ddp_timeout): one of them hung or died; rerun with --resume_from_checkpoint latest, "
+                        "or raise --ddp_timeout if one rank works alone that long")
+    # The held rank, stopped by torchrun, finds its peer gone: one line, and its code does not mask rank 0's.
+    assert lines[1:] == [f"qa_train: error: rank {hung}: another rank left the run during a collective "
+                         "(its own lines say why)"]
+    assert f"qa_train.launch: rank {waiting} exited with 6" in proc.stderr
+    assert waited < 120, waited
+    assert (out / "checkpoints" / "step_00000004" / "trainer_state.json").is_file()
+    assert not (out / "metrics.json").exists()
