@@ -50,13 +50,28 @@ def _compile_failed(cause: BaseException, backend: str | None) -> str:
     return f"{flag}: compiling the model failed ({one_line(cause)}); choose another backend or drop it"
 
 
-def _hung(rank: int, timeout_s: float, output_dir: str) -> str:
+def _hung(err: BaseException, rank: int, timeout_s: float, output_dir: str) -> str:
     from qa_train.checkpoint import complete_checkpoints
 
     rerun = ("--resume_from_checkpoint latest" if complete_checkpoints(output_dir)
              else "--overwrite_output_dir (no checkpoint was saved)")
-    return (f"rank {rank}: a collective waited more than {timeout_s:g} s for the other ranks (--ddp_timeout): one "
-            f"of them hung or died; rerun with {rerun}, or raise --ddp_timeout if one rank works alone that long")
+    return (f"rank {rank}: a collective{_where(err)} waited more than {timeout_s:g} s for the other ranks "
+            f"(--ddp_timeout): one of them hung or died; rerun with {rerun}, or raise --ddp_timeout if one rank "
+            "works alone that long")
+
+
+def _where(err: BaseException) -> str:
+    """The innermost frame of qa_train's own that the error passed through: which wait it was (a step's log, a
+    checkpoint, featurisation on the first process) tells a hung rank from a long wait."""
+    import traceback
+    from pathlib import Path
+
+    package = Path(__file__).parent
+    ours = [f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename).parent == package]
+    if not ours:
+        return ""
+    frame = ours[-1]
+    return f" (in qa_train/{Path(frame.filename).name}:{frame.lineno}, {frame.name})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if fault is None:
             raise
         if fault == "timeout":
-            _say(_hung(rank, args.system.ddp_timeout, args.output.output_dir), rank, speaker=rank)
+            _say(_hung(err, rank, args.system.ddp_timeout, args.output.output_dir), rank, speaker=rank)
             return HUNG
         # Another rank failed first and says why; this one's traceback would bury that line.
         _say(f"rank {rank}: another rank left the run during a collective (its own lines say why)", rank, speaker=rank)

@@ -3,6 +3,7 @@ per rank, with exit 6 and the last checkpoint intact, instead of every rank wait
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -35,9 +36,11 @@ def test_a_hung_rank_ends_the_run_after_ddp_timeout_in_one_line(config: str, hun
     assert proc.returncode == 6, proc.stderr[-3000:]
     waiting = 1 - hung
     lines = error_lines(proc.stderr)  # and no traceback, from either rank
-    assert lines[0] == (f"qa_train: error: rank {waiting}: a collective waited more than {TIMEOUT_S} s for the other "
-                        "ranks (--ddp_timeout): one of them hung or died; rerun with --resume_from_checkpoint latest, "
-                        "or raise --ddp_timeout if one rank works alone that long")
+    # It names the wait: the step log's gather of per-rank figures, where the other rank did not arrive.
+    assert re.fullmatch(rf"qa_train: error: rank {waiting}: a collective \(in qa_train/monitor\.py:\d+, collect\) "
+                        rf"waited more than {TIMEOUT_S} s for the other ranks \(--ddp_timeout\): one of them hung or "
+                        r"died; rerun with --resume_from_checkpoint latest, or raise --ddp_timeout if one rank works "
+                        r"alone that long", lines[0]), lines[0]
     # The held rank, stopped by torchrun, finds its peer gone: one line, and its code does not mask rank 0's.
     assert lines[1:] == [f"qa_train: error: rank {hung}: another rank left the run during a collective "
                          "(its own lines say why)"]
