@@ -5,8 +5,9 @@ checkpoint, a torch.compile backend that cannot compile), before any training; 3
 gradients or weights; nothing exported); 4 the export failed (metrics.json is written); 5 a checkpoint could
 not be saved (its partial folder removed, earlier ones intact), or a write found the disk or quota full
 (ENOSPC, EDQUOT): free space, then resume with --resume_from_checkpoint latest; 6 a collective waited past
---ddp_timeout for a rank that stopped answering (resume with --resume_from_checkpoint latest); 75 preempted
-(checkpoint saved, resume with --resume_from_checkpoint latest).
+--ddp_timeout for a rank that stopped answering (resume with --resume_from_checkpoint latest); 7 out of device
+or host memory (the line says where and what to change); 75 preempted (checkpoint saved, resume with
+--resume_from_checkpoint latest).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 # A launcher that cannot see its workers' exit codes (torchrun reports any failure as 1) names a file
 # here, and the main process writes its code into it.
 STATUS_FILE_ENV = "QA_TRAIN_STATUS_FILE"
-FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, SAVE_FAILED, HUNG, PREEMPTED = 0, 1, 2, 3, 4, 5, 6, 75
+FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, SAVE_FAILED, HUNG, OUT_OF_MEMORY, PREEMPTED = 0, 1, 2, 3, 4, 5, 6, 7, 75
 
 
 def _rank() -> int:
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     from qa_train.distributed import LaunchError, collective_fault
     from qa_train.run import Preempted, run
     from qa_train.saving import OUT_OF_SPACE, CheckpointSaveError
+    from qa_train.oom import OutOfMemory, elsewhere, is_out_of_memory
     from qa_train.outcome import ExportError
     from qa_train.trainer import TrainingDiverged
     from torch._dynamo.exc import BackendCompilerFailed
@@ -122,7 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         return SAVE_FAILED
     except Preempted:  # its checkpoint and the log line saying so are written
         return PREEMPTED
-    except RuntimeError as err:  # not collective either: the ranks that waited say so
+    except OutOfMemory as err:  # not collective: the rank that met it says where and what to change
+        _say(f"rank {rank}: {err}", rank, speaker=rank)
+        return OUT_OF_MEMORY
+    except (RuntimeError, MemoryError) as err:  # not collective either: the ranks that met it say so
+        if is_out_of_memory(err):  # outside a step or an evaluation batch: building, placing or loading the model
+            _say(f"rank {rank}: {elsewhere(err, _where(err))}", rank, speaker=rank)
+            return OUT_OF_MEMORY
         fault = collective_fault(err)
         if fault is None:
             raise

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from qa_train.distributed import failed_ranks
+from qa_train.oom import is_out_of_memory
 from qa_train.train_state import TrainerState, is_int, resume_conflicts, state_from_json
 
 log = logging.getLogger("qa_train")
@@ -280,7 +281,7 @@ def load_checkpoint(accelerator, path: Path, now: TrainerState | None = None) ->
     try:
         accelerator.load_state(str(path))
     except library_errors() as err:  # corrupt content: SafetensorError, RuntimeError, pickle errors, DCP's ...
-        if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
+        if is_out_of_memory(err):
             raise  # not the checkpoint's fault
         error = own_error(err)
     # A rank's own files (its ZeRO optimizer shard) can fail where the others load: every rank learns which failed

@@ -16,6 +16,7 @@ from qa_train.config import TrainArgs
 from qa_train.data import Examples
 from qa_train.features import Features, window_offsets
 from qa_train.hostmem import HostMemory
+from qa_train.oom import in_evaluation, is_out_of_memory
 from qa_train.postprocess import Answers, Questions, SpanRules, answer_questions
 from qa_train.squad_eval import question_scores, score, score_v2
 from qa_train.tracking import atomic_write_text
@@ -102,7 +103,12 @@ def predict_logits(accelerator, model, dataloader, width: int,
         batch.pop("num_tokens")
         batch.pop("start_positions", None)
         batch.pop("end_positions", None)
-        out = model(**batch)
+        try:
+            out = model(**batch)
+        except (RuntimeError, MemoryError) as err:
+            if not is_out_of_memory(err):
+                raise
+            raise in_evaluation(err, *batch["input_ids"].shape) from err
         pad = width - out.start_logits.shape[1]
         s = F.pad(out.start_logits.float(), (0, pad), value=PAD_LOGIT)
         e = F.pad(out.end_logits.float(), (0, pad), value=PAD_LOGIT)

@@ -23,6 +23,7 @@ from pathlib import Path
 from qa_train.config import ConfigError, DataArgs, ModelArgs
 from qa_train.data import DataError, Examples, build_examples, load_file
 from qa_train.modeling import loading, local_path
+from qa_train.oom import OutOfMemory
 from qa_train.outputdir import unwritable
 from qa_train.postprocess import Answers, SpanRules
 
@@ -215,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as err:
         print(f"qa_train.predict: error: {err}", file=sys.stderr)
         return 2
+    except OutOfMemory as err:  # the same exit code as training's
+        print(f"qa_train.predict: error: {err}", file=sys.stderr)
+        return 7
     if answers is None:  # not the main process
         return 0
     note = v2_note(examples, args.version_2_with_negative)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from qa_train import __version__, best, checkpoint, distributed, saving
+from qa_train import __version__, best, checkpoint, distributed, oom, saving
 from qa_train.config import TrainArgs, every_n_steps
 from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer_and_score, predict_logits, sample_rows,
                                  span_rules, write_predictions)
@@ -51,9 +51,10 @@ def setup_logging(is_main: bool, bars: bool) -> None:
                         level=logging.INFO if is_main else logging.WARNING, force=True)
     for noisy in ("transformers", "datasets", "accelerate", "DeepSpeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING if is_main else logging.ERROR)
-    # DeepSpeed's ZeRO gathers through a collective torch deprecates: two lines on every rank, nothing to act on.
-    warnings.filterwarnings("ignore", message="`torch.distributed.all_gather_into_tensor` is deprecated",
-                            category=FutureWarning)
+    # DeepSpeed's ZeRO gathers and reduces through collectives torch deprecates: two lines each on every rank,
+    # nothing to act on.
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
+                            "is deprecated", category=FutureWarning)
     # Every rank loads weights (the model at start-up, --do_predict's kept best model) and writes the export, and
     # transformers draws a bar for each: the bars are the main process's alone, as its log lines are, and
     # --disable_tqdm turns off these as well as ours. Set both ways: a second run in one process gets its own.
@@ -262,7 +263,13 @@ class Trainer:
                   if state.batches_in_epoch else self.train_dl)
         loader.set_epoch(state.epoch)  # the shuffle of epoch e is a function of (seed, e) alone
         for batch in loader:
-            self._micro_step(batch)
+            try:
+                self._micro_step(batch)
+            except (RuntimeError, MemoryError) as err:
+                if not oom.is_out_of_memory(err):
+                    raise
+                raise oom.in_training_step(err, state.completed_steps + 1, *batch["input_ids"].shape,
+                                           self.args.optim.gradient_accumulation_steps) from err
             if self.accelerator.sync_gradients and self._after_update(profiler):
                 break
         if self.preempted:

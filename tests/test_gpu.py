@@ -11,6 +11,7 @@ one process on one GPU; they are independent, so `-n 4` (pytest-xdist) runs them
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from safetensors.torch import load_file
 
 from qa_train.bench import free_port
 
-from conftest import ASSETS, PY, base_env, export_answers, read_metrics, run_ok, tiny_flags
+from conftest import ASSETS, PY, ROOT, base_env, error_lines, export_answers, read_metrics, run_ok, tiny_flags
 from test_strategies import STEPS, kill_after_checkpoint, step_log
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -138,6 +139,22 @@ def test_offload_configs_hold_less_cuda_memory_than_single(tmp_path: Path) -> No
     print("CUDA peak GiB:", peaks)
     assert peaks["single"] * 2**30 >= 16 * params, "single must hold 16 bytes of model states per parameter"
     assert peaks["zero3_offload"] < peaks["zero2_offload"] < peaks["single"]
+
+
+def test_a_batch_too_large_for_the_gpu_is_one_line_and_exit_7(tmp_path: Path) -> None:
+    """CUDA's own out-of-memory error at the first step (BERT-base shape, 1,024 windows of 512 tokens: about 160
+    GiB of bf16 activations, more than an H100 or H200 holds), said in one line with what to change."""
+    out = tmp_path / "run"
+    flags = [*tiny_flags(out, "--max_train_steps", "2", "--no_eval", "--disable_tqdm"),
+             "--config_name", str(BERT_BASE), "--max_seq_length", "512", "--doc_stride", "128", "--pad_to_max_length",
+             "--per_device_train_batch_size", "1024", "--mixed_precision", "bf16"]
+    proc = subprocess.run(gpu_cmd("single", out, *flags), cwd=ROOT, env=base_env(tmp_path), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 7, proc.stderr[-3000:]
+    [line] = error_lines(proc.stderr)
+    assert line.startswith("qa_train: error: rank 0: out of memory at training step 1 (a "), line
+    assert " GiB GPU; a micro-batch of 1024 windows x 512 tokens): lower --per_device_train_batch_size" in line, line
+    assert not (out / "metrics.json").exists()
 
 
 @pytest.mark.parametrize("config", ["single", "fsdp", "zero3"])

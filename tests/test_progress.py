@@ -144,7 +144,8 @@ def test_library_progress_bars_are_the_main_process_alone(setup_logging) -> None
 
 
 def test_deepspeeds_use_of_a_deprecated_collective_is_not_shown(setup_logging) -> None:
-    """ZeRO runs printed torch's FutureWarning for all_gather_into_tensor on every rank; other warnings stay."""
+    """ZeRO runs printed torch's FutureWarnings for all_gather_into_tensor (ZeRO-2 and 3) and reduce_scatter_tensor
+    (ZeRO-3) on every rank; other warnings stay."""
     import warnings
 
     with warnings.catch_warnings(record=True) as seen:  # restores the filters afterwards
@@ -152,5 +153,7 @@ def test_deepspeeds_use_of_a_deprecated_collective_is_not_shown(setup_logging) -
         setup_logging(is_main=True, bars=True)
         warnings.warn("`torch.distributed.all_gather_into_tensor` is deprecated. Please use "
                       "`torch.distributed.all_gather_single` instead.", FutureWarning)
+        warnings.warn("`torch.distributed.reduce_scatter_tensor` is deprecated. Please use "
+                      "`torch.distributed.reduce_scatter_single` instead.", FutureWarning)
         warnings.warn("`torch.distributed.something_else` is deprecated.", FutureWarning)
     assert [str(w.message) for w in seen] == ["`torch.distributed.something_else` is deprecated."]
