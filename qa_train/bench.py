@@ -32,7 +32,7 @@ from typing import IO
 
 import psutil
 
-from qa_train import launch, report, slurm_sweep
+from qa_train import launch, report, report_data, slurm_sweep
 from qa_train.config import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
 from qa_train.distributed import cpu_threads
 from qa_train.sweep import SCALINGS, Point, SweepError, flag_value, strong_scaling, with_repeats
@@ -153,7 +153,7 @@ def run_one(point: Point, opts: argparse.Namespace, train_flags: list[str], port
            "--main_process_port", str(port), "--", *train_flags, *point.extra,
            "--max_train_steps", str(opts.max_train_steps), "--output_dir", str(run_dir), "--run_name", point.name,
            "--overwrite_output_dir"]  # the bench owns its run folders: a rerun replaces them
-    log, env = run_dir / "launch.log", run_env(point, opts)
+    log, env = run_dir / report_data.LAUNCH_LOG, run_env(point, opts)
     threads = f", {env['OMP_NUM_THREADS']} thread(s) each" if opts.cpu else ""
     print(f"[bench] {point.name}: {point.config} x {point.processes} process(es){threads}, log {log}", flush=True)
     with log.open("w") as f:

@@ -23,6 +23,10 @@ from qa_train.schema import MetricsFileError, PerRank, RunMetrics
 from qa_train.sweep import POINT_FILE, Point, read_point
 
 
+LAUNCH_LOG = "launch.log"  # qa_train.bench's log of each run, in its run dir
+ERROR_PREFIX = "qa_train: error: "
+
+
 class ReportError(ValueError):
     """A run directory that cannot be reported; the message names it."""
 
@@ -246,7 +250,17 @@ def read_row(run_dir: Path) -> Row:
         point = read_point(run_dir)
         if point is None:
             raise
-        return failed_row(run_dir, point, str(err).removeprefix(f"{run_dir}: "))
+        return failed_row(run_dir, point, run_error(run_dir) or str(err).removeprefix(f"{run_dir}: "))
+
+
+def run_error(run_dir: Path) -> str | None:
+    """The first error line the run said in the bench's launch.log ("rank 0: out of memory at training step 1
+    ..."): why a config has no figures is itself a result of a strategy comparison."""
+    try:
+        text = (run_dir / LAUNCH_LOG).read_text(errors="replace")
+    except OSError:
+        return None
+    return next((line.removeprefix(ERROR_PREFIX) for line in text.splitlines() if line.startswith(ERROR_PREFIX)), None)
 
 
 def read_rows(run_dirs: list[Path]) -> list[Row]:

@@ -281,6 +281,8 @@ def test_bench_reports_failed_runs_and_goes_on(tmp_path: Path) -> None:
         assert f"FAILED {name}" in proc.stderr and str(out / name / "launch.log") in proc.stderr
     assert "--max_seq_length: must be positive" in proc.stderr  # the last lines of the log say why
     assert "0 of 3 runs finished; failed: single-p1-r1, ddp-p2-r1, fsdp-p2-r1" in proc.stdout
+    # The report names each run's own error line as its reason.
+    assert "ddp-p2-r1: --max_seq_length: must be positive, got 0" in (out / "report" / "report.md").read_text()
 
 
 @pytest.mark.parametrize("on_cpu", [True, False])
@@ -325,6 +327,25 @@ def test_ablation_leaves_out_checkpointing_for_a_family_without_it(tmp_path: Pat
     assert labels("--model_name_or_path", "bert-base-uncased")[-1] == "gradient-checkpointing"  # a built-in shape
     assert labels("--config_name", str(tmp_path / "nowhere"))[-1] == "gradient-checkpointing"  # the run will say
     assert "skipping" not in capsys.readouterr().out
+
+
+def test_a_failed_runs_reason_is_its_own_error_line(tmp_path: Path) -> None:
+    """Which configs did not fit is itself a result of a strategy comparison: the report says "out of memory ..."
+    where the run said it, not only that metrics.json is missing."""
+    root = tmp_path / "sweep"
+    sweep(root, "ddp", "ddp", {1: [40.0], 2: [70.0]}, {1: 8, 2: 8})
+    (root / "ddp-p2-r1" / "metrics.json").unlink()
+    oom = ("rank 1: out of memory at training step 1 (a 2.25 GiB allocation on a 79.11 GiB GPU; a micro-batch of 64 "
+           "windows x 384 tokens): lower --per_device_train_batch_size")
+    (root / "ddp-p2-r1" / "launch.log").write_text(
+        f"+ accelerate launch ...\n12:00:01 INFO qa_train: training 30 steps\nqa_train: error: {oom}\n"
+        "qa_train: error: rank 0: another rank left the run during a collective (its own lines say why)\n"
+        "qa_train.launch: rank 1 exited with 7 (its own lines above say why)\n")
+    (root / "ddp-p1-r1" / "launch.log").write_text("+ accelerate launch ...\n")  # finished: its figures count
+    groups, paths = report.build_report([root], tmp_path / "report")
+    by = {g.processes: g for g in groups}
+    assert by[2].failed == [f"ddp-p2-r1: {oom}"] and by[1].runs == ["ddp-p1-r1"]
+    assert f"ddp-p2-r1: {oom}" in paths["markdown"].read_text()
 
 
 def rewrite(run: Path, args: dict | None = None, **changes: object) -> Path:
