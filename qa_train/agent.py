@@ -17,6 +17,15 @@ import signal
 import sys
 
 
+# Signals after which a rank had no chance to say why: where they usually come from.
+KILLED_BY = {
+    signal.SIGKILL: "it could say nothing: the kernel's out-of-memory killer sends SIGKILL when host memory runs "
+                    "out (dmesg says so), as do kill -9 and a scheduler's hard limits",
+    signal.SIGABRT: "NCCL's watchdog aborts a rank whose collective waited past --ddp_timeout; its lines above say "
+                    "which collective, if so",
+}
+
+
 def rank_exit_code(code: int) -> int:
     return code if code >= 0 else 128 - code
 
@@ -25,16 +34,19 @@ def summary(error) -> tuple[str, int]:
     """One line for a ChildFailedError, and the exit code of the failure torch names as the root cause."""
     rank, first = error.get_first_failure()
     code = rank_exit_code(first.exitcode)
+    why = "its own lines above say why"
     if first.exitcode < 0:
         try:
-            what = f"was killed by {signal.Signals(-first.exitcode).name}"
+            sig = signal.Signals(-first.exitcode)
+            what = f"was killed by {sig.name}"
+            why = KILLED_BY.get(sig, why)
         except ValueError:
             what = f"was killed by signal {-first.exitcode}"
     else:
         what = f"exited with {code}"
     others = len(error.failures) - 1
     also = f"; {others} other rank(s) of this machine failed after it" if others else ""
-    return f"rank {rank} {what} (its own lines above say why){also}", code
+    return f"rank {rank} {what} ({why}){also}", code
 
 
 def main(argv: list[str]) -> int:
