@@ -19,7 +19,8 @@ import sys
 # A launcher that cannot see its workers' exit codes (torchrun reports any failure as 1) names a file
 # here, and the main process writes its code into it.
 STATUS_FILE_ENV = "QA_TRAIN_STATUS_FILE"
-FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, SAVE_FAILED, HUNG, OUT_OF_MEMORY, PREEMPTED = 0, 1, 2, 3, 4, 5, 6, 7, 75
+FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, SAVE_FAILED = 0, 1, 2, 3, 4, 5
+HUNG, OUT_OF_MEMORY, PREEMPTED = 6, 7, 75
 
 
 def _rank() -> int:
