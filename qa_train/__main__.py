@@ -90,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         return REFUSED
     from qa_train.checkpoint import CheckpointError
     from qa_train.data import DataError
-    from qa_train.distributed import LaunchError, collective_fault
+    from qa_train.distributed import LaunchError, collective_fault, launch_precision
     from qa_train.run import Preempted, run
     from qa_train.saving import OUT_OF_SPACE, CheckpointSaveError
-    from qa_train.oom import OutOfMemory, elsewhere, is_out_of_memory
+    from qa_train.oom import OutOfMemory, elsewhere, is_out_of_memory, plan_command
     from qa_train.outcome import ExportError
     from qa_train.trainer import TrainingDiverged
     from torch._dynamo.exc import BackendCompilerFailed
@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         return OUT_OF_MEMORY
     except (RuntimeError, MemoryError) as err:  # not collective either: the ranks that met it say so
         if is_out_of_memory(err):  # outside a step or an evaluation batch: building, placing or loading the model
-            _say(f"rank {rank}: {elsewhere(err, _where(err))}", rank, speaker=rank)
+            plan = plan_command(args, launch_precision(args.system.mixed_precision))
+            _say(f"rank {rank}: {elsewhere(err, _where(err), plan)}", rank, speaker=rank)
             return OUT_OF_MEMORY
         fault = collective_fault(err)
         if fault is None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+
+from qa_train.config import TrainArgs
 
 # The CPU allocator's failure is a plain RuntimeError: only its text tells it (CUDA's is torch.OutOfMemoryError).
 _CPU_ALLOCATOR = "DefaultCPUAllocator: can't allocate memory"
 SHARDING = ("or shard the model states with a zero2, zero3 or fsdp config (zero2_offload and zero3_offload move "
-            "them to host memory); python -m qa_train.plan estimates each config's peak for this model and batch")
+            "them to host memory); `{plan}` estimates each config's peak for this run")
 
 
 class OutOfMemory(RuntimeError):
@@ -30,11 +34,38 @@ def what_failed(err: BaseException) -> str:
     return "an allocation"
 
 
-def in_training_step(err: BaseException, step: int, samples: int, width: int, accumulation: int) -> OutOfMemory:
+def plan_command(args: TrainArgs, mixed_precision: str) -> str:
+    """The qa_train.plan command for this run's model, processes, device memory, batch and length: its estimate of
+    every config's peak, copied from the error line."""
+    import psutil
+    import torch
+
+    model = args.model
+    command = ["python", "-m", "qa_train.plan",
+               *(["--model_name_or_path", model.model_name_or_path] if model.model_name_or_path
+                 else ["--config_name", model.config_source])]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    nodes = max(1, world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
+    command += ["--num_gpus", str(world), *(["--num_nodes", str(nodes)] if nodes > 1 else [])]
+    if torch.cuda.is_available():
+        memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        command += ["--gpu_memory_gib", f"{memory / 2**30:.0f}", "--mixed_precision", mixed_precision]
+    else:  # CPU processes share the host's memory; the planner counts them in fp32
+        command += ["--gpu_memory_gib", f"{psutil.virtual_memory().total / 2**30 / (world // nodes):.0f}",
+                    "--device", "cpu"]
+    command += ["--per_device_train_batch_size", str(args.data.per_device_train_batch_size),
+                "--max_seq_length", str(args.data.max_seq_length)]
+    if args.system.gradient_checkpointing:
+        command.append("--gradient_checkpointing")
+    return shlex.join(command)
+
+
+def in_training_step(err: BaseException, step: int, samples: int, width: int, accumulation: int,
+                     plan: str) -> OutOfMemory:
     return OutOfMemory(
         f"out of memory at training step {step} ({what_failed(err)}; a micro-batch of {samples} windows x {width} "
         "tokens): lower --per_device_train_batch_size and raise --gradient_accumulation_steps "
-        f"({accumulation} now) to keep the global batch, add --gradient_checkpointing, {SHARDING}")
+        f"({accumulation} now) to keep the global batch, add --gradient_checkpointing, {SHARDING.format(plan=plan)}")
 
 
 def in_evaluation(err: BaseException, samples: int, width: int) -> OutOfMemory:
@@ -44,6 +75,6 @@ def in_evaluation(err: BaseException, samples: int, width: int) -> OutOfMemory:
         "lower --per_device_eval_batch_size")
 
 
-def elsewhere(err: BaseException, where: str) -> str:
+def elsewhere(err: BaseException, where: str, plan: str) -> str:
     """An out-of-memory error outside a step or an evaluation batch (building, moving or loading the model)."""
-    return f"out of memory{where}: {what_failed(err)} failed; {SHARDING.removeprefix('or ')}"
+    return f"out of memory{where}: {what_failed(err)} failed; {SHARDING.removeprefix('or ').format(plan=plan)}"

@@ -269,7 +269,8 @@ class Trainer:
                 if not oom.is_out_of_memory(err):
                     raise
                 raise oom.in_training_step(err, state.completed_steps + 1, *batch["input_ids"].shape,
-                                           self.args.optim.gradient_accumulation_steps) from err
+                                           self.args.optim.gradient_accumulation_steps,
+                                           oom.plan_command(self.args, self.mixed_precision)) from err
             if self.accelerator.sync_gradients and self._after_update(profiler):
                 break
         if self.preempted:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from transformers.models.bert.modeling_bert import BertForQuestionAnswering
@@ -17,7 +19,7 @@ from transformers.models.bert.modeling_bert import BertForQuestionAnswering
 from qa_train import __main__ as entry
 from qa_train.oom import is_out_of_memory, what_failed
 
-from conftest import error_lines, tiny_flags
+from conftest import TINY, error_lines, tiny_flags
 
 # torch 2.13's CUDA caching allocator, word for word (an H100 asked for a 2.25 GiB block)
 CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.25 GiB. GPU 0 has a total capacity of 79.11 GiB of which 1.06 GiB "
@@ -28,8 +30,9 @@ CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.25 GiB. GPU 0 has a total c
             "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
 TRAINING_ADVICE = ("lower --per_device_train_batch_size and raise --gradient_accumulation_steps (2 now) to keep the "
                    "global batch, add --gradient_checkpointing, or shard the model states with a zero2, zero3 or fsdp "
-                   "config (zero2_offload and zero3_offload move them to host memory); python -m qa_train.plan "
-                   "estimates each config's peak for this model and batch")
+                   "config (zero2_offload and zero3_offload move them to host memory); `python -m qa_train.plan "
+                   "--config_name {tiny} --num_gpus 1 --gpu_memory_gib {gib} --device cpu --per_device_train_batch_size "
+                   "8 --max_seq_length 192` estimates each config's peak for this run")
 
 
 @pytest.fixture(autouse=True)
@@ -82,10 +85,15 @@ def test_a_training_step_out_of_gpu_memory_says_the_step_batch_and_what_to_chang
     fail_forward(monkeypatch, training=True, fail=cuda_oom)
     code, line = run_main("--max_train_steps", "4", "--gradient_accumulation_steps", "2")
     assert code == 7
+    advice = TRAINING_ADVICE.format(tiny=TINY, gib=f"{psutil.virtual_memory().total / 2**30:.0f}")
     assert re.fullmatch(r"qa_train: error: rank 0: out of memory at training step 1 \(a 2\.25 GiB allocation on a "
-                        r"79\.11 GiB GPU; a micro-batch of 8 windows x \d+ tokens\): " + re.escape(TRAINING_ADVICE),
-                        line), line
+                        r"79\.11 GiB GPU; a micro-batch of 8 windows x \d+ tokens\): " + re.escape(advice), line), line
     assert not (tmp_path / "out" / "metrics.json").exists() and not (tmp_path / "out" / "final").exists()
+    # The planner command in the line runs as it stands.
+    from qa_train import plan
+
+    command = shlex.split(re.search(r"`(python -m qa_train\.plan [^`]+)`", line)[1])
+    assert plan.main(command[3:]) == 0
 
 
 def test_a_real_host_allocation_failure_in_a_step_is_told_the_same_way(run_main,
