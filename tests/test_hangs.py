@@ -18,7 +18,7 @@ pytestmark = pytest.mark.distributed
 TIMEOUT_S = 5
 
 
-@pytest.mark.parametrize(("config", "hung", "port"), [("ddp", 1, 29781), ("zero2", 0, 29782)])
+@pytest.mark.parametrize(("config", "hung", "port"), [("ddp", 1, 29791), ("zero2", 0, 29792)])
 def test_a_hung_rank_ends_the_run_after_ddp_timeout_in_one_line(config: str, hung: int, port: int,
                                                                  tmp_path: Path) -> None:
     """ZeRO-2 too: DeepSpeed forms its own process group, which must get the timeout as well. Rank 0 hung is the
