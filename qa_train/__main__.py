@@ -52,14 +52,11 @@ def _compile_failed(cause: BaseException, backend: str | None) -> str:
     return f"{flag}: compiling the model failed ({one_line(cause)}); choose another backend or drop it"
 
 
-def _hung(err: BaseException, rank: int, timeout_s: float, output_dir: str) -> str:
-    from qa_train.checkpoint import complete_checkpoints
-
-    rerun = ("--resume_from_checkpoint latest" if complete_checkpoints(output_dir)
-             else "--overwrite_output_dir (no checkpoint was saved)")
+def _hung(err: BaseException, rank: int, timeout_s: float) -> str:
+    # Nothing here reads the output dir: a file system that stopped answering may be why a rank hung.
     return (f"rank {rank}: a collective{_where(err)} waited more than {timeout_s:g} s for the other ranks "
-            f"(--ddp_timeout): one of them hung or died; rerun with {rerun}, or raise --ddp_timeout if one rank "
-            "works alone that long")
+            "(--ddp_timeout): one of them hung or died; rerun with --resume_from_checkpoint latest, or raise "
+            "--ddp_timeout if one rank works alone that long")
 
 
 def _where(err: BaseException) -> str:
@@ -90,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return REFUSED
     from qa_train.checkpoint import CheckpointError
     from qa_train.data import DataError
-    from qa_train.distributed import LaunchError, collective_fault, launch_precision
+    from qa_train.distributed import LaunchError, collective_fault
     from qa_train.run import Preempted, run
     from qa_train.saving import OUT_OF_SPACE, CheckpointSaveError
     from qa_train.oom import OutOfMemory, elsewhere, is_out_of_memory, plan_command
@@ -130,17 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         return OUT_OF_MEMORY
     except (RuntimeError, MemoryError) as err:  # not collective either: the ranks that met it say so
         if is_out_of_memory(err):  # outside a step or an evaluation batch: building, placing or loading the model
-            plan = plan_command(args, launch_precision(args.system.mixed_precision))
-            _say(f"rank {rank}: {elsewhere(err, _where(err), plan)}", rank, speaker=rank)
+            _say(f"rank {rank}: {elsewhere(err, _where(err), plan_command(args))}", rank, speaker=rank)
             return OUT_OF_MEMORY
         fault = collective_fault(err)
         if fault is None:
             raise
         if fault == "timeout":
-            _say(_hung(err, rank, args.system.ddp_timeout, args.output.output_dir), rank, speaker=rank)
+            _say(_hung(err, rank, args.system.ddp_timeout), rank, speaker=rank)
             return HUNG
         # Another rank failed first and says why; this one's traceback would bury that line.
-        _say(f"rank {rank}: another rank left the run during a collective (its own lines say why)", rank, speaker=rank)
+        _say(f"rank {rank}: another rank left the run during a collective{_where(err)} (its own lines say why)", rank,
+             speaker=rank)
         return CRASHED
     return FINISHED
 

@@ -21,8 +21,8 @@ import sys
 KILLED_BY = {
     signal.SIGKILL: "it could say nothing: the kernel's out-of-memory killer sends SIGKILL when host memory runs "
                     "out (dmesg says so), as do kill -9 and a scheduler's hard limits",
-    signal.SIGABRT: "NCCL's watchdog aborts a rank whose collective waited past --ddp_timeout; its lines above say "
-                    "which collective, if so",
+    signal.SIGABRT: "often NCCL's watchdog, which aborts a rank whose collective waited past --ddp_timeout; its "
+                    "lines above say so if it was",
 }
 
 
@@ -30,9 +30,17 @@ def rank_exit_code(code: int) -> int:
     return code if code >= 0 else 128 - code
 
 
+def root_cause(failures: dict) -> tuple[int, object]:
+    """The first rank to fail, as torch's get_first_failure, but its timestamps are whole seconds: a rank that only
+    saw its peer leave (exit 1, one line) can fail in the same second as the rank that ran out of memory or
+    timed out, and a tie goes to the lower rank. Among the first, a code other than 1 says more."""
+    rank = min(failures, key=lambda r: (failures[r].timestamp, failures[r].exitcode == 1))
+    return rank, failures[rank]
+
+
 def summary(error) -> tuple[str, int]:
     """One line for a ChildFailedError, and the exit code of the failure torch names as the root cause."""
-    rank, first = error.get_first_failure()
+    rank, first = root_cause(error.failures)
     code = rank_exit_code(first.exitcode)
     why = "its own lines above say why"
     if first.exitcode < 0:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from qa_train.distributed import failed_ranks
+from qa_train.distributed import collective_fault, failed_ranks
 from qa_train.oom import is_out_of_memory
 from qa_train.train_state import TrainerState, is_int, resume_conflicts, state_from_json
 
@@ -281,9 +281,9 @@ def load_checkpoint(accelerator, path: Path, now: TrainerState | None = None) ->
     try:
         accelerator.load_state(str(path))
     except library_errors() as err:  # corrupt content: SafetensorError, RuntimeError, pickle errors, DCP's ...
-        if is_out_of_memory(err):
-            raise  # not the checkpoint's fault
         error = own_error(err)
+        if is_out_of_memory(error) or collective_fault(error):
+            raise error  # not the checkpoint's fault: exit 7 or 6, as anywhere else in the run
     # A rank's own files (its ZeRO optimizer shard) can fail where the others load: every rank learns which failed
     # and all refuse the checkpoint together. Alone, the failed rank left the others to meet it at the next
     # collective (a "connection closed by peer" traceback, or a hang), and its reason was never said (only rank

@@ -429,7 +429,8 @@ class SystemArgs:
 
     def __post_init__(self) -> None:
         _not_negative(self, "throughput_warmup_steps", "seed")
-        _positive(self, "ddp_timeout")
+        _require(0 < self.ddp_timeout <= 10**9, "ddp_timeout",
+                 f"must be a positive number of seconds up to 1e9, got {self.ddp_timeout:g}")  # nan and inf too
         _require(self.seed < 2**32, "seed", f"must be below 2**32 (numpy's limit), got {self.seed}")
         _require(self.torch_compile_mode in (None, *COMPILE_MODES), "torch_compile_mode",
                  f"{self.torch_compile_mode!r} is not one of {', '.join(COMPILE_MODES)}")

@@ -34,9 +34,17 @@ def what_failed(err: BaseException) -> str:
     return "an allocation"
 
 
-def plan_command(args: TrainArgs, mixed_precision: str) -> str:
+def plan_command(args: TrainArgs, mixed_precision: str | None = None) -> str:
     """The qa_train.plan command for this run's model, processes, device memory, batch and length: its estimate of
-    every config's peak, copied from the error line."""
+    every config's peak, copied from the error line. Said while handling an error, it must not raise another: the
+    bare command stands in if anything here fails."""
+    try:
+        return _plan_command(args, mixed_precision)
+    except Exception:  # noqa: BLE001
+        return "python -m qa_train.plan"
+
+
+def _plan_command(args: TrainArgs, mixed_precision: str | None) -> str:
     import psutil
     import torch
 
@@ -49,7 +57,9 @@ def plan_command(args: TrainArgs, mixed_precision: str) -> str:
     command += ["--num_gpus", str(world), *(["--num_nodes", str(nodes)] if nodes > 1 else [])]
     if torch.cuda.is_available():
         memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        command += ["--gpu_memory_gib", f"{memory / 2**30:.0f}", "--mixed_precision", mixed_precision]
+        command += ["--gpu_memory_gib", f"{memory / 2**30:.0f}"]
+        precision = mixed_precision or args.system.mixed_precision  # the flag where the run had not resolved it yet
+        command += ["--mixed_precision", precision] if precision in ("bf16", "fp16", "no") else []
     else:  # CPU processes share the host's memory; the planner counts them in fp32
         command += ["--gpu_memory_gib", f"{psutil.virtual_memory().total / 2**30 / (world // nodes):.0f}",
                     "--device", "cpu"]

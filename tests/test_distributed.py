@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -168,10 +169,13 @@ def test_the_process_group_gets_the_timeout_asked_for(backend: str | None, secon
     assert process_group_kwargs(backend, seconds).to_kwargs() == expected
 
 
-def test_ddp_timeout_must_be_positive() -> None:
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "1e12"])
+def test_ddp_timeout_must_be_a_positive_finite_number_of_seconds(value: str) -> None:
+    """inf and 1e12 passed a positivity check, then datetime.timedelta raised OverflowError with a traceback."""
     assert parse_args([]).system.ddp_timeout == 1800  # transformers' Trainer's default
-    with pytest.raises(ConfigError, match="--ddp_timeout: must be positive, got 0"):
-        parse_args(["--ddp_timeout", "0"])
+    said = f"--ddp_timeout: must be a positive number of seconds up to 1e9, got {float(value):g}"
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        parse_args(["--ddp_timeout", value])
 
 
 @pytest.mark.parametrize(("message", "expected"), [

@@ -141,9 +141,11 @@ def test_offload_configs_hold_less_cuda_memory_than_single(tmp_path: Path) -> No
     assert peaks["zero3_offload"] < peaks["zero2_offload"] < peaks["single"]
 
 
+@pytest.mark.oom_alone
 def test_a_batch_too_large_for_the_gpu_is_one_line_and_exit_7(tmp_path: Path) -> None:
     """CUDA's own out-of-memory error at the first step (BERT-base shape, 1,024 windows of 512 tokens: about 160
-    GiB of bf16 activations, more than an H100 or H200 holds), said in one line with what to change."""
+    GiB of bf16 activations, more than an H100 or H200 holds), said in one line with what to change. It fills the
+    GPU before it fails: tools/gpu_session.sh runs it alone (marker oom_alone)."""
     out = tmp_path / "run"
     flags = [*tiny_flags(out, "--max_train_steps", "2", "--no_eval", "--disable_tqdm"),
              "--config_name", str(BERT_BASE), "--max_seq_length", "512", "--doc_stride", "128", "--pad_to_max_length",

@@ -15,7 +15,9 @@ from qa_train.preemption import HOLD_ENV, HOLD_RANKS_ENV
 from conftest import PY, ROOT, base_env, error_lines, tiny_flags
 
 pytestmark = pytest.mark.distributed
-TIMEOUT_S = 5
+# Every collective of the run gets it, start-up's and featurisation's too: long enough for a loaded 2-core machine's
+# skew between ranks there, short beside torch's default.
+TIMEOUT_S = 15
 
 
 @pytest.mark.parametrize(("config", "hung", "port"), [("ddp", 1, 29791), ("zero2", 0, 29792)])
@@ -42,8 +44,9 @@ def test_a_hung_rank_ends_the_run_after_ddp_timeout_in_one_line(config: str, hun
                         r"died; rerun with --resume_from_checkpoint latest, or raise --ddp_timeout if one rank works "
                         r"alone that long", lines[0]), lines[0]
     # The held rank, stopped by torchrun, finds its peer gone: one line, and its code does not mask rank 0's.
-    assert lines[1:] == [f"qa_train: error: rank {hung}: another rank left the run during a collective "
-                         "(its own lines say why)"]
+    [peer] = lines[1:]
+    assert re.fullmatch(rf"qa_train: error: rank {hung}: another rank left the run during a collective \(in "
+                        r"qa_train/\w+\.py:\d+, \w+\) \(its own lines say why\)", peer), peer
     assert f"qa_train.launch: rank {waiting} exited with 6" in proc.stderr
     assert waited < 120, waited
     assert (out / "checkpoints" / "step_00000004" / "trainer_state.json").is_file()

@@ -238,6 +238,21 @@ def test_main_process_code(tmp_path: Path, code: int, status: str | None, expect
     assert launch._main_process_code(code, path) == expected
 
 
+def test_a_rank_that_only_saw_its_peer_leave_is_not_the_root_cause_in_the_same_second() -> None:
+    """torch's failure timestamps are whole seconds and its tie goes to the lower rank: rank 0, which only lost its
+    peer (exit 1), would be named over rank 1, which ran out of memory (exit 7) in the same second."""
+    from types import SimpleNamespace
+
+    from qa_train.agent import root_cause
+
+    same = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=7)}
+    assert root_cause(same)[0] == 1
+    earlier = {0: SimpleNamespace(timestamp=99, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=7)}
+    assert root_cause(earlier)[0] == 0  # an earlier failure stays the first
+    killed = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=-9)}
+    assert root_cause(killed)[0] == 1
+
+
 def test_loader_workers_forked_by_a_rank_are_not_ranks() -> None:
     """A DataLoader worker is forked by its rank and carries the rank's `-m qa_train`: the launcher counted
     "asked 6 rank(s)" for two ranks with two workers each."""
