@@ -90,6 +90,8 @@ def _phase(accelerator, final: Path, tmp: Path, work: Callable[[], object] | Non
             if is_out_of_memory(error) or collective_fault(error):
                 # Not the disk's: exit 7 or 6 as anywhere else; the other ranks then find this one gone (a hung peer
                 # would also make the agreement below wait a second --ddp_timeout).
+                if accelerator.is_main_process:
+                    shutil.rmtree(tmp, ignore_errors=True)
                 raise error
     reason = _failure_reason(error, tmp.parent) if error is not None else None  # before the removal frees space
     failed = failed_ranks(accelerator, error is not None)

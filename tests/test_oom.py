@@ -159,3 +159,26 @@ def test_qa_train_predict_out_of_memory_is_one_line_and_exit_7(tmp_path: Path, m
     [line] = [x for x in err.splitlines() if x.startswith("qa_train.predict: error:")]
     assert re.fullmatch(r"qa_train\.predict: error: out of memory in inference \(a 2\.25 GiB allocation on a 79\.11 "
                         r"GiB GPU; a batch of 4 windows x \d+ tokens\): lower --per_device_eval_batch_size", line), line
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "export"])
+def test_out_of_memory_while_saving_is_out_of_memory_not_a_disk_failure(where: str, run_main,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    """A save or export that ran out of memory (ZeRO-3 and FSDP gather the weights to save them) was reported as a
+    checkpoint that could not be saved (5, "free space") or a failed export (4)."""
+    import accelerate
+
+    from qa_train import saving
+
+    if where == "checkpoint":
+        monkeypatch.setattr(accelerate.Accelerator, "save_state", lambda *args, **kwargs: cuda_oom())
+        extra = ("--checkpointing_steps", "1")
+    else:
+        monkeypatch.setattr(saving, "_write_export", lambda *args, **kwargs: cuda_oom())
+        extra = ("--no_eval",)
+    code, line = run_main("--max_train_steps", "2", *extra)
+    assert code == 7
+    assert line.startswith("qa_train: error: rank 0: out of memory (in qa_train/saving.py:"), line
+    assert "a 2.25 GiB allocation on a 79.11 GiB GPU failed; shard the model states" in line
+    assert not (tmp_path / "out" / "checkpoints" / ".tmp-step_00000001").exists()
