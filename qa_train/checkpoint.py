@@ -16,8 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from qa_train.distributed import collective_fault, failed_ranks
-from qa_train.oom import is_out_of_memory
+from qa_train.distributed import failed_ranks, run_fault
 from qa_train.train_state import TrainerState, is_int, resume_conflicts, state_from_json
 
 log = logging.getLogger("qa_train")
@@ -282,7 +281,7 @@ def load_checkpoint(accelerator, path: Path, now: TrainerState | None = None) ->
         accelerator.load_state(str(path))
     except library_errors() as err:  # corrupt content: SafetensorError, RuntimeError, pickle errors, DCP's ...
         error = own_error(err)
-        if is_out_of_memory(error) or collective_fault(error):
+        if run_fault(error):
             raise error  # not the checkpoint's fault: exit 7 or 6, as anywhere else in the run
     # A rank's own files (its ZeRO optimizer shard) can fail where the others load: every rank learns which failed
     # and all refuse the checkpoint together. Alone, the failed rank left the others to meet it at the next

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from qa_train.config import ConfigError, TrainArgs
+from qa_train.oom import is_out_of_memory
 
 if TYPE_CHECKING:
     import torch
@@ -81,11 +82,11 @@ def process_group_kwargs(backend: str | None, timeout_s: float) -> Any:
     """The process group's backend (None: accelerate's choice) and --ddp_timeout, for every strategy."""
     from accelerate.utils import InitProcessGroupKwargs
 
-    handler = InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_s), **({"backend": backend} if backend else {}))
+    kwargs = {"timeout": timedelta(seconds=timeout_s), **({"backend": backend} if backend else {})}
+    handler = InitProcessGroupKwargs(**kwargs)
     # accelerate passes on only the fields that differ from its NCCL defaults (600 s): a gloo group asked for
     # exactly 600 s would get torch's 1800.
-    explicit = {"timeout": handler.timeout, **({"backend": backend} if backend else {})}
-    handler.to_kwargs = lambda: explicit
+    handler.to_kwargs = lambda: kwargs
     return handler
 
 
@@ -456,6 +457,12 @@ def collective_fault(err: BaseException) -> str | None:
     if any(mark in text for mark in _PEER_GONE):
         return "peer"
     return None
+
+
+def run_fault(err: BaseException) -> bool:
+    """Out of memory or a failed collective: the run's, not the fault of the file a save, load or export was at
+    when it surfaced; __main__ tells it (exit 7 or 6) wherever it came from."""
+    return is_out_of_memory(err) or collective_fault(err) is not None
 
 
 def cpu_threads(processes_per_node: int) -> int:

@@ -20,7 +20,6 @@ from qa_train.evaluation import EvalResult, EvalSet, answer, predict_logits, spa
 from qa_train.inputs import collator, inference_loader
 from qa_train.metrics import RankFigures, gather_figures, lifetime_rss_gib, summarize
 from qa_train.modeling import load_config, load_model, resolve_attention
-from qa_train.oom import is_out_of_memory
 from qa_train.schema import RunMetrics
 from qa_train.trainer import Trainer
 
@@ -90,7 +89,7 @@ def export(t: Trainer, final_scores: EvalResult | None) -> Path | None:
             shutil.rmtree(t.output_dir / "best", ignore_errors=True)
         return final
     except Exception as err:  # a full disk surfaces as OSError, or as safetensors' own error type
-        if is_out_of_memory(err) or distributed.collective_fault(err):
+        if distributed.run_fault(err):
             raise  # not the export's fault: exit 7 or 6, as anywhere else in the run
         reason = " ".join(str(err).split())[:300]
         raise ExportError(f"export to {t.output_dir / 'final'} failed: {type(err).__name__}: {reason}; "

@@ -21,8 +21,7 @@ from pathlib import Path
 from qa_train.checkpoint import (MANIFEST, STATE_FILE, checkpoint_root, complete_checkpoints, delete_folder,
                                  file_crcs, latest_usable, library_errors, move_aside, one_line, own_error,
                                  run_id_of, verify)
-from qa_train.distributed import collective_fault, export_state_dict, failed_ranks
-from qa_train.oom import is_out_of_memory
+from qa_train.distributed import export_state_dict, failed_ranks, run_fault
 from qa_train.outputdir import remove_entry
 from qa_train.train_state import TrainerState
 
@@ -87,7 +86,7 @@ def _phase(accelerator, final: Path, tmp: Path, work: Callable[[], object] | Non
             work()
         except library_errors() as err:  # a full disk: OSError, torch's RuntimeError, safetensors' own error, DCP's
             error = own_error(err)
-            if is_out_of_memory(error) or collective_fault(error):
+            if run_fault(error):
                 # Not the disk's: exit 7 or 6 as anywhere else; the other ranks then find this one gone (a hung peer
                 # would also make the agreement below wait a second --ddp_timeout).
                 if accelerator.is_main_process:
