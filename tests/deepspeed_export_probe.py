@@ -47,6 +47,11 @@ def main(stage: int, saved: str) -> None:
     state = export_state_dict(accelerator, model)
     if accelerator.is_main_process:
         torch.save(state, saved)
+    # As Trainer.finish does: left to interpreter shutdown, a rank once aborted ("terminate called without an
+    # active exception") while the engine still held the gloo group.
+    del model, optimizer
+    accelerator.free_memory()
+    accelerator.end_training()
 
 
 if __name__ == "__main__":
