@@ -9,6 +9,10 @@ TORCH_SPEC ?= torch==2.13.0
 # The tested versions of everything else (constraints.txt); `CONSTRAINTS=` takes the newest allowed instead.
 CONSTRAINTS ?= constraints.txt
 DEMO_DIR ?= runs/demo
+# Two pytest workers (pytest-xdist), each taking whole files, the launch-heavy ones first (tests/conftest.py):
+# a launch leaves a core idle while its launcher starts and its main process evaluates alone.
+# `make test TEST_WORKERS=` runs in one process.
+TEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 DEMO_V2_DIR ?= runs/demo-v2
 
 define DS_PREBUILD
@@ -46,7 +50,7 @@ demo-v2: install
 		--output_dir $(DEMO_V2_DIR) --overwrite_output_dir
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(TEST_WORKERS)
 
 bench-data: install
 	$(PY) -m qa_train.bench_data

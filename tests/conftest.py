@@ -76,6 +76,14 @@ def read_metrics(output_dir: Path) -> dict:
 PY = sys.executable
 
 
+def port(base: int) -> int:
+    """A rendezvous port for a launch, in this pytest worker's own range: under `pytest -n N` (pytest-xdist) tests
+    run side by side, and two launches on one port would fail, or join each other's world. Each test has its own
+    base (29500-29899), all below the ephemeral ports that gloo's connections take."""
+    assert 29500 <= base < 29900, base
+    return base + 400 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+
+
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     return base_env(tmp_path)
@@ -99,3 +107,13 @@ def high_padding_model(out: Path) -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with the most real runs (`distributed` tests) first. `make test` runs two workers, each taking whole
+    files in this order (pytest-xdist's --dist loadfile --no-loadscope-reorder): a run-heavy file that started
+    last would run on alone while the other worker sat idle."""
+    runs: dict[Path, int] = {}
+    for item in items:
+        runs[item.path] = runs.get(item.path, 0) + (item.get_closest_marker("distributed") is not None)
+    items.sort(key=lambda item: -runs[item.path])  # stable: a file's own tests keep their order

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PY, ROOT, error_lines, run_cmd, run_ok, tiny_flags
+from conftest import PY, ROOT, error_lines, port, run_cmd, run_ok, tiny_flags
 
 from qa_train import checkpoint, saving
 from qa_train.train_state import TrainerState
@@ -102,7 +102,7 @@ def test_when_only_rank_1_cannot_save_both_ranks_stop_and_rank_1_says_why(tmp_pa
                                                                           env: dict[str, str]) -> None:
     out = tmp_path / "out"
     cmd = [PY, "-m", "qa_train.launch", "--cpu", "--config_file", "accelerate_configs/ddp.yaml", "--num_processes",
-           "2", "--main_process_port", "29710", "--", *tiny_flags(out, "--no_eval", "--max_train_steps", "2",
+           "2", "--main_process_port", str(port(29710)), "--", *tiny_flags(out, "--no_eval", "--max_train_steps", "2",
                                                                   "--checkpointing_steps", "1")]
     proc = run_cmd(cmd, with_full_disk(env, tmp_path, rank=1, nth=2), timeout=300)  # a hang fails here
     assert proc.returncode == 5, proc.stderr[-3000:]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEMO_DEV, PY, read_metrics, run_cmd, run_ok, tiny_flags
+from conftest import DEMO_DEV, PY, port, read_metrics, run_cmd, run_ok, tiny_flags
 
 pytestmark = pytest.mark.distributed
 
@@ -180,7 +180,7 @@ def test_world_size_guard_refuses_a_split_launch(tmp_path: Path, env: dict[str, 
     """`accelerate launch --multi_gpu` without CUDA starts 2 lone processes; qa_train must refuse to train."""
     out = tmp_path / "split"
     proc = run_cmd([PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                    "--main_process_port", "29612", "-m", "qa_train", *tiny_flags(out, "--max_train_steps", "5")],
+                    "--main_process_port", str(port(29612)), "-m", "qa_train", *tiny_flags(out, "--max_train_steps", "5")],
                    env, timeout=300)
     assert proc.returncode != 0
     assert "WORLD_SIZE=2" in proc.stderr and "they would train separate models" in proc.stderr

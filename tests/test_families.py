@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DEMO_DEV, DEMO_TRAIN, PY, base_env, read_metrics, run_ok
+from conftest import DEMO_DEV, DEMO_TRAIN, PY, base_env, port, read_metrics, run_ok
 from families import FAMILIES, corpus, write_family
 from qa_train.data import load_file
 from qa_train.features import featurize, window_offsets
@@ -190,7 +190,7 @@ def test_family_trains_under_fsdp_on_two_processes_and_its_export_answers_alike(
              "--max_train_steps", "4", "--learning_rate", "1e-3", "--do_predict", "--test_file",
              str(questions_without_answers), "--report_to", "none", "--disable_tqdm", "--output_dir", str(out)]
     run_ok([PY, "-m", "qa_train.launch", "--cpu", "--config_file", "accelerate_configs/fsdp.yaml", "--num_processes",
-            "2", "--main_process_port", str(29760 + FAMILIES.index(family)), "--", *flags], base_env(tmp_path))
+            "2", "--main_process_port", str(port(29760 + FAMILIES.index(family))), "--", *flags], base_env(tmp_path))
     m = read_metrics(out)
     assert (m["strategy"], m["distributed_type"], m["world_size"], m["train_steps"]) == ("fsdp", "FSDP", 2, 4)
     predicted = json.loads((out / "predict_predictions.json").read_text())

@@ -12,7 +12,7 @@ import pytest
 
 from qa_train.preemption import HOLD_ENV, HOLD_RANKS_ENV
 
-from conftest import PY, ROOT, base_env, error_lines, tiny_flags
+from conftest import PY, ROOT, base_env, error_lines, port, tiny_flags
 
 pytestmark = pytest.mark.distributed
 # Every collective of the run gets it, start-up's and featurisation's too: long enough for a loaded 2-core machine's
@@ -20,15 +20,15 @@ pytestmark = pytest.mark.distributed
 TIMEOUT_S = 15
 
 
-@pytest.mark.parametrize(("config", "hung", "port"), [("ddp", 1, 29791), ("zero2", 0, 29792)])
-def test_a_hung_rank_ends_the_run_after_ddp_timeout_in_one_line(config: str, hung: int, port: int,
+@pytest.mark.parametrize(("config", "hung", "base_port"), [("ddp", 1, 29791), ("zero2", 0, 29792)])
+def test_a_hung_rank_ends_the_run_after_ddp_timeout_in_one_line(config: str, hung: int, base_port: int,
                                                                  tmp_path: Path) -> None:
     """ZeRO-2 too: DeepSpeed forms its own process group, which must get the timeout as well. Rank 0 hung is the
     case where the launcher cannot read the main process's code: the agent's root cause gives it."""
     out = tmp_path / "run"
     env = {**base_env(tmp_path), HOLD_ENV: "6", HOLD_RANKS_ENV: str(hung)}
     cmd = [PY, "-m", "qa_train.launch", "--cpu", "--config_file", f"accelerate_configs/{config}.yaml",
-           "--num_processes", "2", "--main_process_port", str(port), "--",
+           "--num_processes", "2", "--main_process_port", str(port(base_port)), "--",
            *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval", "--checkpointing_steps",
                        "4", "--ddp_timeout", str(TIMEOUT_S))]
     start = time.monotonic()

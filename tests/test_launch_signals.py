@@ -17,7 +17,7 @@ from typing import NamedTuple
 import psutil
 import pytest
 
-from conftest import PY, ROOT, base_env, tiny_flags
+from conftest import PY, ROOT, base_env, port, tiny_flags
 from qa_train import launch
 
 # A torchrun stand-in: starts the ranks in sessions of their own and, like torchrun, passes SIGTERM/SIGINT on to
@@ -301,7 +301,7 @@ def test_the_agent_exits_with_the_failed_ranks_code_in_one_line(tmp_path: Path, 
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     proc = subprocess.run([PY, "-m", "qa_train.agent", "torchrun", "--nproc_per_node", "2", "--master_port",
-                           "29781" if how == "75" else "29782", str(script)], cwd=ROOT,
+                           str(port(29781 if how == "75" else 29782)), str(script)], cwd=ROOT,
                           env={**base_env(tmp_path), "HOW": how}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == code, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "rank 1 says why" in proc.stderr
@@ -315,7 +315,7 @@ def test_an_agent_told_to_stop_says_so_in_one_line(tmp_path: Path) -> None:
     script.write_text("import pathlib, sys, time\npathlib.Path(sys.argv[1]).touch()\ntime.sleep(60)\n")
     started = tmp_path / "started"
     proc = subprocess.Popen([PY, "-m", "qa_train.agent", "torchrun", "--nproc_per_node", "1", "--master_port",
-                             "29783", str(script), str(started)], cwd=ROOT, env=base_env(tmp_path),
+                             str(port(29783)), str(script), str(started)], cwd=ROOT, env=base_env(tmp_path),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for([started], proc, 60)
     proc.send_signal(signal.SIGTERM)
@@ -374,16 +374,16 @@ def _signal_held_run(cmd: list[str], out: Path, ranks: int, sig: signal.Signals,
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize(("sig", "port"), [(signal.SIGTERM, 29771), (signal.SIGINT, 29772), (signal.SIGUSR1, 29773),
+@pytest.mark.parametrize(("sig", "base_port"), [(signal.SIGTERM, 29771), (signal.SIGINT, 29772), (signal.SIGUSR1, 29773),
                                            (signal.SIGKILL, 29774)], ids=["SIGTERM", "SIGINT", "SIGUSR1", "SIGKILL"])
-def test_a_signal_to_the_launchers_group_checkpoints_every_rank_and_leaves_no_process(sig: signal.Signals, port: int,
-                                                                                       tmp_path: Path) -> None:
+def test_a_signal_to_the_launchers_group_checkpoints_every_rank_and_leaves_no_process(
+        sig: signal.Signals, base_port: int, tmp_path: Path) -> None:
     """`kill -<sig> -<pgid>` of a 2-process DDP launch held after step 3 (SIGINT: Ctrl-C in a terminal): every
     rank checkpoints and exits, and no process of the launch outlives it. SIGKILL leaves the launcher no say:
     its child's parent-death signal stops the ranks instead."""
     out = tmp_path / "run"
     cmd = [PY, "-m", "qa_train.launch", "--cpu", "--config_file", "accelerate_configs/ddp.yaml",
-           "--num_processes", "2", "--main_process_port", str(port), "--",
+           "--num_processes", "2", "--main_process_port", str(port(base_port)), "--",
            *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval",
                        "--dataloader_num_workers", "1")]
     run = _signal_held_run(cmd, out, 2, sig, tmp_path)

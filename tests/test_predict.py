@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEMO_DEV, DEMO_TRAIN, PY, TINY, base_env, high_padding_model, run_ok
+from conftest import DEMO_DEV, DEMO_TRAIN, PY, TINY, base_env, high_padding_model, port, run_ok
 from qa_train import predict
 from qa_train.data import Examples, load_file
 from qa_train.modeling import loading
@@ -33,7 +33,7 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("ddp-predict")
     paths = {"model": high_padding_model(tmp / "model"), "test": _unlabelled(tmp / "test.json"), "out": tmp / "run"}
     run_ok([PY, "-m", "qa_train.launch", "--cpu", "--config_file", "accelerate_configs/ddp.yaml", "--num_processes",
-            "2", "--main_process_port", "29711", "--", "--model_name_or_path", str(paths["model"]),
+            "2", "--main_process_port", str(port(29711)), "--", "--model_name_or_path", str(paths["model"]),
             "--train_file", str(DEMO_TRAIN), "--validation_file", str(DEMO_DEV), "--max_train_samples", "32",
             "--max_seq_length", "192", "--doc_stride", "64", "--max_train_steps", "0",
             "--per_device_eval_batch_size", "8", "--do_predict", "--test_file", str(paths["test"]),

@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PY, base_env, read_metrics, run_cmd, run_ok, tiny_flags
+from conftest import PY, base_env, port, read_metrics, run_cmd, run_ok, tiny_flags
 
 pytestmark = pytest.mark.distributed
 FAKE = Path(__file__).resolve().parent / "fake_slurm"
 
 
-def cluster_env(tmp_path: Path, job_id: str, config: str, port: int) -> dict[str, str]:
+def cluster_env(tmp_path: Path, job_id: str, config: str, base_port: int) -> dict[str, str]:
     env = base_env(tmp_path)
     env.update({
         "PATH": f"{FAKE}:{Path(PY).parent}:{env['PATH']}", "FAKE_SLURM_DIR": str(tmp_path / "slurm-state"),
         "FAKE_SLURM_JOB_ID": job_id, "FAKE_SLURM_PYTHON": PY, "QA_TRAIN_CPU": "1", "PROCS_PER_NODE": "1",
         "CONFIG": f"accelerate_configs/{config}.yaml", "OUTPUT_DIR": str(tmp_path / "out"),
-        "LOG_DIR": str(tmp_path / "logs"), "MAIN_PORT": str(port), "CHECKPOINTING_STEPS": "4",
+        "LOG_DIR": str(tmp_path / "logs"), "MAIN_PORT": str(port(base_port)), "CHECKPOINTING_STEPS": "4",
         "OMP_NUM_THREADS": "1",  # two "nodes" share two cores
     })
     return env
@@ -35,9 +35,9 @@ def train_flags(steps: int) -> list[str]:
     return flags[:i] + flags[i + 2:]  # the batch script sets --output_dir from OUTPUT_DIR
 
 
-@pytest.mark.parametrize(("config", "strategy", "port"), [("ddp", "ddp", 29721), ("zero2", "zero2", 29722)])
-def test_two_nodes_form_one_world(config: str, strategy: str, port: int, tmp_path: Path) -> None:
-    env = cluster_env(tmp_path, f"71{port % 100}", config, port)
+@pytest.mark.parametrize(("config", "strategy", "base_port"), [("ddp", "ddp", 29721), ("zero2", "zero2", 29722)])
+def test_two_nodes_form_one_world(config: str, strategy: str, base_port: int, tmp_path: Path) -> None:
+    env = cluster_env(tmp_path, f"71{base_port % 100}", config, base_port)
     proc = run_ok(["sbatch", "--nodes", "2", "slurm/train.sbatch", *train_flags(6)], env)
     assert "2 nodes x 1 = 2 processes" in proc.stdout
     m = read_metrics(tmp_path / "out")
@@ -99,7 +99,7 @@ def gpu_node_env(tmp_path: Path, job_id: str) -> dict[str, str]:
     for name, body in (("nvidia-smi", "exit 0"), ("python", agent)):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
-    env = cluster_env(tmp_path, job_id, "ddp", 29771)
+    env = cluster_env(tmp_path, job_id, "ddp", 29743)
     for name in ("QA_TRAIN_CPU", "PROCS_PER_NODE", "GPUS_PER_NODE", "SLURM_GPUS_PER_NODE"):
         env.pop(name, None)
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
@@ -153,7 +153,7 @@ def test_node_sweep_submits_one_job_per_point_and_reports_speedup_against_one_no
     through the real slurm/train.sbatch; then qa_train.report over the sweep's directory gives the same table."""
     env = base_env(tmp_path)
     env.update({"PATH": f"{FAKE}:{Path(PY).parent}:{env['PATH']}", "FAKE_SLURM_DIR": str(tmp_path / "slurm-state"),
-                "FAKE_SLURM_PYTHON": PY, "MAIN_PORT": "29741", "OMP_NUM_THREADS": "1"})
+                "FAKE_SLURM_PYTHON": PY, "MAIN_PORT": str(port(29741)), "OMP_NUM_THREADS": "1"})
     out = tmp_path / "sweep"
     proc = run_ok([PY, "-m", "qa_train.bench", "--slurm", "--cpu", "--nodes", "1", "2", "--procs_per_node", "1",
                    "--configs", "ddp", "--max_train_steps", "4", "--output_dir", str(out), "--", "--no_eval",

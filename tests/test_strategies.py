@@ -19,11 +19,11 @@ from safetensors.torch import load_file
 
 from qa_train.launch import runs_module
 
-from conftest import PY, ROOT, base_env, error_lines, read_metrics, run_ok, tiny_flags
+from conftest import PY, ROOT, base_env, error_lines, port, read_metrics, run_ok, tiny_flags
 
 pytestmark = pytest.mark.distributed
 STEPS = 8
-PORTS = iter(range(29620, 29700))
+PORTS = iter(range(port(29620), port(29700)))
 
 
 def launch_cmd(config: str, out: Path, *extra: str) -> list[str]:
