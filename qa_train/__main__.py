@@ -21,6 +21,7 @@ import sys
 STATUS_FILE_ENV = "QA_TRAIN_STATUS_FILE"
 FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, SAVE_FAILED = 0, 1, 2, 3, 4, 5
 HUNG, OUT_OF_MEMORY, PREEMPTED = 6, 7, 75
+ERROR_PREFIX = "qa_train: error: "  # the report finds a failed run's reason in its log by it
 
 
 def _rank() -> int:
@@ -30,7 +31,7 @@ def _rank() -> int:
 
 def _say(message: str, rank: int, speaker: int = 0) -> None:
     if rank == speaker:  # every rank meets the same error; one line is enough
-        print(f"qa_train: error: {message}", file=sys.stderr, flush=True)
+        print(f"{ERROR_PREFIX}{message}", file=sys.stderr, flush=True)
 
 
 def _out_of_space(err: OSError, output_dir: str) -> str:

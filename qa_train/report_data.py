@@ -19,12 +19,12 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from qa_train.__main__ import ERROR_PREFIX
 from qa_train.schema import MetricsFileError, PerRank, RunMetrics
 from qa_train.sweep import POINT_FILE, Point, read_point
 
 
 LAUNCH_LOG = "launch.log"  # qa_train.bench's log of each run, in its run dir
-ERROR_PREFIX = "qa_train: error: "
 
 
 class ReportError(ValueError):
