@@ -7,6 +7,7 @@ Callbacks observe only: nothing here changes training state. Each rank measures 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -165,6 +166,8 @@ class RankFigures:
     baseline_rss_gib: float  # host RSS before the model existed (HostMemory.mark_baseline)
     lifetime_rss_gib: float
     last_loss: float
+    compile_s: float  # NaN without --torch_compile
+    compiled_graphs: float
 
     def as_row(self) -> list[float]:
         return [float(getattr(self, f.name)) for f in dataclasses.fields(self)]
@@ -199,6 +202,7 @@ def summarize(ranks: list[RankFigures], peak: float | None, on_cuda: bool) -> Tr
     padded = sum(r.padded_tokens for r in ranks)
     tflops, mfu = achieved(sum(r.flops for r in ranks) / elapsed / len(ranks), peak)
     train_memory = [r.cuda_allocated_gib if on_cuda else r.train_rss_gib for r in ranks]
+    compiled = all(math.isfinite(r.compile_s) for r in ranks)
     return TrainFigures(
         train_samples_per_second=per_second(sum(r.samples for r in ranks), 3),
         train_tokens_per_second=per_second(sum(r.tokens for r in ranks), 1),
@@ -213,4 +217,7 @@ def summarize(ranks: list[RankFigures], peak: float | None, on_cuda: bool) -> Tr
         train_host_rss_gb=PerRank.of([r.train_rss_gib for r in ranks]),
         host_rss_baseline_gb=PerRank.of([r.baseline_rss_gib for r in ranks]),
         peak_host_rss_gb=PerRank.of([r.lifetime_rss_gib for r in ranks]),
+        # Ranks compile side by side; the slowest holds the others at the first collective.
+        compile_time_s=round(max(r.compile_s for r in ranks), 2) if compiled else None,
+        compiled_graphs=int(max(r.compiled_graphs for r in ranks)) if compiled else None,
     )

@@ -177,6 +177,16 @@ def compile_model(model, system: SystemArgs, dynamic: bool) -> None:
     compile_regions_deepspeed(model, **kwargs)
 
 
+def compile_figures() -> tuple[float, int]:
+    """(seconds spent compiling, distinct graphs compiled) in this process so far: what --torch_compile cost a
+    run, which its throughput leaves out with the warm-up steps but its training time holds (a recompile for a
+    new batch shape lands mid-run). torch has no public record of either: these are dynamo's own counters."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    seconds = sum(compilation_time_metrics.get("_compile.compile_inner", ()))
+    return seconds, int(counters["stats"]["unique_graphs"])
+
+
 def uses_token_types(config, tokenizer) -> bool:
     """token_type_ids go to the model only when its tokenizer makes them and its forward takes them:
     RoBERTa's and XLM-R's tokenizers make none, DistilBERT and ModernBERT take none."""

@@ -101,7 +101,7 @@ def run_metrics(t: Trainer, scores: EvalResult | None, initial: EvalResult | Non
     """Gather every rank's figures (a collective) and build metrics.json's content on the main process."""
     m = t.meter
     mine = RankFigures(*m.timed, m.elapsed, m.timed_steps, *t.train_memory,
-                       t.host_memory.baseline_gib, lifetime_rss_gib(), t.last_loss)
+                       t.host_memory.baseline_gib, lifetime_rss_gib(), t.last_loss, *t.compiled)
     ranks = gather_figures(t.accelerator, mine)
     if not t.is_main:
         return None

@@ -70,6 +70,12 @@ class TrainFigures:
     states and activations took on CPU, the figure `qa_train.plan` estimates."""
     peak_host_rss_gb: PerRank = field(default_factory=PerRank)
     """Lifetime host RSS peak per rank (loading and evaluation included), GiB."""
+    compile_time_s: float | None = None
+    """With --torch_compile: wall seconds torch.compile spent compiling by the end of training (the slowest
+    rank; in-training evaluations' graphs included), part of train_runtime_s; None without compiling."""
+    compiled_graphs: int | None = None
+    """With --torch_compile: distinct graphs compiled by then. More than the first step's means recompiles
+    (a new batch shape, a guard that failed) or graph breaks."""
 
 
 @dataclass

@@ -205,6 +205,8 @@ def summary_table(m: RunMetrics) -> str:
                         f"[{_fmt(m.peak_memory_source)}]"),
         ("peak host RSS", f"max {_fmt(rss.max, ' GiB')} per rank (lifetime)"),
         ("runtime", f"{_fmt(m.train_runtime_s, ' s')} training{saves}, {_fmt(m.total_runtime_s, ' s')} total"),
+        *([("compile", f"{m.compiled_graphs} graph(s) in {_fmt(m.compile_time_s, ' s')}, part of the training time")]
+          if m.compile_time_s is not None else []),
         ("output", _fmt(m.output_dir)),
     ]
     width = max(len(k) for k, _ in rows)

@@ -25,9 +25,9 @@ from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer_and
 from qa_train.hostmem import HostMemory
 from qa_train.inputs import Splits, build_loaders, featurize_splits, load_splits
 from qa_train.metrics import BatchCount, DeviceMemory, ThroughputMeter, device_name, peak_tflops
-from qa_train.modeling import (check_checkpointing, check_positions, check_weights, compile_model, enable_checkpointing,
-                               flop_coefficients, import_model_code, load_config, load_model, load_tokenizer, loading,
-                               uses_token_types)
+from qa_train.modeling import (check_checkpointing, check_positions, check_weights, compile_figures, compile_model,
+                               enable_checkpointing, flop_coefficients, import_model_code, load_config, load_model,
+                               load_tokenizer, loading, uses_token_types)
 from qa_train.monitor import IntervalMonitor, ModelCost, interval_log
 from qa_train.optimization import batches_per_rank, build_optimizer, hyperparameters, plan_steps, reapply
 from qa_train.outputdir import clear_previous_run
@@ -132,7 +132,8 @@ class Trainer:
         self.preempted = False
         self.train_runtime_s = 0.0
         self.checkpoint_runtime_s = 0.0
-        self.train_memory = (float("nan"), float("nan"), float("nan"))  # CUDA allocated, reserved, host RSS (GiB)
+        self.train_memory = (math.nan, math.nan, math.nan)  # CUDA allocated, reserved, host RSS (GiB)
+        self.compiled = (math.nan, math.nan)  # seconds compiling, graphs (modeling.compile_figures)
 
     # --- building ------------------------------------------------------------------------------
 
@@ -244,6 +245,7 @@ class Trainer:
             profiler.stop()
         self.train_runtime_s = time.perf_counter() - t0
         self.train_memory = (*self.device_memory.peaks_gib(), self.host_memory.peak_gib)
+        self.compiled = compile_figures() if self.args.system.torch_compile else (math.nan, math.nan)
         if not self.preempted:
             self._check_weights()  # the last update is after the last loss that was read
         return not self.preempted

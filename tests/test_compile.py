@@ -25,7 +25,11 @@ def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: P
     env, out = base_env(tmp_path), tmp_path / "compiled"
     flags = tiny_flags(out, "--max_train_steps", "4", "--checkpointing_steps", "2", "--max_eval_samples", "40",
                        "--disable_tqdm")
-    run_ok([PY, "-m", "qa_train", *flags, "--torch_compile_backend", "eager", *how], env)
+    proc = run_ok([PY, "-m", "qa_train", *flags, "--torch_compile_backend", "eager", *how], env)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert 0 < metrics["compile_time_s"] < metrics["train_runtime_s"], "compiling is timed, inside training"
+    assert metrics["compiled_graphs"] >= 1
+    assert f"{metrics['compiled_graphs']} graph(s) in {metrics['compile_time_s']:.2f} s" in proc.stdout + proc.stderr
 
     names = set(AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(TINY)).state_dict())
     assert set(load_file(out / "final" / "model.safetensors")) == names
@@ -36,7 +40,8 @@ def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: P
 
     # A compiled run's checkpoint resumes without compiling.
     run_ok([PY, "-m", "qa_train", *flags, "--max_train_steps", "6", "--resume_from_checkpoint", "latest"], env)
-    assert json.loads((out / "metrics.json").read_text())["train_steps"] == 6
+    resumed = json.loads((out / "metrics.json").read_text())
+    assert resumed["train_steps"] == 6 and resumed["compile_time_s"] is None, "nothing compiled: no compile time"
 
 
 def test_a_backend_that_cannot_compile_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -16,11 +16,13 @@ from qa_train.schema import MetricsFileError, PerRank, RunMetrics, Scores, Train
 NAN = float("nan")
 
 
-def rank(samples: float, elapsed: float, rss: float, cuda: float = NAN, loss: float = 1.0) -> RankFigures:
+def rank(samples: float, elapsed: float, rss: float, cuda: float = NAN, loss: float = 1.0,
+         compile_s: float = NAN, graphs: float = NAN) -> RankFigures:
     return RankFigures(samples=samples, tokens=samples * 100, padded_tokens=samples * 128, flops=samples * 128 * 5e8,
                        elapsed_s=elapsed,
                        timed_steps=10, cuda_allocated_gib=cuda, cuda_reserved_gib=cuda * 1.25,
-                       train_rss_gib=rss, baseline_rss_gib=rss - 0.25, lifetime_rss_gib=rss + 0.5, last_loss=loss)
+                       train_rss_gib=rss, baseline_rss_gib=rss - 0.25, lifetime_rss_gib=rss + 0.5, last_loss=loss,
+                       compile_s=compile_s, compiled_graphs=graphs)
 
 
 def test_throughput_sums_ranks_over_the_slowest_and_memory_stays_per_rank() -> None:
@@ -47,12 +49,12 @@ def test_on_cuda_memory_is_the_allocator_peak_and_mfu_is_against_the_peak() -> N
 
 
 def test_rank_figures_travel_as_rows_by_field_name() -> None:
-    mine = rank(7, 2.0, 0.5, loss=0.25)
+    mine = rank(7, 2.0, 0.5, loss=0.25, compile_s=12.5, graphs=2)
     row = mine.as_row()
-    assert len(row) == len(dataclasses.fields(RankFigures)) and row[0] == 7.0 and row[-1] == 0.25
+    assert len(row) == len(dataclasses.fields(RankFigures)) and row[0] == 7.0 and row[-1] == 2.0
     back = RankFigures.from_row(row)
     assert back.last_loss == 0.25 and back.train_rss_gib == 0.5 and math.isnan(back.cuda_allocated_gib)
-    assert back.baseline_rss_gib == 0.25
+    assert back.baseline_rss_gib == 0.25 and (back.compile_s, back.compiled_graphs) == (12.5, 2.0)
 
 
 @pytest.mark.parametrize(("name", "precision", "peak"), [
@@ -146,7 +148,7 @@ def test_a_run_no_longer_than_its_warm_up_is_timed_whole() -> None:
 
 
 def test_no_timed_step_means_no_throughput_not_zero() -> None:
-    rank = RankFigures(0, 0, 0, 0.0, 1e-9, 0, math.nan, math.nan, 0.5, 0.3, 0.6, math.nan)
+    rank = RankFigures(0, 0, 0, 0.0, 1e-9, 0, math.nan, math.nan, 0.5, 0.3, 0.6, math.nan, math.nan, math.nan)
     figures = summarize([rank], None, False)
     assert figures.train_samples_per_second is None and figures.tflops_per_device is None
     assert figures.train_step_time_s_mean is None and figures.timed_steps == 0
@@ -191,3 +193,11 @@ def test_an_evaluation_before_training_starts_is_not_taken_off_its_time(monkeypa
         meter.optimizer_step(lambda: None)
     meter.finish(lambda: None)
     assert meter.elapsed == pytest.approx(2.0)
+
+
+def test_compile_time_is_the_slowest_ranks_and_absent_without_compiling() -> None:
+    compiled = summarize([rank(10, 1.0, 1.0, compile_s=41.2, graphs=2), rank(10, 1.0, 1.0, compile_s=52.7, graphs=3)],
+                         None, False)
+    assert (compiled.compile_time_s, compiled.compiled_graphs) == (52.7, 3), "the others wait for the slowest"
+    eager = summarize([rank(10, 1.0, 1.0), rank(10, 1.0, 1.0)], None, False)
+    assert eager.compile_time_s is None and eager.compiled_graphs is None, "not 0 s: nothing was compiled"
