@@ -6,7 +6,7 @@
 #   tests       pytest -m gpu (every config in bf16, FSDP/ZeRO-3 kill+resume, bf16 vs fp32, offload memory)
 #   strategies  every config on one GPU: BERT-base shape, 384 tokens, batch 32, bf16, fixed length; report + planner check
 #   speed       two epochs of SQuAD v1.1 (all 87,599 questions) with the BERT-base shape; then the fixed-length MFU run
-#   ablation    each speed feature flipped alone, BERT-base shape on SQuAD windows
+#   ablation    each speed feature flipped alone, BERT-base shape on 384-token SQuAD windows, two runs each
 #   accuracy    MiniLM (all-MiniLM-L6-v2) fine-tuned 2 epochs on SQuAD minus its last 40 articles, scored on those
 #   hf          transformers' run_qa_no_trainer.py on the same model, data and hyper-parameters (tools/hf_example.sh)
 #   profile     --profile of the fixed-length BERT-base step: the top kernels and host operators
@@ -17,7 +17,8 @@
 #   overhead    qa_train's step against tools/bare_loop.py's on MiniLM: how much of a host-bound step is ours
 #
 # DEADLINE_S=N stops the parts still running N seconds from the start (a device command has 10 minutes) and
-# skips the rest; TESTS_K reruns some tests, STRATEGIES some configs. Results: runs/gpu/<run>/ and, per part, a summary in --out.
+# skips the rest; TESTS_K reruns some tests, STRATEGIES some configs, ABLATION_REPEATS=1 halves the ablation.
+# Results: runs/gpu/<run>/ and, per part, a summary in --out.
 #
 # Needs: .device/ from `bash ../shared/device/prepare.sh --with-data --with-minilm` (SQuAD train set, MiniLM),
 # set up with `bash .device/setup.sh && . .device/env.sh`. DRY=1 runs every part a few steps on CPU data
@@ -39,13 +40,13 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 export QA_TRAIN_CACHE=${QA_TRAIN_CACHE:-/tmp/qa_train_cache}
 
 # A dry run shrinks every run (the flags go last, so they win) and runs on CPU.
-small=() bench_small=() cpu=() strategy_steps=60 ablation_steps=100
+small=() bench_small=() cpu=() strategy_steps=60 ablation_steps=100 ablation_repeats=${ABLATION_REPEATS:-2}
 if [[ ${DRY:-0} == 1 ]]; then
   small=(--max_train_samples 300 --max_eval_samples 40 --max_train_steps 3 --per_device_train_batch_size 4
          --per_device_eval_batch_size 8)
   bench_small=(--max_train_samples 300 --per_device_train_batch_size 2 --max_seq_length 128 --doc_stride 32
                --throughput_warmup_steps 0)
-  cpu=(--cpu) strategy_steps=2 ablation_steps=2
+  cpu=(--cpu) strategy_steps=2 ablation_steps=2 ablation_repeats=1
   # Without native bf16 (AVX-512 BF16 or AMX) a CPU's compiled bf16 matrix products crawl: >15 min for 3 steps.
   grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo || { small+=(--mixed_precision no); bench_small+=(--mixed_precision no); }
 fi
@@ -67,7 +68,8 @@ import json, sys
 for d in sys.argv[1:]:
     m = json.load(open(f"{d}/metrics.json"))
     keys = ("train_runtime_s", "train_steps", "num_train_features", "train_samples_per_second", "train_tokens_per_second",
-            "train_padded_tokens_per_second", "mfu", "tflops_per_device", "exact_match", "f1", "eval_runtime_s")
+            "train_padded_tokens_per_second", "mfu", "tflops_per_device", "compile_time_s", "compiled_graphs",
+            "exact_match", "f1", "eval_runtime_s")
     print(d, {k: m.get(k) for k in keys}, "peak GiB", m["peak_memory_gb"]["max"], "device", m.get("device"))
 PY
 }
@@ -196,13 +198,16 @@ part_overhead() {  # qa_train's step against the bare step (tools/bare_loop.py),
     | grep -E "throughput|step time" | tee -a "$OUT_DIR/overhead.txt"
 }
 
-part_ablation() {
+part_ablation() {  # ~11 min with two repeats: a device command of its own
   log "ablation"
   data
-  $PY -m qa_train.bench "${cpu[@]}" --ablation --timeout_s 180 --max_train_steps $ablation_steps --output_dir "$RUNS/ablation" -- \
+  # 384 tokens: at the ablation's own 192 every shuffled batch of 32 pads to 192, so dynamic padding changed
+  # nothing (2026-11-26). Repeats, interleaved: that session's single runs of identical work were 0.69x apart.
+  $PY -m qa_train.bench "${cpu[@]}" --ablation --timeout_s 180 --max_train_steps $ablation_steps \
+    --repeats $ablation_repeats --output_dir "$RUNS/ablation" -- \
     --config_name $BASE --tokenizer_name $MINILM --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" \
-    --max_train_samples 20000 --no_eval --per_device_train_batch_size 32 --learning_rate 3e-5 \
-    --throughput_warmup_steps 20 "${bench_small[@]}" 2>&1 | tail -n 30 || true
+    --max_train_samples 20000 --no_eval --max_seq_length 384 --doc_stride 128 --per_device_train_batch_size 32 \
+    --learning_rate 3e-5 --throughput_warmup_steps 20 "${bench_small[@]}" 2>&1 | tail -n 30 || true
   cp "$RUNS/ablation/report/report.md" "$OUT_DIR/ablation-report.md" 2>/dev/null || true
 }
 
