@@ -198,7 +198,7 @@ part_overhead() {  # qa_train's step against the bare step (tools/bare_loop.py),
     | grep -E "throughput|step time" | tee -a "$OUT_DIR/overhead.txt"
 }
 
-part_ablation() {  # ~11 min with two repeats: a device command of its own
+part_ablation() {  # ~11 min with two repeats: a 540 s deadline leaves the last points one run each
   log "ablation"
   data
   # 384 tokens: at the ablation's own 192 every shuffled batch of 32 pads to 192, so dynamic padding changed
