@@ -28,7 +28,9 @@ def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: P
     proc = run_ok([PY, "-m", "qa_train", *flags, "--torch_compile_backend", "eager", *how], env)
     metrics = json.loads((out / "metrics.json").read_text())
     assert 0 < metrics["compile_time_s"] < metrics["train_runtime_s"], "compiling is timed, inside training"
-    assert metrics["compiled_graphs"] >= 1
+    # One graph over every padded width (dynamic shapes); by layer, one for all the encoder layers, as they share
+    # their code, plus the embeddings and the head: the cold compile of one layer that regional compiling promises.
+    assert metrics["compiled_graphs"] == (3 if how else 1)
     assert f"{metrics['compiled_graphs']} graph(s) in {metrics['compile_time_s']:.2f} s" in proc.stdout + proc.stderr
 
     names = set(AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(TINY)).state_dict())

@@ -63,6 +63,9 @@ def test_compiled_run_trains_in_bf16_and_export_answers_like_evaluation(how: lis
     out = tmp_path / "run"
     run_ok(gpu_cmd("single", out, *tiny_gpu_flags(out, 30, *how)), base_env(tmp_path))
     assert_learned_and_export_answers_like_evaluation(out, " ".join(how))
+    m = read_metrics(out)
+    print(f"{' '.join(how)}: {m['compiled_graphs']} graph(s) compiled in {m['compile_time_s']} s")
+    assert 0 < m["compile_time_s"] < m["train_runtime_s"] and m["compiled_graphs"] >= 1
 
 
 def assert_learned_and_export_answers_like_evaluation(out: Path, label: str) -> None:

@@ -88,7 +88,7 @@ part_tests() {  # TESTS_K: a pytest -k expression, to rerun some
   # The out-of-memory test fills the GPU before it fails: alone, after the others, so none of theirs fails with it.
   timeout ${TESTS_TIMEOUT_S:-360} $PY -m pytest -m "gpu and not oom_alone" tests/test_gpu.py tests/test_monitor.py \
     "${n[@]}" -v -rA -p no:cacheprovider "${k[@]}" 2>&1 | tee "$OUT_DIR/pytest-gpu.log" \
-    | grep -E "PASSED|FAILED|ERROR|answers equal|weight difference|loss gap|CUDA peak|passed|failed" || true
+    | grep -E "PASSED|FAILED|ERROR|answers equal|graph\(s\) compiled|weight difference|loss gap|CUDA peak|passed|failed" || true
   timeout 120 $PY -m pytest -m "gpu and oom_alone" tests/test_gpu.py -v -rA -p no:cacheprovider "${k[@]}" 2>&1 \
     | tee -a "$OUT_DIR/pytest-gpu.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" || true
 }
