@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PY, base_env, port, read_metrics, run_cmd, run_ok, tiny_flags
+from conftest import PY, ROOT, base_env, port, read_metrics, run_cmd, run_ok, tiny_flags
 
 pytestmark = pytest.mark.distributed
 FAKE = Path(__file__).resolve().parent / "fake_slurm"
@@ -40,6 +40,8 @@ def test_two_nodes_form_one_world(config: str, strategy: str, base_port: int, tm
     env = cluster_env(tmp_path, f"71{base_port % 100}", config, base_port)
     proc = run_ok(["sbatch", "--nodes", "2", "slurm/train.sbatch", *train_flags(6)], env)
     assert "2 nodes x 1 = 2 processes" in proc.stdout
+    # Compiled graphs are cached in the submit directory, which a requeued job on other nodes still sees.
+    assert f"compile cache {ROOT / '.cache' / 'torchinductor'}" in proc.stdout
     m = read_metrics(tmp_path / "out")
     assert (m["world_size"], m["strategy"], m["train_steps"]) == (2, strategy, 6)
     assert m["train_loss_per_rank"][0] == m["train_loss_per_rank"][1]
@@ -52,11 +54,13 @@ def test_two_nodes_form_one_world(config: str, strategy: str, base_port: int, tm
 
 def test_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:
     env = cluster_env(tmp_path, "7301", "ddp", 29731)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")  # the user's own cache wins over the default
     # The ranks hold after step 10 until asked to stop; the scheduler's warning signal comes once they hold.
     env.update({"QA_TRAIN_TEST_HOLD_AT_STEP": "10", "FAKE_SLURM_SIGNAL_WHEN": str(tmp_path / "out" / "HOLDING-rank0")})
     proc = run_ok(["sbatch", "--nodes", "2", "slurm/train.sbatch", *train_flags(40)], env, timeout=900)
     assert "warning signal" in proc.stdout and "job requeued" in proc.stdout
     assert "start 1" in proc.stdout  # the fake scheduler ran the requeued job
+    assert proc.stdout.count(f"compile cache {tmp_path / 'inductor'}") == 2, "both starts keep the user's cache"
     node0 = (tmp_path / "logs" / "node0.log").read_text()
     assert "stop requested: checkpoint saved at step" in node0
     stopped_at = int(node0.split("stop requested: checkpoint saved at step ")[1].split(";")[0])
