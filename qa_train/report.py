@@ -53,8 +53,10 @@ def cells(group: Group) -> list[str]:
               if f.memory_max_gb is not None else DASH)
     scores = f"{_stat(f.exact_match)} / {_stat(f.f1)}" if f.exact_match is not None and f.f1 is not None else DASH
     runs = str(len(group.runs)) + (f" + {len(group.failed)} failed" if group.failed else "")
+    # A compiled run's training time holds its compile, which its samples/s leave out with the warm-up steps.
+    compiling = f" ({_stat(f.compile_time_s, '.1f')} compiling)" if f.compile_time_s is not None else ""
     return [group.label, group.strategy, str(group.nodes), str(group.processes), runs,
-            _num(group.global_batch, "d"), _stat(f.train_time_s, ".2f"), _stat(f.samples_per_s),
+            _num(group.global_batch, "d"), _stat(f.train_time_s, ".2f") + compiling, _stat(f.samples_per_s),
             _stat(f.tokens_per_s, ",.0f"), _stat(f.mfu, ".1f", "%", 100), memory,
             _stat(f.host_rss_lifetime_max_gb, ".2f", " GiB"), scores, _num(group.vs_baseline, ".2f", "x"),
             _stat(group.speedup, ".2f", "x"), _stat(group.efficiency, ".0f", "%", 100)]

@@ -62,6 +62,7 @@ class Row:
     device: str | None = None          # GPU name, or cpu
     mixed_precision: str | None = None
     eval_set: str | None = None        # what EM / F1 were measured on (eval_set())
+    compile_time_s: float | None = None  # --torch_compile's share of train_time_s
 
     @property
     def setup(self) -> str:
@@ -100,6 +101,7 @@ class Figures:
     samples_per_s: Stat | None = None
     tokens_per_s: Stat | None = None
     train_time_s: Stat | None = None
+    compile_time_s: Stat | None = None
     mfu: Stat | None = None
     memory_max_gb: Stat | None = None
     memory_mean_gb: Stat | None = None
@@ -231,7 +233,7 @@ def make_row(run_dir: Path, m: RunMetrics) -> Row:
         host_rss_train_max_gb=m.train_host_rss_gb.max, host_rss_lifetime_max_gb=m.peak_host_rss_gb.max,
         exact_match=m.exact_match, f1=m.f1, model=m.args.get("config_name") or m.args.get("model_name_or_path"),
         max_seq_length=m.max_seq_length, device=m.device, mixed_precision=m.mixed_precision,
-        eval_set=eval_set(m),
+        eval_set=eval_set(m), compile_time_s=m.compile_time_s,
     )
 
 
