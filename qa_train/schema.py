@@ -71,11 +71,11 @@ class TrainFigures:
     peak_host_rss_gb: PerRank = field(default_factory=PerRank)
     """Lifetime host RSS peak per rank (loading and evaluation included), GiB."""
     compile_time_s: float | None = None
-    """With --torch_compile: wall seconds torch.compile spent compiling by the end of training (the slowest
-    rank; in-training evaluations' graphs included), part of train_runtime_s; None without compiling."""
+    """With --torch_compile: wall seconds torch.compile spent compiling in the training loop (the slowest rank;
+    in-training evaluations' graphs included), part of train_runtime_s; None without compiling."""
     compiled_graphs: int | None = None
-    """With --torch_compile: distinct graphs compiled by then. More than the first step's means recompiles
-    (a new batch shape, a guard that failed) or graph breaks."""
+    """With --torch_compile: distinct graphs compiled in the training loop. More than the first step's mean
+    recompiles (a new batch shape, a guard that failed) or graph breaks."""
 
 
 @dataclass

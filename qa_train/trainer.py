@@ -233,6 +233,8 @@ class Trainer:
                                    self.is_main, self.on_cuda) if system.profile else None)
         self.progress = self._progress("train", plan.total_steps, self.state.completed_steps, "step",
                                        self.global_batch_size)
+        # What compiled before (--eval_on_start's graphs, an owed evaluation's) is not training's compile.
+        before = compile_figures() if system.torch_compile else (math.nan, math.nan)
         t0 = time.perf_counter()
         self.meter.start()
         self.monitor.start()  # the first interval is timed from here, not from before --eval_on_start
@@ -245,7 +247,9 @@ class Trainer:
             profiler.stop()
         self.train_runtime_s = time.perf_counter() - t0
         self.train_memory = (*self.device_memory.peaks_gib(), self.host_memory.peak_gib)
-        self.compiled = compile_figures() if self.args.system.torch_compile else (math.nan, math.nan)
+        if system.torch_compile:
+            after = compile_figures()
+            self.compiled = (after[0] - before[0], after[1] - before[1])
         if not self.preempted:
             self._check_weights()  # the last update is after the last loss that was read
         return not self.preempted
