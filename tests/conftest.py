@@ -49,6 +49,9 @@ def base_env(tmp_path: Path) -> dict[str, str]:
                 # (~40 s a launch).
                 "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
     env.pop("WANDB_API_KEY", None)
+    # torch writes its default inductor cache folder into the environment of any process that looked for it (this
+    # one may have): each run resolves its own, and a batch script's default is the one it sets.
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     return env
 
 

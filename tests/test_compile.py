@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForQuestionAnswering
 
-from conftest import PY, TINY, base_env, error_lines, export_answers, run_cmd, run_ok, tiny_flags
+from conftest import PY, TINY, base_env, error_lines, export_answers, read_metrics, run_cmd, run_ok, tiny_flags
 from qa_train.config import ConfigError, SystemArgs
 from qa_train.modeling import compile_model
 
@@ -27,7 +27,7 @@ def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: P
                        "--disable_tqdm")
     # --eval_on_start compiles the evaluation's graphs before training: not training's compile, and not counted.
     proc = run_ok([PY, "-m", "qa_train", *flags, "--torch_compile_backend", "eager", "--eval_on_start", *how], env)
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = read_metrics(out)
     assert 0 < metrics["compile_time_s"] < metrics["train_runtime_s"], "compiling is timed, inside training"
     # Training's graphs alone: one over every padded width (dynamic shapes); by layer, one for all the encoder
     # layers, as they share their code (the cold compile of one layer that regional compiling promises), and one
@@ -44,7 +44,7 @@ def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: P
 
     # A compiled run's checkpoint resumes without compiling.
     run_ok([PY, "-m", "qa_train", *flags, "--max_train_steps", "6", "--resume_from_checkpoint", "latest"], env)
-    resumed = json.loads((out / "metrics.json").read_text())
+    resumed = read_metrics(out)
     assert resumed["train_steps"] == 6 and resumed["compile_time_s"] is None, "nothing compiled: no compile time"
 
 

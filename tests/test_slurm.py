@@ -19,9 +19,6 @@ FAKE = Path(__file__).resolve().parent / "fake_slurm"
 
 def cluster_env(tmp_path: Path, job_id: str, config: str, base_port: int) -> dict[str, str]:
     env = base_env(tmp_path)
-    # torch writes its default into the environment of any process that looked for its cache (this one may have):
-    # a job's own default is what these tests see, unless one sets it.
-    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     env.update({
         "PATH": f"{FAKE}:{Path(PY).parent}:{env['PATH']}", "FAKE_SLURM_DIR": str(tmp_path / "slurm-state"),
         "FAKE_SLURM_JOB_ID": job_id, "FAKE_SLURM_PYTHON": PY, "QA_TRAIN_CPU": "1", "PROCS_PER_NODE": "1",
