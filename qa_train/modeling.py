@@ -165,6 +165,8 @@ def compile_model(model, system: SystemArgs, dynamic: bool) -> None:
     """torch.compile in place: torch.compile(model)'s wrapper prefixes every weight name with `_orig_mod.`, so the
     export would load as a fresh model and checkpoints would not resume without compiling."""
     kwargs = {"backend": system.torch_compile_backend or "inductor", "dynamic": dynamic, "mode": system.compile_mode}
+    if dynamic and kwargs["backend"] == "inductor":
+        _no_size_guards()
     if not system.torch_compile_regional:
         model.compile(**kwargs)
         return
@@ -175,6 +177,17 @@ def compile_model(model, system: SystemArgs, dynamic: bool) -> None:
                           "(use --torch_compile)")
     # accelerate's in-place variant (written for DeepSpeed's engine): its other one wraps the layers and renames them.
     compile_regions_deepspeed(model, **kwargs)
+
+
+def _no_size_guards() -> None:
+    """Inductor's mix-order reduction (LayerNorm's backward, GPU only) fuses only above a size, and guards on it: over
+    dynamic padding the first batch on the other side of batch x width x hidden = 5 Mi recompiles every graph,
+    which doubled the two-epoch compile (docs/benchmarks/2026-11-26-gpu-h100.md). Non-strict mode skips that
+    size test, so one graph serves every batch shape."""
+    from torch._inductor import config
+
+    if hasattr(config.triton, "mix_order_reduction_non_strict_mode"):  # torch 2.10 and later
+        config.triton.mix_order_reduction_non_strict_mode = True
 
 
 def compile_figures() -> tuple[float, int]:

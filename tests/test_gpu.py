@@ -68,6 +68,29 @@ def test_compiled_run_trains_in_bf16_and_export_answers_like_evaluation(how: lis
     assert 0 < m["compile_time_s"] < m["train_runtime_s"] and m["compiled_graphs"] >= 1
 
 
+def test_dynamic_padding_compiles_one_graph_across_the_size_guards() -> None:
+    """BERT-base's shape at batch x width on both sides of inductor's mix-order-reduction size test
+    (batch x width x 768 >= 5 Mi): compile_model keeps one graph for all of them, where torch's default
+    recompiles the whole model at the first batch across it (the 2026-11-26 H100 two-epoch run: 4 graphs)."""
+    from torch._dynamo.utils import counters
+    from transformers import AutoConfig, AutoModelForQuestionAnswering
+
+    from qa_train.config import SystemArgs
+    from qa_train.modeling import compile_model
+
+    torch._dynamo.reset()
+    model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(BERT_BASE)).cuda()
+    compile_model(model, SystemArgs(torch_compile=True), dynamic=True)
+    before = counters["stats"]["unique_graphs"]
+    for batch, width in [(64, 384), (64, 96), (16, 200), (64, 256), (8, 40)]:  # tokens 24576, 6144, 3200, ...
+        ids = torch.randint(1000, 2000, (batch, width), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), start_positions=ids[:, 0] % width,
+                        end_positions=ids[:, 1] % width)
+        out.loss.backward()
+    assert counters["stats"]["unique_graphs"] - before == 1, "a batch shape recompiled the model"
+
+
 def assert_learned_and_export_answers_like_evaluation(out: Path, label: str) -> None:
     m = read_metrics(out)
     assert m["train_steps"] == 30 and m["mixed_precision"] == "bf16" and m["world_size"] == 1
