@@ -1,0 +1,1 @@
+"""SQuAD examples -> checked records -> token windows -> padded batches and loaders."""

@@ -1,0 +1,1 @@
+"""The model and tokenizer, the optimizer and the schedule."""

@@ -1,0 +1,1 @@
+"""What a run measures and records: throughput, memory, metrics.json, trackers, progress."""

@@ -1,0 +1,1 @@
+"""The only package that knows DeepSpeed or FSDP: accelerator, checkpoints, export, launch."""

@@ -1,0 +1,1 @@
+"""Comparing runs: benchmarks, sweeps, reports and the memory planner."""
