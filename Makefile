@@ -24,7 +24,7 @@ for name in ("CPUAdamBuilder", "ShareMemCommBuilder"):
 endef
 export DS_PREBUILD
 
-.PHONY: install demo demo-v2 test bench-data clean
+.PHONY: install demo demo-v2 test lint bench-data clean
 
 install: $(VENV)/.installed
 
@@ -52,8 +52,13 @@ demo-v2: install
 test: install
 	$(PY) -m pytest -q $(TEST_WORKERS)
 
+# ruff's lint and format rules (pyproject.toml), as CI runs them before the tests.
+lint: install
+	$(VENV)/bin/ruff check qa_train tests tools
+	$(VENV)/bin/ruff format --check qa_train tests tools
+
 bench-data: install
-	$(PY) -m qa_train.bench_data
+	$(PY) tools/bench_data.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,13 +1,6 @@
 """`python -m qa_train [flags]`, also under `accelerate launch ... -m qa_train`.
 
-Exit codes: 0 finished; 1 crashed (a traceback says where); 2 refused input (flags, data, output dir,
-checkpoint, a torch.compile backend that cannot compile), before any training; 3 diverged (non-finite loss,
-gradients or weights; nothing exported); 4 the export failed (metrics.json is written); 5 a checkpoint could
-not be saved (its partial folder removed, earlier ones intact), or a write found the disk or quota full
-(ENOSPC, EDQUOT): free space, then resume with --resume_from_checkpoint latest; 6 a collective waited past
---ddp_timeout for a rank that stopped answering (resume with --resume_from_checkpoint latest); 7 out of device
-or host memory (the line says where and what to change); 75 preempted (checkpoint saved, resume with
---resume_from_checkpoint latest).
+Exit codes: qa_train.core.errors.
 """
 
 from __future__ import annotations
@@ -16,12 +9,19 @@ import gc
 import os
 import sys
 
-# A launcher that cannot see its workers' exit codes (torchrun reports any failure as 1) names a file
-# here, and the main process writes its code into it.
-STATUS_FILE_ENV = "QA_TRAIN_STATUS_FILE"
-FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, SAVE_FAILED = 0, 1, 2, 3, 4, 5
-HUNG, OUT_OF_MEMORY, PREEMPTED = 6, 7, 75
-ERROR_PREFIX = "qa_train: error: "  # the report finds a failed run's reason in its log by it
+from qa_train.core.errors import (
+    CRASHED,
+    DIVERGED,
+    ERROR_PREFIX,
+    EXPORT_FAILED,
+    FINISHED,
+    HUNG,
+    OUT_OF_MEMORY,
+    PREEMPTED,
+    REFUSED,
+    SAVE_FAILED,
+    STATUS_FILE_ENV,
+)
 
 
 def _rank() -> int:
@@ -35,19 +35,22 @@ def _say(message: str, rank: int, speaker: int = 0) -> None:
 
 
 def _out_of_space(err: OSError, output_dir: str) -> str:
-    from qa_train.checkpoint import complete_checkpoints
+    from qa_train.strategy.checkpoint import complete_checkpoints
 
     where = f" writing {err.filename}" if err.filename else ""
     # The rerun that claim() accepts: resuming needs a checkpoint to be worth it, overwriting does not.
-    rerun = ("--resume_from_checkpoint latest (the checkpoints saved are complete)" if complete_checkpoints(output_dir)
-             else "--overwrite_output_dir (no checkpoint was saved)")
+    rerun = (
+        "--resume_from_checkpoint latest (the checkpoints saved are complete)"
+        if complete_checkpoints(output_dir)
+        else "--overwrite_output_dir (no checkpoint was saved)"
+    )
     return f"{err.strerror}{where}; free space, then rerun with {rerun}"
 
 
 def _compile_failed(cause: BaseException, backend: str | None) -> str:
     """torch.compile's failure (a backend's package missing, no C++ compiler for inductor on CPU) in one line;
     its own message spans lines and points at TORCHDYNAMO_VERBOSE."""
-    from qa_train.checkpoint import one_line
+    from qa_train.strategy.checkpoint import one_line
 
     flag = f"--torch_compile_backend {backend}" if backend else "--torch_compile (backend inductor)"
     return f"{flag}: compiling the model failed ({one_line(cause)}); choose another backend or drop it"
@@ -55,9 +58,11 @@ def _compile_failed(cause: BaseException, backend: str | None) -> str:
 
 def _hung(err: BaseException, rank: int, timeout_s: float) -> str:
     # Nothing here reads the output dir: a file system that stopped answering may be why a rank hung.
-    return (f"rank {rank}: a collective{_where(err)} waited more than {timeout_s:g} s for the other ranks "
-            "(--ddp_timeout): one of them hung or died; rerun with --resume_from_checkpoint latest, or raise "
-            "--ddp_timeout if one rank works alone that long")
+    return (
+        f"rank {rank}: a collective{_where(err)} waited more than {timeout_s:g} s for the other ranks "
+        "(--ddp_timeout): one of them hung or died; rerun with --resume_from_checkpoint latest, or raise "
+        "--ddp_timeout if one rank works alone that long"
+    )
 
 
 def _where(err: BaseException) -> str:
@@ -67,17 +72,17 @@ def _where(err: BaseException) -> str:
     from pathlib import Path
 
     package = Path(__file__).parent
-    ours = [f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename).parent == package]
+    ours = [f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename).is_relative_to(package)]
     if not ours:
         return ""
     frame = ours[-1]
-    return f" (in qa_train/{Path(frame.filename).name}:{frame.lineno}, {frame.name})"
+    return f" (in qa_train/{Path(frame.filename).relative_to(package)}:{frame.lineno}, {frame.name})"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from qa_train.config import ConfigError
-    from qa_train.flags import parse_args
-    from qa_train.outputdir import claim
+    from qa_train.config.flags import parse_args
+    from qa_train.config.outputdir import claim
+    from qa_train.config.settings import ConfigError
 
     rank = _rank()
     try:
@@ -86,15 +91,17 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         _say(str(err), rank)
         return REFUSED
-    from qa_train.checkpoint import CheckpointError
-    from qa_train.data import DataError
-    from qa_train.distributed import LaunchError, collective_fault
-    from qa_train.run import Preempted, run
-    from qa_train.saving import OUT_OF_SPACE, CheckpointSaveError
-    from qa_train.oom import OutOfMemory, elsewhere, is_out_of_memory, plan_command
-    from qa_train.outcome import ExportError
-    from qa_train.trainer import TrainingDiverged
     from torch._dynamo.exc import BackendCompilerFailed
+
+    from qa_train.data.load import DataError
+    from qa_train.outcome import ExportError
+    from qa_train.run import Preempted, run
+    from qa_train.strategy.checkpoint import CheckpointError
+    from qa_train.strategy.checks import LaunchError
+    from qa_train.strategy.faults import collective_fault
+    from qa_train.strategy.oom import OutOfMemory, elsewhere, is_out_of_memory, plan_command
+    from qa_train.strategy.saving import OUT_OF_SPACE, CheckpointSaveError
+    from qa_train.trainer import TrainingDiverged
 
     try:
         run(args)
@@ -137,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
             _say(_hung(err, rank, args.system.ddp_timeout), rank, speaker=rank)
             return HUNG
         # Another rank failed first and says why; this one's traceback would bury that line.
-        _say(f"rank {rank}: another rank left the run during a collective{_where(err)} (its own lines say why)", rank,
-             speaker=rank)
+        _say(
+            f"rank {rank}: another rank left the run during a collective{_where(err)} (its own lines say why)",
+            rank,
+            speaker=rank,
+        )
         return CRASHED
     return FINISHED
 
@@ -155,12 +165,17 @@ def _report_status(code: int) -> int:
     return code
 
 
-if __name__ == "__main__":
-    from qa_train.preemption import catch_early_stop_signals
+def entry(argv: list[str] | None = None) -> int:
+    """A rank's whole life: `python -m qa_train` (what launchers run) and `qa-train train`."""
+    from qa_train.core.preemption import catch_early_stop_signals
 
     catch_early_stop_signals()  # before the seconds of imports and loading that precede the trainer's own handler
-    code = _report_status(main())
+    code = _report_status(main(argv))
     # Out of the collector's sight, the objects left are not walked once more by its collection at exit (~0.8 s
     # of every rank, for memory the OS takes back anyway).
     gc.freeze()
-    sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(entry())

@@ -12,14 +12,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qa_train.config import TrainArgs
-from qa_train.data import Examples
-from qa_train.features import Features, window_offsets
-from qa_train.hostmem import HostMemory
-from qa_train.oom import in_evaluation, is_out_of_memory
-from qa_train.postprocess import Answers, Questions, SpanRules, answer_questions
-from qa_train.squad_eval import question_scores, score, score_v2
-from qa_train.tracking import atomic_write_text
+from qa_train.config.settings import TrainArgs
+from qa_train.data.features import Features, window_offsets
+from qa_train.data.load import Examples
+from qa_train.observe.hostmem import HostMemory
+from qa_train.observe.recorder import atomic_write_text
+from qa_train.squad.postprocess import Answers, Questions, SpanRules, answer_questions
+from qa_train.squad.scoring import question_scores, score, score_v2
+from qa_train.strategy.oom import in_evaluation, is_out_of_memory
 
 # Padding logit: far below any real logit, finite so bf16/fp16 stay well-defined.
 PAD_LOGIT = -1e4
@@ -28,8 +28,9 @@ PAD_LOGIT = -1e4
 def span_rules(args: TrainArgs) -> SpanRules:
     """How answers are read from logits, from the run's flags (a null threshold only for SQuAD v2.0)."""
     e = args.eval
-    return SpanRules(e.n_best_size, e.max_answer_length,
-                     e.null_score_diff_threshold if args.data.version_2_with_negative else None)
+    return SpanRules(
+        e.n_best_size, e.max_answer_length, e.null_score_diff_threshold if args.data.version_2_with_negative else None
+    )
 
 
 @dataclass
@@ -46,8 +47,9 @@ class EvalSet:
 
     @property
     def questions(self) -> Questions:
-        return Questions(self.features.example_index, self.examples.ids, self.examples.contexts,
-                         self.features.cls_index)
+        return Questions(
+            self.features.example_index, self.examples.ids, self.examples.contexts, self.features.cls_index
+        )
 
 
 @dataclass
@@ -81,8 +83,9 @@ DRAIN_EVERY = 32
 
 
 @torch.no_grad()
-def predict_logits(accelerator, model, dataloader, width: int,
-                   host_memory: HostMemory | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def predict_logits(
+    accelerator, model, dataloader, width: int, host_memory: HostMemory | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Start/end logits for every feature, in feature order, each counted once.
 
     Batches are padded to different widths, so logits are padded to `width` before gathering;
@@ -132,13 +135,16 @@ def answer(eval_set: EvalSet, logits: tuple[np.ndarray, np.ndarray, np.ndarray],
     """Every question's answer and n-best from logits that cover every window exactly once."""
     start_logits, end_logits, order = logits
     if not np.array_equal(np.sort(order), np.arange(len(eval_set.features))):
-        raise RuntimeError(f"inference returned {len(order)} windows ({len(np.unique(order))} distinct) for "
-                           f"{len(eval_set.features)}: every window must be seen exactly once")
+        raise RuntimeError(
+            f"inference returned {len(order)} windows ({len(np.unique(order))} distinct) for "
+            f"{len(eval_set.features)}: every window must be seen exactly once"
+        )
     return answer_questions(start_logits, end_logits, eval_set.offsets, eval_set.questions, rules)
 
 
-def answer_and_score(eval_set: EvalSet, logits: tuple[np.ndarray, np.ndarray, np.ndarray],
-                     rules: SpanRules) -> tuple[Answers, EvalResult]:
+def answer_and_score(
+    eval_set: EvalSet, logits: tuple[np.ndarray, np.ndarray, np.ndarray], rules: SpanRules
+) -> tuple[Answers, EvalResult]:
     """Answers and their EM/F1 against the gold answers; SQuAD v2.0's official metrics with a null threshold,
     computed as the official script does from the predictions, the null odds and that threshold."""
     answers = answer(eval_set, logits, rules)

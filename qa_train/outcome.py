@@ -14,13 +14,14 @@ from pathlib import Path
 
 import torch
 
-from qa_train import __version__, best, distributed
-from qa_train.config import ModelArgs
+from qa_train import __version__
+from qa_train.config.settings import ModelArgs
+from qa_train.data.loaders import collator, inference_loader
 from qa_train.evaluation import EvalResult, EvalSet, answer, predict_logits, span_rules, write_answers
-from qa_train.inputs import collator, inference_loader
-from qa_train.metrics import RankFigures, gather_figures, lifetime_rss_gib, summarize
-from qa_train.modeling import load_config, load_model, resolve_attention
-from qa_train.schema import RunMetrics
+from qa_train.model.modeling import load_config, load_model, resolve_attention
+from qa_train.observe.metrics import RankFigures, gather_figures, lifetime_rss_gib, summarize
+from qa_train.observe.schema import RunMetrics
+from qa_train.strategy import best, faults, sharded
 from qa_train.trainer import Trainer
 
 log = logging.getLogger("qa_train")
@@ -39,7 +40,8 @@ def predict(t: Trainer, final_scores: EvalResult | None) -> Path | None:
 
     data, inputs = t.args.data, t.inputs
     loader = t.accelerator.prepare_data_loader(
-        inference_loader(inputs.test_features, collator(t.tokenizer, data, t.token_types), data, t.on_cuda))
+        inference_loader(inputs.test_features, collator(t.tokenizer, data, t.token_types), data, t.on_cuda)
+    )
     if not t.best.replaces_last(final_scores):
         logits = predict_logits(t.accelerator, t.model, loader, data.max_seq_length, t.host_memory)
     else:
@@ -48,7 +50,7 @@ def predict(t: Trainer, final_scores: EvalResult | None) -> Path | None:
         # (none under DeepSpeed, whose engine casts weights instead: there the copy answers in fp32).
         with t.accelerator.autocast():
             logits = predict_logits(t.accelerator, kept, loader, data.max_seq_length, t.host_memory)
-        kept, = release_memory(kept)  # before the export, which under ZeRO-3 gathers the whole model
+        (kept,) = release_memory(kept)  # before the export, which under ZeRO-3 gathers the whole model
     t.host_memory.trim()
     if not t.is_main:
         return None
@@ -64,9 +66,11 @@ def _best_for_inference(t: Trainer) -> torch.nn.Module:
     (no DDP, no DeepSpeed engine), so its forward needs no collective."""
     score = t.best.kept
     log.info("predict: answering with the best model (step %d, F1 %.2f)", score.step, score.f1)
-    source = ModelArgs(model_name_or_path=str(t.output_dir / "best"),
-                       attn_implementation=resolve_attention(t.args.model, t.model_config))
-    with distributed.built_whole(t.accelerator):
+    source = ModelArgs(
+        model_name_or_path=str(t.output_dir / "best"),
+        attn_implementation=resolve_attention(t.args.model, t.model_config),
+    )
+    with sharded.built_whole(t.accelerator):
         model = load_model(source, t.tokenizer, load_config(source))
     return model.to(t.accelerator.device)
 
@@ -80,8 +84,12 @@ def export(t: Trainer, final_scores: EvalResult | None) -> Path | None:
         t.accelerator.wait_for_everyone()
         if t.is_main:
             best.promote(t.output_dir)
-            log.info("exported the best model (step %d, F1 %.2f) to %s", t.best.kept.step,
-                     t.best.kept.f1, t.output_dir / "final")
+            log.info(
+                "exported the best model (step %d, F1 %.2f) to %s",
+                t.best.kept.step,
+                t.best.kept.f1,
+                t.output_dir / "final",
+            )
         return t.output_dir / "final"
     try:
         final = t.export_to(t.output_dir / "final")
@@ -89,19 +97,29 @@ def export(t: Trainer, final_scores: EvalResult | None) -> Path | None:
             shutil.rmtree(t.output_dir / "best", ignore_errors=True)
         return final
     except Exception as err:  # a full disk surfaces as OSError, or as safetensors' own error type
-        if distributed.run_fault(err):
+        if faults.run_fault(err):
             raise  # not the export's fault: exit 7 or 6, as anywhere else in the run
         reason = " ".join(str(err).split())[:300]
-        raise ExportError(f"export to {t.output_dir / 'final'} failed: {type(err).__name__}: {reason}; "
-                          "metrics.json is written, and the last checkpoint (if any) still holds the "
-                          "weights") from err
+        raise ExportError(
+            f"export to {t.output_dir / 'final'} failed: {type(err).__name__}: {reason}; "
+            "metrics.json is written, and the last checkpoint (if any) still holds the "
+            "weights"
+        ) from err
 
 
 def run_metrics(t: Trainer, scores: EvalResult | None, initial: EvalResult | None) -> RunMetrics | None:
     """Gather every rank's figures (a collective) and build metrics.json's content on the main process."""
     m = t.meter
-    mine = RankFigures(*m.timed, m.elapsed, m.timed_steps, *t.train_memory,
-                       t.host_memory.baseline_gib, lifetime_rss_gib(), t.last_loss, *t.compiled)
+    mine = RankFigures(
+        *m.timed,
+        m.elapsed,
+        m.timed_steps,
+        *t.train_memory,
+        t.host_memory.baseline_gib,
+        lifetime_rss_gib(),
+        t.last_loss,
+        *t.compiled,
+    )
     ranks = gather_figures(t.accelerator, mine)
     if not t.is_main:
         return None
@@ -111,22 +129,34 @@ def run_metrics(t: Trainer, scores: EvalResult | None, initial: EvalResult | Non
     inputs, s = t.inputs, t.strategy
     return RunMetrics(
         **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},
-        exact_match=scores.exact_match if scores else None, f1=scores.f1 if scores else None,
+        exact_match=scores.exact_match if scores else None,
+        f1=scores.f1 if scores else None,
         **t.best.fields(scores, t.state.completed_steps, t.args.output.save_final_model),
-        initial_exact_match=initial.exact_match if initial else None, initial_f1=initial.f1 if initial else None,
+        initial_exact_match=initial.exact_match if initial else None,
+        initial_f1=initial.f1 if initial else None,
         initial_eval_step=t.first_step if initial else None,
-        train_runtime_s=round(t.train_runtime_s, 3), checkpoint_runtime_s=round(t.checkpoint_runtime_s, 3),
+        train_runtime_s=round(t.train_runtime_s, 3),
+        checkpoint_runtime_s=round(t.checkpoint_runtime_s, 3),
         eval_runtime_s=scores.runtime_s if scores else None,
         train_steps=t.state.completed_steps,
         train_loss=t.last_loss if math.isfinite(t.last_loss) else None,  # NaN: no step was logged
         train_loss_per_rank=[r.last_loss if math.isfinite(r.last_loss) else None for r in ranks],
         world_size=t.accelerator.num_processes,
-        strategy=s.name, zero_stage=s.zero_stage, offload=s.offload, distributed_type=s.distributed_type,
-        mixed_precision=t.mixed_precision, device=device, num_parameters=distributed.num_parameters(model),
-        num_train_examples=inputs.num_train_examples, num_train_features=len(inputs.train_features),
+        strategy=s.name,
+        zero_stage=s.zero_stage,
+        offload=s.offload,
+        distributed_type=s.distributed_type,
+        mixed_precision=t.mixed_precision,
+        device=device,
+        num_parameters=sharded.num_parameters(model),
+        num_train_examples=inputs.num_train_examples,
+        num_train_features=len(inputs.train_features),
         num_eval_examples=len(inputs.eval_examples) if inputs.eval_examples else 0,
         num_eval_features=len(inputs.eval_features) if inputs.eval_features else 0,
         global_batch_size=t.global_batch_size,
-        per_device_train_batch_size=t.args.data.per_device_train_batch_size, max_seq_length=seq,
-        output_dir=str(t.output_dir), qa_train_version=__version__, args=t.args.to_dict(),
+        per_device_train_batch_size=t.args.data.per_device_train_batch_size,
+        max_seq_length=seq,
+        output_dir=str(t.output_dir),
+        qa_train_version=__version__,
+        args=t.args.to_dict(),
     )

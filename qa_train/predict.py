@@ -1,7 +1,7 @@
 """Answer questions with an exported model, in batches, on a GPU or the CPU.
 
-    python -m qa_train.predict MODEL_DIR -q QUESTION -c CONTEXT
-    python -m qa_train.predict MODEL_DIR --test_file questions.json --output_dir out/ [--version_2_with_negative]
+    qa-train predict MODEL_DIR -q QUESTION -c CONTEXT
+    qa-train predict MODEL_DIR --test_file questions.json --output_dir out/ [--version_2_with_negative]
 
 transformers 5 removed the "question-answering" pipeline; this gives the same answer-from-context
 call on any exported `final/` directory (and on the hub's QA models). It takes the training code's
@@ -20,29 +20,41 @@ import os
 import sys
 from pathlib import Path
 
-from qa_train.config import ConfigError, DataArgs, ModelArgs
-from qa_train.data import DataError, Examples, build_examples, load_file
-from qa_train.modeling import loading, local_path
-from qa_train.oom import OutOfMemory
-from qa_train.outputdir import unwritable
-from qa_train.postprocess import Answers, SpanRules
+from qa_train.config.outputdir import unwritable
+from qa_train.config.settings import ConfigError, DataArgs, ModelArgs
+from qa_train.data.load import DataError, Examples, build_examples, load_file
+from qa_train.model.modeling import loading, local_path
+from qa_train.squad.postprocess import Answers, SpanRules
+from qa_train.strategy.oom import OutOfMemory
 
 DEVICES = ("auto", "cpu", "cuda")
 # Any of these makes a folder's tokenizer (tokenizer.json is what an export writes; the others are the hub's).
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "vocab.json", "spiece.model",
-                   "sentencepiece.bpe.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "vocab.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
 
 class Predictor:
     """An exported model ready to answer: load once, then `predict` as many questions as needed."""
 
-    def __init__(self, model_dir: str, data: DataArgs | None = None, rules: SpanRules = SpanRules(),
-                 device: str = "auto", mixed_precision: str = "auto") -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        data: DataArgs | None = None,
+        rules: SpanRules = SpanRules(),
+        device: str = "auto",
+        mixed_precision: str = "auto",
+    ) -> None:
         import torch
         from accelerate import Accelerator
 
-        from qa_train.distributed import resolve_mixed_precision
-        from qa_train.modeling import check_positions, load_config, load_model, load_tokenizer, uses_token_types
+        from qa_train.model.modeling import check_positions, load_config, load_model, load_tokenizer, uses_token_types
+        from qa_train.strategy.build import resolve_mixed_precision
 
         if device not in DEVICES:
             raise ConfigError(f"--device: {device!r} is not one of {', '.join(DEVICES)}")
@@ -57,8 +69,9 @@ class Predictor:
             config = load_config(model_args)
         check_positions(config, self.tokenizer, self.data.max_seq_length, self.data.doc_stride)
         on_cuda = device != "cpu" and torch.cuda.is_available()
-        precision = resolve_mixed_precision(mixed_precision, dict(os.environ), on_cuda,
-                                            on_cuda and torch.cuda.is_bf16_supported())
+        precision = resolve_mixed_precision(
+            mixed_precision, dict(os.environ), on_cuda, on_cuda and torch.cuda.is_bf16_supported()
+        )
         self.accelerator = Accelerator(cpu=not on_cuda, mixed_precision=precision)
         with loading("MODEL_DIR", model_dir, "the model"):
             model = load_model(model_args, self.tokenizer, config)
@@ -67,16 +80,18 @@ class Predictor:
 
     def predict(self, examples: Examples) -> Answers | None:
         """Every question's answer and n-best; None on processes other than the main one."""
+        from qa_train.data.features import featurize
+        from qa_train.data.loaders import collator, inference_loader
         from qa_train.evaluation import EvalSet, answer, predict_logits
-        from qa_train.features import featurize
-        from qa_train.inputs import collator, inference_loader
 
         data = self.data
         features = featurize(examples, self.tokenizer, data.max_seq_length, data.doc_stride, with_offsets=True)
-        loader = inference_loader(features, collator(self.tokenizer, data, self.token_types), data,
-                                  self.accelerator.device.type == "cuda")
-        logits = predict_logits(self.accelerator, self.model, self.accelerator.prepare_data_loader(loader),
-                                data.max_seq_length)
+        loader = inference_loader(
+            features, collator(self.tokenizer, data, self.token_types), data, self.accelerator.device.type == "cuda"
+        )
+        logits = predict_logits(
+            self.accelerator, self.model, self.accelerator.prepare_data_loader(loader), data.max_seq_length
+        )
         if not self.accelerator.is_main_process:
             return None
         return answer(EvalSet.build(examples, features, data.max_seq_length), logits, self.rules)
@@ -85,7 +100,7 @@ class Predictor:
 def check_model_dir(model_dir: str) -> None:
     """A MODEL_DIR that cannot be an exported model is refused in one line (ConfigError) before transformers
     tries it: a missing folder, a file, a training checkpoint or a run folder (both say which final/ to use)."""
-    from qa_train.checkpoint import STATE_FILE
+    from qa_train.strategy.checkpoint import STATE_FILE
 
     path = Path(model_dir).expanduser()
     if not path.exists():
@@ -97,16 +112,22 @@ def check_model_dir(model_dir: str) -> None:
     if (path / STATE_FILE).is_file():
         final = path.resolve().parent.parent / "final"
         use = f"use {final}" if (final / "config.json").is_file() else "use the run's final/, which the run exports"
-        raise ConfigError(f"MODEL_DIR {model_dir}: is a training checkpoint (weights and optimizer state, without "
-                          f"the model config and tokenizer), not an exported model: {use}")
+        raise ConfigError(
+            f"MODEL_DIR {model_dir}: is a training checkpoint (weights and optimizer state, without "
+            f"the model config and tokenizer), not an exported model: {use}"
+        )
     if not (path / "config.json").is_file():
         if (path / "final" / "config.json").is_file():
             raise ConfigError(f"MODEL_DIR {model_dir}: is a run directory, not a model: use {path / 'final'}")
-        raise ConfigError(f"MODEL_DIR {model_dir}: no config.json, so not an exported model (a run's final/ holds "
-                          "config.json, the weights and the tokenizer)")
+        raise ConfigError(
+            f"MODEL_DIR {model_dir}: no config.json, so not an exported model (a run's final/ holds "
+            "config.json, the weights and the tokenizer)"
+        )
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(f"MODEL_DIR {model_dir}: no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...): a run's "
-                          "final/ holds the tokenizer it trained with")
+        raise ConfigError(
+            f"MODEL_DIR {model_dir}: no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...): a run's "
+            "final/ holds the tokenizer it trained with"
+        )
 
 
 def check_output_dir(output_dir: str) -> None:
@@ -121,8 +142,9 @@ def check_output_dir(output_dir: str) -> None:
         raise ConfigError(f"--output_dir {output_dir}: {existing} is not writable ({why})")
 
 
-def command_line_question(question: str, context: str, source: str = "<command line>",
-                          given_as: str = "-q/-c") -> Examples:
+def command_line_question(
+    question: str, context: str, source: str = "<command line>", given_as: str = "-q/-c"
+) -> Examples:
     """One question "q", checked as a file's questions are (empty, only invisible characters, ...)."""
     return build_examples([(given_as, {"id": "q", "question": question, "context": context})], source, "optional")
 
@@ -133,8 +155,10 @@ def v2_note(examples: Examples, v2: bool) -> str | None:
     unanswered = sum(not texts for texts in examples.answer_texts)
     if v2 or not 0 < unanswered < len(examples):
         return None
-    return (f"note: {examples.source}: {unanswered} of {len(examples)} questions have no answer (SQuAD v2.0 data?); "
-            "without --version_2_with_negative every question gets a span, never \"\"")
+    return (
+        f"note: {examples.source}: {unanswered} of {len(examples)} questions have no answer (SQuAD v2.0 data?); "
+        'without --version_2_with_negative every question gets a span, never ""'
+    )
 
 
 def best_entry(answers: Answers, qid: str) -> dict:
@@ -147,12 +171,23 @@ def best_entry(answers: Answers, qid: str) -> dict:
     entry = next((e for e in answers.nbest[qid] if e["text"] == text and not (is_null and e["end"])), None)
     if entry is None:
         return {"answer": text, "score": None, "probability": 0.0, "start": 0, "end": 0}
-    return {"answer": text, "score": float(entry["score"]), "probability": float(entry["probability"]),
-            "start": int(entry["start"]), "end": int(entry["end"])}
+    return {
+        "answer": text,
+        "score": float(entry["score"]),
+        "probability": float(entry["probability"]),
+        "start": int(entry["start"]),
+        "end": int(entry["end"]),
+    }
 
 
-def answer(model_dir: str, question: str, context: str, max_seq_length: int = 384, doc_stride: int = 128,
-           rules: SpanRules = SpanRules()) -> dict:
+def answer(
+    model_dir: str,
+    question: str,
+    context: str,
+    max_seq_length: int = 384,
+    doc_stride: int = 128,
+    rules: SpanRules = SpanRules(),
+) -> dict:
     """One question: {"answer", "score", "probability", "start", "end"}; loads the model on every call
     (use a Predictor for many questions)."""
     examples = command_line_question(question, context, "<input>", "answer()")
@@ -161,14 +196,17 @@ def answer(model_dir: str, question: str, context: str, max_seq_length: int = 38
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m qa_train.predict", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="qa-train predict", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("model_dir", help="an exported model (a run's final/) or a hub QA model")
     p.add_argument("-q", "--question", help="one question (with --context)")
     p.add_argument("-c", "--context", help="the passage that answers it")
     p.add_argument("--test_file", help="questions to answer: nested SQuAD JSON or JSON lines, answers optional")
-    p.add_argument("--output_dir", help="write predict_predictions.json and predict_nbest_predictions.json here "
-                                        "(default: print the predictions)")
+    p.add_argument(
+        "--output_dir",
+        help="write predict_predictions.json and predict_nbest_predictions.json here (default: print the predictions)",
+    )
     p.add_argument("--max_predict_samples", type=int, help="answer only the first N questions of --test_file")
     p.add_argument("--max_seq_length", type=int, default=384, help="tokens per window")
     p.add_argument("--doc_stride", type=int, default=128, help="overlap between windows of a long context")
@@ -176,11 +214,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--n_best_size", type=int, default=20, help="start/end candidates per window and n-best size")
     p.add_argument("--max_answer_length", type=int, default=30, help="longest answer in tokens")
     p.add_argument("--version_2_with_negative", action="store_true", help='SQuAD v2.0: an answer may be ""')
-    p.add_argument("--null_score_diff_threshold", type=float, default=0.0,
-                   help='v2.0: answer "" when the null score beats the best span by more than this')
+    p.add_argument(
+        "--null_score_diff_threshold",
+        type=float,
+        default=0.0,
+        help='v2.0: answer "" when the null score beats the best span by more than this',
+    )
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA when available, else CPU")
-    p.add_argument("--mixed_precision", default="auto", choices=("auto", "no", "fp16", "bf16"),
-                   help="auto: bf16 on a GPU that supports it, fp32 on CPU")
+    p.add_argument(
+        "--mixed_precision",
+        default="auto",
+        choices=("auto", "no", "fp16", "bf16"),
+        help="auto: bf16 on a GPU that supports it, fp32 on CPU",
+    )
     return p
 
 
@@ -188,9 +234,14 @@ def _settings(args: argparse.Namespace) -> tuple[DataArgs, SpanRules]:
     """The window and answer settings, validated as training validates them (ConfigError names the flag)."""
     if (args.test_file is None) == (args.question is None or args.context is None):
         raise ConfigError("give either --question and --context, or --test_file")
-    data = DataArgs(dataset_name=None, test_file=args.test_file, max_seq_length=args.max_seq_length,
-                    doc_stride=args.doc_stride, per_device_eval_batch_size=args.per_device_eval_batch_size,
-                    max_predict_samples=args.max_predict_samples)
+    data = DataArgs(
+        dataset_name=None,
+        test_file=args.test_file,
+        max_seq_length=args.max_seq_length,
+        doc_stride=args.doc_stride,
+        per_device_eval_batch_size=args.per_device_eval_batch_size,
+        max_predict_samples=args.max_predict_samples,
+    )
     for flag in ("n_best_size", "max_answer_length"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag}: must be positive, got {getattr(args, flag)}")
@@ -214,10 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         predictor = Predictor(args.model_dir, data, rules, args.device, args.mixed_precision)
         answers = predictor.predict(examples)
     except (ConfigError, DataError) as err:
-        print(f"qa_train.predict: error: {err}", file=sys.stderr)
+        print(f"qa-train predict: error: {err}", file=sys.stderr)
         return 2
     except OutOfMemory as err:  # the same exit code as training's
-        print(f"qa_train.predict: error: {err}", file=sys.stderr)
+        print(f"qa-train predict: error: {err}", file=sys.stderr)
         return 7
     if answers is None:  # not the main process
         return 0
@@ -233,7 +284,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(json.dumps(best_entry(answers, "q"), ensure_ascii=False))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 from qa_train import outcome
-from qa_train.config import TrainArgs
-from qa_train.schema import RunMetrics
-from qa_train.tracking import summary_table
+from qa_train.config.settings import TrainArgs
+from qa_train.observe.recorder import summary_table
+from qa_train.observe.schema import RunMetrics
 from qa_train.trainer import Trainer
 
 log = logging.getLogger("qa_train")
@@ -32,8 +32,10 @@ def run(args: TrainArgs) -> RunMetrics | None:
 
     if not trainer.fit():
         if trainer.is_main:  # every rank stops, and a non-main rank still shows warnings: one line is enough
-            log.warning("stop requested: checkpoint saved at step %d; rerun with --resume_from_checkpoint latest",
-                        trainer.state.completed_steps)
+            log.warning(
+                "stop requested: checkpoint saved at step %d; rerun with --resume_from_checkpoint latest",
+                trainer.state.completed_steps,
+            )
         trainer.finish()
         raise Preempted
 

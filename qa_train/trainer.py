@@ -2,7 +2,7 @@
 (outcome.py hands over what it trained: predictions, metrics.json's figures, the export).
 
 The loop never knows which strategy it runs under: that is the accelerate config's business, and
-distributed.py's where a library forces a difference.
+the strategy package's (qa_train/strategy/) where a library forces a difference.
 """
 
 from __future__ import annotations
@@ -18,26 +18,47 @@ from pathlib import Path
 
 import torch
 
-from qa_train import __version__, best, checkpoint, distributed, oom, saving
-from qa_train.config import TrainArgs, every_n_steps
-from qa_train.evaluation import (SAMPLE_COLUMNS, EvalResult, EvalSet, answer_and_score, predict_logits, sample_rows,
-                                 span_rules, write_predictions)
-from qa_train.hostmem import HostMemory
-from qa_train.inputs import Splits, build_loaders, featurize_splits, load_splits
-from qa_train.metrics import BatchCount, DeviceMemory, ThroughputMeter, device_name, peak_tflops
-from qa_train.modeling import (check_checkpointing, check_positions, check_weights, compile_figures, compile_model,
-                               enable_checkpointing, flop_coefficients, import_model_code, load_config, load_model,
-                               load_tokenizer, loading, uses_token_types)
-from qa_train.monitor import IntervalMonitor, ModelCost, interval_log
-from qa_train.optimization import batches_per_rank, build_optimizer, hyperparameters, plan_steps, reapply
-from qa_train.outputdir import clear_previous_run
-from qa_train.preemption import StopRequest
-from qa_train.profiling import start_profiler
-from qa_train.progress import Progress
-from qa_train.schema import RunMetrics
-from qa_train.trackers import build_trackers
-from qa_train.tracking import Tracker
-from qa_train.train_state import TrainerState
+from qa_train import __version__
+from qa_train.config.outputdir import clear_previous_run
+from qa_train.config.settings import TrainArgs, every_n_steps
+from qa_train.core.preemption import StopRequest
+from qa_train.data.loaders import Splits, build_loaders, featurize_splits, load_splits
+from qa_train.evaluation import (
+    SAMPLE_COLUMNS,
+    EvalResult,
+    EvalSet,
+    answer_and_score,
+    predict_logits,
+    sample_rows,
+    span_rules,
+    write_predictions,
+)
+from qa_train.model.modeling import (
+    check_checkpointing,
+    check_positions,
+    check_weights,
+    compile_figures,
+    compile_model,
+    enable_checkpointing,
+    flop_coefficients,
+    import_model_code,
+    load_config,
+    load_model,
+    load_tokenizer,
+    loading,
+    uses_token_types,
+)
+from qa_train.model.optimization import batches_per_rank, build_optimizer, hyperparameters, plan_steps, reapply
+from qa_train.observe.hostmem import HostMemory
+from qa_train.observe.metrics import BatchCount, DeviceMemory, ThroughputMeter, device_name, peak_tflops
+from qa_train.observe.monitor import IntervalMonitor, ModelCost, interval_log
+from qa_train.observe.profiling import start_profiler
+from qa_train.observe.progress import Progress
+from qa_train.observe.recorder import Tracker
+from qa_train.observe.schema import RunMetrics
+from qa_train.observe.trackers import build_trackers
+from qa_train.strategy import best, build, checkpoint, checks, deepspeed_json, faults, oom, saving, sharded
+from qa_train.strategy.train_state import TrainerState
 
 log = logging.getLogger("qa_train")
 
@@ -47,14 +68,22 @@ class TrainingDiverged(RuntimeError):
 
 
 def setup_logging(is_main: bool, bars: bool) -> None:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
-                        level=logging.INFO if is_main else logging.WARNING, force=True)
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        level=logging.INFO if is_main else logging.WARNING,
+        force=True,
+    )
     for noisy in ("transformers", "datasets", "accelerate", "DeepSpeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING if is_main else logging.ERROR)
     # DeepSpeed's ZeRO gathers and reduces through collectives torch deprecates: two lines each on every rank,
     # nothing to act on.
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
-                            "is deprecated", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
+        "is deprecated",
+        category=FutureWarning,
+    )
     # Every rank loads weights (the model at start-up, --do_predict's kept best model) and writes the export, and
     # transformers draws a bar for each: the bars are the main process's alone, as its log lines are, and
     # --disable_tqdm turns off these as well as ours. Set both ways: a second run in one process gets its own.
@@ -84,24 +113,39 @@ class Trainer:
         check_checkpointing(self.model_config, args.system.gradient_checkpointing)
         check_weights(m)
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
-        self.mixed_precision = distributed.launch_precision(args.system.mixed_precision)
+        self.mixed_precision = build.launch_precision(args.system.mixed_precision)
         splits = load_splits(args)
         out = args.output
-        trackers = build_trackers(out.trackers, self.output_dir, out.wandb_project, {
-            "name": out.run_name, "group": os.environ.get("WANDB_RUN_GROUP"),
-            "job_type": os.environ.get("WANDB_JOB_TYPE"), "id": os.environ.get("WANDB_RUN_ID"),
-            "resume": "allow" if out.resume_from_checkpoint else None})
-        self.accelerator = distributed.make_accelerator(args, trackers, self.mixed_precision)
+        trackers = build_trackers(
+            out.trackers,
+            self.output_dir,
+            out.wandb_project,
+            {
+                "name": out.run_name,
+                "group": os.environ.get("WANDB_RUN_GROUP"),
+                "job_type": os.environ.get("WANDB_JOB_TYPE"),
+                "id": os.environ.get("WANDB_RUN_ID"),
+                "resume": "allow" if out.resume_from_checkpoint else None,
+            },
+        )
+        self.accelerator = build.make_accelerator(args, trackers, self.mixed_precision)
         self.is_main = self.accelerator.is_main_process
         setup_logging(self.is_main, bars=not args.output.disable_tqdm)
-        distributed.check_world(self.accelerator)
-        distributed.check_recompute(self.accelerator, args.system.gradient_checkpointing)
-        self.strategy = distributed.detect_strategy(self.accelerator)
+        checks.check_world(self.accelerator)
+        checks.check_recompute(self.accelerator, args.system.gradient_checkpointing)
+        self.strategy = build.detect_strategy(self.accelerator)
         self.on_cuda = self.accelerator.device.type == "cuda"
-        log.info("qa_train %s: %s on %d process(es), device %s, mixed precision %s", __version__, self.strategy.name,
-                 self.accelerator.num_processes, self.accelerator.device, self.mixed_precision)
-        threads = distributed.cpu_thread_warning(self.accelerator.device.type, torch.get_num_threads(),
-                                                 int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        log.info(
+            "qa_train %s: %s on %d process(es), device %s, mixed precision %s",
+            __version__,
+            self.strategy.name,
+            self.accelerator.num_processes,
+            self.accelerator.device,
+            self.mixed_precision,
+        )
+        threads = checks.cpu_thread_warning(
+            self.accelerator.device.type, torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        )
         if threads:
             log.warning(threads)
         self.stop = StopRequest(self.output_dir)
@@ -113,8 +157,9 @@ class Trainer:
         # --overwrite_output_dir cost the old run.
         replaced = clear_previous_run(out, self.is_main)
         if replaced:
-            log.info("--overwrite_output_dir: removed the previous run's %s from %s", ", ".join(replaced),
-                     self.output_dir)
+            log.info(
+                "--overwrite_output_dir: removed the previous run's %s from %s", ", ".join(replaced), self.output_dir
+            )
         self._build_model()
         self.state = self._resume()
         self.first_step = self.state.completed_steps
@@ -126,8 +171,9 @@ class Trainer:
         self.monitor = IntervalMonitor(self.accelerator, self.device_memory, self.host_memory, cost)
         # fp16's loss scaler expects overflowing gradients now and then and skips those steps itself.
         self.guard_grad_norm = self.mixed_precision != "fp16"
-        self.best = best.BestModel(self.accelerator, self.output_dir, args.eval.save_best, self.first_step > 0,
-                                   self.state.best_eval)
+        self.best = best.BestModel(
+            self.accelerator, self.output_dir, args.eval.save_best, self.first_step > 0, self.state.best_eval
+        )
         self.last_loss = float("nan")
         self.preempted = False
         self.train_runtime_s = 0.0
@@ -140,14 +186,16 @@ class Trainer:
     def _build_inputs(self, splits: Splits) -> None:
         self.inputs = featurize_splits(self.accelerator, splits, self.args.data, self.tokenizer)
         self.token_types = uses_token_types(self.model_config, self.tokenizer)
-        self.train_dl, self.eval_dl = build_loaders(self.inputs, self.tokenizer, self.args.data, self.args.system.seed,
-                                                    self.on_cuda, self.token_types)
+        self.train_dl, self.eval_dl = build_loaders(
+            self.inputs, self.tokenizer, self.args.data, self.args.system.seed, self.on_cuda, self.token_types
+        )
         log.info("%s", self.inputs.describe())
         self.host_memory.trim()  # featurisation's transient Python objects
         self.eval_set = None
         if self.eval_dl is not None and self.is_main:  # post-processing happens on the main process only
-            self.eval_set = EvalSet.build(self.inputs.eval_examples, self.inputs.eval_features,
-                                          self.args.data.max_seq_length)
+            self.eval_set = EvalSet.build(
+                self.inputs.eval_examples, self.inputs.eval_features, self.args.data.max_seq_length
+            )
 
     def _build_model(self) -> None:
         args, accelerator = self.args, self.accelerator
@@ -163,24 +211,28 @@ class Trainer:
         self.log_every = every_n_steps(args.output.logging_steps, self.plan.total_steps)
         self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.plan.total_steps)
         optimizer, scheduler = build_optimizer(accelerator, model, args, self.plan)
-        distributed.reconcile_with_flags(accelerator, args, self.mixed_precision)
-        distributed.fit_fsdp_wrap(accelerator, model)
+        deepspeed_json.reconcile_with_flags(accelerator, args, self.mixed_precision)
+        sharded.fit_fsdp_wrap(accelerator, model)
         loaders = [self.train_dl] + ([self.eval_dl] if self.eval_dl is not None else [])
-        self.model, self.optimizer, self.scheduler, *prepared = accelerator.prepare(model, optimizer, scheduler,
-                                                                                    *loaders)
+        self.model, self.optimizer, self.scheduler, *prepared = accelerator.prepare(
+            model, optimizer, scheduler, *loaders
+        )
         self.train_dl = prepared[0]
         self.eval_dl = prepared[1] if self.eval_dl is not None else None
 
     def _resume(self) -> TrainerState:
         """A fresh state carrying this run's contract, or the checkpoint's counters once the contract holds."""
-        now = TrainerState(world_size=self.accelerator.num_processes,
-                           global_batch_size=self.global_batch_size,
-                           per_device_train_batch_size=self.args.data.per_device_train_batch_size,
-                           gradient_accumulation_steps=self.args.optim.gradient_accumulation_steps,
-                           total_steps=self.plan.total_steps, seed=self.args.system.seed,
-                           group_by_length=self.args.data.group_by_length,
-                           num_train_windows=len(self.inputs.train_features),
-                           checkpoint_layout=distributed.checkpoint_layout(self.strategy, self.accelerator))
+        now = TrainerState(
+            world_size=self.accelerator.num_processes,
+            global_batch_size=self.global_batch_size,
+            per_device_train_batch_size=self.args.data.per_device_train_batch_size,
+            gradient_accumulation_steps=self.args.optim.gradient_accumulation_steps,
+            total_steps=self.plan.total_steps,
+            seed=self.args.system.seed,
+            group_by_length=self.args.data.group_by_length,
+            num_train_windows=len(self.inputs.train_features),
+            checkpoint_layout=build.checkpoint_layout(self.strategy, self.accelerator),
+        )
         spec = self.args.output.resume_from_checkpoint
         path = checkpoint.agreed_resume(self.accelerator, spec, self.output_dir)
         if path is None:
@@ -193,18 +245,34 @@ class Trainer:
         if self.is_main:
             checkpoint.set_aside_later(path, self.output_dir)
             if changed:
-                log.warning("resuming from %s with this run's %s (the schedule continues at step %d)", path,
-                            ", ".join(changed), state.completed_steps)
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.completed_steps, state.epoch,
-                 state.batches_in_epoch)
+                log.warning(
+                    "resuming from %s with this run's %s (the schedule continues at step %d)",
+                    path,
+                    ", ".join(changed),
+                    state.completed_steps,
+                )
+        log.info(
+            "resumed from %s at step %d (epoch %d, batch %d)",
+            path,
+            state.completed_steps,
+            state.epoch,
+            state.batches_in_epoch,
+        )
         return state
 
     def _run_config(self) -> dict[str, object]:
         """The tracker's run config: every flag, and what the launch resolved them to."""
-        return {**self.args.to_dict(), **self.strategy.as_dict(), "world_size": self.accelerator.num_processes,
-                "device": self.device, "mixed_precision": self.mixed_precision,
-                "global_batch_size": self.global_batch_size, "total_steps": self.plan.total_steps,
-                "qa_train_version": __version__, **distributed.resolved_config(self.accelerator)}
+        return {
+            **self.args.to_dict(),
+            **self.strategy.as_dict(),
+            "world_size": self.accelerator.num_processes,
+            "device": self.device,
+            "mixed_precision": self.mixed_precision,
+            "global_batch_size": self.global_batch_size,
+            "total_steps": self.plan.total_steps,
+            "qa_train_version": __version__,
+            **build.resolved_config(self.accelerator),
+        }
 
     @property
     def epoch(self) -> float:
@@ -213,26 +281,44 @@ class Trainer:
 
     @property
     def global_batch_size(self) -> int:
-        return (self.args.data.per_device_train_batch_size * self.args.optim.gradient_accumulation_steps
-                * self.accelerator.num_processes)
+        return (
+            self.args.data.per_device_train_batch_size
+            * self.args.optim.gradient_accumulation_steps
+            * self.accelerator.num_processes
+        )
 
     # --- training ------------------------------------------------------------------------------
 
     def fit(self) -> bool:
         """Train to the planned step count. False when a stop request ended it early (its checkpoint is written)."""
         plan, system = self.plan, self.args.system
-        log.info("training %d steps (%d epochs of %d updates), global batch %d", plan.total_steps, plan.num_epochs,
-                 plan.updates_per_epoch, self.global_batch_size)
+        log.info(
+            "training %d steps (%d epochs of %d updates), global batch %d",
+            plan.total_steps,
+            plan.num_epochs,
+            plan.updates_per_epoch,
+            self.global_batch_size,
+        )
         if self.state.eval_owed:  # the stopped run's last step owed an evaluation
             self._evaluate_during_training()
             self.state.eval_owed = False
         # Peaks from here on are the training phase's alone: loading, resuming and evaluation are not training.
         self.host_memory.reset()
         self.device_memory.reset()
-        profiler = (start_profiler(self.output_dir, system.throughput_warmup_steps, self.accelerator.process_index,
-                                   self.is_main, self.on_cuda) if system.profile else None)
-        self.progress = self._progress("train", plan.total_steps, self.state.completed_steps, "step",
-                                       self.global_batch_size)
+        profiler = (
+            start_profiler(
+                self.output_dir,
+                system.throughput_warmup_steps,
+                self.accelerator.process_index,
+                self.is_main,
+                self.on_cuda,
+            )
+            if system.profile
+            else None
+        )
+        self.progress = self._progress(
+            "train", plan.total_steps, self.state.completed_steps, "step", self.global_batch_size
+        )
         # What compiled before (--eval_on_start's graphs, an owed evaluation's) is not training's compile.
         before = compile_figures() if system.torch_compile else (math.nan, math.nan)
         t0 = time.perf_counter()
@@ -256,8 +342,14 @@ class Trainer:
 
     def _progress(self, label: str, total: int, done: int, unit: str, samples_per_unit: int) -> Progress:
         out = self.args.output
-        return Progress(label, total, done, unit, samples_per_unit,
-                        (self.is_main and not out.disable_tqdm, out.progress_interval_s, None))
+        return Progress(
+            label,
+            total,
+            done,
+            unit,
+            samples_per_unit,
+            (self.is_main and not out.disable_tqdm, out.progress_interval_s, None),
+        )
 
     def _sync(self) -> None:
         if self.on_cuda:
@@ -265,8 +357,11 @@ class Trainer:
 
     def _train_epoch(self, profiler) -> None:
         state = self.state
-        loader = (self.accelerator.skip_first_batches(self.train_dl, state.batches_in_epoch)
-                  if state.batches_in_epoch else self.train_dl)
+        loader = (
+            self.accelerator.skip_first_batches(self.train_dl, state.batches_in_epoch)
+            if state.batches_in_epoch
+            else self.train_dl
+        )
         loader.set_epoch(state.epoch)  # the shuffle of epoch e is a function of (seed, e) alone
         for batch in loader:
             try:
@@ -274,9 +369,13 @@ class Trainer:
             except (RuntimeError, MemoryError) as err:
                 if not oom.is_out_of_memory(err):
                     raise
-                raise oom.in_training_step(err, state.completed_steps + 1, *batch["input_ids"].shape,
-                                           self.args.optim.gradient_accumulation_steps,
-                                           oom.plan_command(self.args, self.mixed_precision)) from err
+                raise oom.in_training_step(
+                    err,
+                    state.completed_steps + 1,
+                    *batch["input_ids"].shape,
+                    self.args.optim.gradient_accumulation_steps,
+                    oom.plan_command(self.args, self.mixed_precision),
+                ) from err
             if self.accelerator.sync_gradients and self._after_update(profiler):
                 break
         if self.preempted:
@@ -300,7 +399,7 @@ class Trainer:
             if accelerator.sync_gradients:
                 # Only a clipping run measures the norm (as transformers' Trainer): measuring costs a pass.
                 clipped = accelerator.clip_grad_norm_(self.model.parameters(), max_norm) if max_norm > 0 else None
-                self.monitor.update(distributed.global_grad_norm(accelerator, self.model, clipped))
+                self.monitor.update(sharded.global_grad_norm(accelerator, self.model, clipped))
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -333,8 +432,9 @@ class Trainer:
         if logging_step:
             stopping = self._log_interval()
         else:  # a stop asked for during start-up (minutes on SQuAD) must not wait --logging_steps more steps
-            stopping = (state.completed_steps == self.first_step + 1
-                        and bool(distributed.failed_ranks(self.accelerator, self.stop.requested())))
+            stopping = state.completed_steps == self.first_step + 1 and bool(
+                faults.failed_ranks(self.accelerator, self.stop.requested())
+            )
         self.progress.update()  # after the log, so the line carries this step's loss
         if stopping:
             # The checkpoint comes first (the grace period is short); the evaluation this step owes waits for
@@ -357,8 +457,11 @@ class Trainer:
         self.last_loss = figures.loss
         bad_norms = figures.bad_grad_norms if self.guard_grad_norm else 0
         if not math.isfinite(self.last_loss) or bad_norms:  # every rank sees the same figures: all stop together
-            what = f"loss is {self.last_loss}" if not math.isfinite(self.last_loss) else (
-                f"{bad_norms} gradient norm(s) were not finite")
+            what = (
+                f"loss is {self.last_loss}"
+                if not math.isfinite(self.last_loss)
+                else (f"{bad_norms} gradient norm(s) were not finite")
+            )
             raise TrainingDiverged(self._diverged(what))
         lr = self.scheduler.get_last_lr()[0]
         self.progress.note(loss=self.last_loss, lr=lr)
@@ -384,16 +487,23 @@ class Trainer:
         with self._not_training():
             result = self.evaluate()
             if result is not None:  # the terminal and a SLURM log see each score, not only the trackers
-                log.info("evaluation at step %d (epoch %.2f): exact_match %.2f, f1 %.2f", self.state.completed_steps,
-                         self.epoch, result.exact_match, result.f1)
+                log.info(
+                    "evaluation at step %d (epoch %.2f): exact_match %.2f, f1 %.2f",
+                    self.state.completed_steps,
+                    self.epoch,
+                    result.exact_match,
+                    result.f1,
+                )
             self.log_eval(result)
             self.best.offer(result, self.state.completed_steps, self.export_to)
 
     def log_eval(self, result: EvalResult | None) -> None:
         """eval/* against the current step (main process; None elsewhere)."""
         if result is not None:
-            self.tracker.log_step(self.state.completed_steps, {
-                "eval/exact_match": result.exact_match, "eval/f1": result.f1, "eval/runtime_s": result.runtime_s})
+            self.tracker.log_step(
+                self.state.completed_steps,
+                {"eval/exact_match": result.exact_match, "eval/f1": result.f1, "eval/runtime_s": result.runtime_s},
+            )
 
     def log_samples(self, result: EvalResult | None, limit: int = 100) -> None:
         """A W&B table of evaluation questions: question, gold, prediction, EM, F1 (main process)."""
@@ -423,16 +533,18 @@ class Trainer:
 
     def _check_weights(self) -> None:
         """Non-finite weights are never checkpointed or exported (each rank checks what it holds)."""
-        bad = distributed.nonfinite_tensors(self.model.parameters(), self.accelerator.device)
+        bad = sharded.nonfinite_tensors(self.model.parameters(), self.accelerator.device)
         if self.accelerator.reduce(bad, reduction="sum").item() > 0:
             raise TrainingDiverged(self._diverged("the weights hold NaN or Inf values"))
 
     def _diverged(self, what: str) -> str:
         done = checkpoint.complete_checkpoints(self.output_dir)
         kept = f"the last checkpoint, {done[-1]}, is from before it" if done else "no checkpoint was saved"
-        return (f"training diverged at step {self.state.completed_steps}: {what} (learning rate "
-                f"{self.scheduler.get_last_lr()[0]:.3g}); nothing was exported and {kept}. Try a lower "
-                "--learning_rate, more warm-up (--warmup_ratio 0.1), --max_grad_norm 1.0, or bf16 instead of fp16")
+        return (
+            f"training diverged at step {self.state.completed_steps}: {what} (learning rate "
+            f"{self.scheduler.get_last_lr()[0]:.3g}); nothing was exported and {kept}. Try a lower "
+            "--learning_rate, more warm-up (--warmup_ratio 0.1), --max_grad_norm 1.0, or bf16 instead of fp16"
+        )
 
     # --- evaluation, record, finish ------------------------------------------------------------
 
@@ -441,10 +553,16 @@ class Trainer:
         if self.eval_dl is None:
             return None
         t0 = time.perf_counter()
-        progress = self._progress("eval", len(self.eval_dl), 0, "batch",
-                                  self.args.data.per_device_eval_batch_size * self.accelerator.num_processes)
-        logits = predict_logits(self.accelerator, self.model, progress.over(self.eval_dl),
-                                self.args.data.max_seq_length, self.host_memory)
+        progress = self._progress(
+            "eval",
+            len(self.eval_dl),
+            0,
+            "batch",
+            self.args.data.per_device_eval_batch_size * self.accelerator.num_processes,
+        )
+        logits = predict_logits(
+            self.accelerator, self.model, progress.over(self.eval_dl), self.args.data.max_seq_length, self.host_memory
+        )
         progress.close()
         self.host_memory.trim()  # evaluation's transient logits and batches
         if self.eval_set is None:

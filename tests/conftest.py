@@ -19,35 +19,64 @@ DEMO_DEV = ASSETS / "demo" / "dev.json"
 
 def export_answers(model_dir: Path, questions: int | None = None, **predictor: str) -> dict[str, str]:
     """An exported model's answers to the demo dev set (its first `questions`), in tiny_flags' windows."""
-    from qa_train.config import DataArgs
-    from qa_train.data import load_file
+    from qa_train.config.settings import DataArgs
+    from qa_train.data.load import load_file
     from qa_train.predict import Predictor
 
     data = DataArgs(dataset_name=None, max_seq_length=192, doc_stride=64, per_device_eval_batch_size=32)
     examples = load_file(str(DEMO_DEV), "required")
-    return Predictor(str(model_dir), data, **predictor).predict(
-        examples if questions is None else examples.head(questions)).predictions
+    return (
+        Predictor(str(model_dir), data, **predictor)
+        .predict(examples if questions is None else examples.head(questions))
+        .predictions
+    )
 
 
 def tiny_flags(output_dir: Path, *extra: str) -> list[str]:
     """A short real run of the bundled tiny BERT on the bundled demo data."""
     return [
-        "--config_name", str(TINY), "--tokenizer_name", str(TINY),
-        "--train_file", str(DEMO_TRAIN), "--validation_file", str(DEMO_DEV),
-        "--max_seq_length", "192", "--doc_stride", "64", "--per_device_train_batch_size", "8",
-        "--per_device_eval_batch_size", "32", "--learning_rate", "1e-3", "--report_to", "none",
-        "--output_dir", str(output_dir), *extra,
+        "--config_name",
+        str(TINY),
+        "--tokenizer_name",
+        str(TINY),
+        "--train_file",
+        str(DEMO_TRAIN),
+        "--validation_file",
+        str(DEMO_DEV),
+        "--max_seq_length",
+        "192",
+        "--doc_stride",
+        "64",
+        "--per_device_train_batch_size",
+        "8",
+        "--per_device_eval_batch_size",
+        "32",
+        "--learning_rate",
+        "1e-3",
+        "--report_to",
+        "none",
+        "--output_dir",
+        str(output_dir),
+        *extra,
     ]
 
 
 def base_env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"QA_TRAIN_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1",
-                # The venv's tools first, as `make install` built DeepSpeed's ops with them: two ninja versions
-                # (pip's and the system's) disagree on the build log's hashes, and each then rebuilds the ops
-                # (~40 s a launch).
-                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
+    env.update(
+        {
+            "QA_TRAIN_CACHE": str(tmp_path / "cache"),
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "WANDB_SILENT": "true",
+            "PYTHONUNBUFFERED": "1",
+            # The venv's tools first, as `make install` built DeepSpeed's ops with them: two ninja versions
+            # (pip's and the system's) disagree on the build log's hashes, and each then rebuilds the ops
+            # (~40 s a launch).
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+    )
     env.pop("WANDB_API_KEY", None)
     # torch writes its default inductor cache folder into the environment of any process that looked for it (this
     # one may have): each run resolves its own, and a batch script's default is the one it sets.
@@ -62,7 +91,9 @@ def run_cmd(cmd: list[str], env: dict[str, str], timeout: int = 600) -> subproce
 
 def run_ok(cmd: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
     proc = run_cmd(cmd, env, timeout)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    )
     return proc
 
 

@@ -10,7 +10,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
 
-from qa_train.distributed import export_state_dict
+from qa_train.strategy.sharded import export_state_dict
 
 
 class Probe(torch.nn.Module):
@@ -32,10 +32,17 @@ class Probe(torch.nn.Module):
 
 
 def main(stage: int, saved: str) -> None:
-    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
-              "zero_optimization": {"stage": stage}}
-    accelerator = Accelerator(mixed_precision="bf16", deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config),
-                              kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": stage},
+    }
+    accelerator = Accelerator(
+        mixed_precision="bf16",
+        deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config),
+        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")],
+    )
     torch.manual_seed(0)
     model = Probe()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)

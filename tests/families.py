@@ -20,9 +20,16 @@ FAMILIES = ("bert", "roberta", "distilbert", "electra", "xlm-roberta", "deberta-
 VOCAB_SIZE = 800
 MAX_POSITIONS = 256
 # DeBERTa-v3's own settings (microsoft/deberta-v3-*): relative attention, no absolute positions, no segments.
-DEBERTA_V3 = {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_biased_input": False,
-              "max_relative_positions": -1, "position_buckets": 256, "norm_rel_ebd": "layer_norm",
-              "share_att_key": True, "type_vocab_size": 0}
+DEBERTA_V3 = {
+    "relative_attention": True,
+    "pos_att_type": ["p2c", "c2p"],
+    "position_biased_input": False,
+    "max_relative_positions": -1,
+    "position_buckets": 256,
+    "norm_rel_ebd": "layer_norm",
+    "share_att_key": True,
+    "type_vocab_size": 0,
+}
 
 
 def corpus(limit: int = 1200) -> list[str]:
@@ -42,8 +49,9 @@ def _wordpiece(texts: list[str], cls: type):
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=VOCAB_SIZE, special_tokens=specials,
-                                                             show_progress=False))
+    tok.train_from_iterator(
+        texts, trainers.WordPieceTrainer(vocab_size=VOCAB_SIZE, special_tokens=specials, show_progress=False)
+    )
     return cls(vocab=tok.get_vocab(), do_lower_case=True, model_max_length=MAX_POSITIONS)
 
 
@@ -52,9 +60,15 @@ def _byte_bpe(texts: list[str], specials: list[str]):
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=specials,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                       show_progress=False))
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=VOCAB_SIZE,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     return tok
 
 
@@ -64,10 +78,15 @@ def _unigram(texts: list[str], specials: list[str]) -> list[tuple[str, float]]:
 
     tok = Tokenizer(models.Unigram())
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=VOCAB_SIZE, special_tokens=specials,
-                                                           unk_token=specials[specials.index("<unk>")
-                                                                              if "<unk>" in specials else 3],
-                                                           show_progress=False))
+    tok.train_from_iterator(
+        texts,
+        trainers.UnigramTrainer(
+            vocab_size=VOCAB_SIZE,
+            special_tokens=specials,
+            unk_token=specials[specials.index("<unk>") if "<unk>" in specials else 3],
+            show_progress=False,
+        ),
+    )
     return [tuple(piece) for piece in json.loads(tok.to_str())["model"]["vocab"]]
 
 
@@ -83,8 +102,9 @@ def _roberta(texts: list[str]):
 def _xlm_roberta(texts: list[str]):
     from transformers import XLMRobertaTokenizerFast
 
-    return XLMRobertaTokenizerFast(vocab=_unigram(texts, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]),
-                                   model_max_length=MAX_POSITIONS)
+    return XLMRobertaTokenizerFast(
+        vocab=_unigram(texts, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]), model_max_length=MAX_POSITIONS
+    )
 
 
 def _deberta_v3(texts: list[str]):
@@ -101,14 +121,26 @@ def _modernbert(texts: list[str]):
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tok = _byte_bpe(texts, specials)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=True),
-        processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-                                      special_tokens=[("[CLS]", cls), ("[SEP]", sep)]),
-    ])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=MAX_POSITIONS,
-                                   model_input_names=["input_ids", "attention_mask"])
+    tok.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=True),
+            processors.TemplateProcessing(
+                single="[CLS] $A [SEP]",
+                pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+            ),
+        ]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=MAX_POSITIONS,
+        model_input_names=["input_ids", "attention_mask"],
+    )
 
 
 def _bert_like(cls_name: str) -> Callable[[list[str]], object]:
@@ -121,9 +153,13 @@ def _bert_like(cls_name: str) -> Callable[[list[str]], object]:
 
 
 TOKENIZERS: dict[str, Callable[[list[str]], object]] = {
-    "bert": _bert_like("BertTokenizerFast"), "distilbert": _bert_like("DistilBertTokenizerFast"),
-    "electra": _bert_like("ElectraTokenizerFast"), "roberta": _roberta, "xlm-roberta": _xlm_roberta,
-    "deberta-v2": _deberta_v3, "modernbert": _modernbert,
+    "bert": _bert_like("BertTokenizerFast"),
+    "distilbert": _bert_like("DistilBertTokenizerFast"),
+    "electra": _bert_like("ElectraTokenizerFast"),
+    "roberta": _roberta,
+    "xlm-roberta": _xlm_roberta,
+    "deberta-v2": _deberta_v3,
+    "modernbert": _modernbert,
 }
 
 
@@ -132,11 +168,23 @@ def tiny_config(family: str, tokenizer):
     from transformers import AutoConfig
 
     ids = {"pad_token_id": tokenizer.pad_token_id}
-    size = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-            "max_position_embeddings": MAX_POSITIONS, "initializer_range": 0.1}
+    size = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": MAX_POSITIONS,
+        "initializer_range": 0.1,
+    }
     if family == "distilbert":
-        size = {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64, "max_position_embeddings": MAX_POSITIONS,
-                "initializer_range": 0.1}
+        size = {
+            "dim": 32,
+            "n_layers": 2,
+            "n_heads": 2,
+            "hidden_dim": 64,
+            "max_position_embeddings": MAX_POSITIONS,
+            "initializer_range": 0.1,
+        }
     elif family in ("roberta", "xlm-roberta"):  # positions start after the padding index
         size["max_position_embeddings"] = MAX_POSITIONS + tokenizer.pad_token_id + 1
         size["type_vocab_size"] = 1
@@ -145,9 +193,14 @@ def tiny_config(family: str, tokenizer):
     elif family == "deberta-v2":
         size.update(DEBERTA_V3)
     elif family == "modernbert":
-        size.update(global_attn_every_n_layers=2, local_attention=64, cls_token_id=tokenizer.cls_token_id,
-                    sep_token_id=tokenizer.sep_token_id, bos_token_id=tokenizer.cls_token_id,
-                    eos_token_id=tokenizer.sep_token_id)
+        size.update(
+            global_attn_every_n_layers=2,
+            local_attention=64,
+            cls_token_id=tokenizer.cls_token_id,
+            sep_token_id=tokenizer.sep_token_id,
+            bos_token_id=tokenizer.cls_token_id,
+            eos_token_id=tokenizer.sep_token_id,
+        )
     return AutoConfig.for_model(family, vocab_size=len(tokenizer), **ids, **size)
 
 

@@ -42,12 +42,12 @@ def test_squad_v11_layout_and_answer_spans(split):
     data = load(split)
     assert data["version"] == "1.1"
     n = 0
-    for title, context, qa in examples(split):
+    for _title, context, qa in examples(split):
         assert qa["question"].strip() and qa["answers"], f"{split}: {qa['id']} has no question or answers"
         for ans in qa["answers"]:
             s, text = ans["answer_start"], ans["text"]
             assert isinstance(s, int), f"{split}: {qa['id']}: answer_start {s!r} is not an int"
-            assert context[s:s + len(text)] == text, f"{split}: {qa['id']}: {s} does not point at {text!r}"
+            assert context[s : s + len(text)] == text, f"{split}: {qa['id']}: {s} does not point at {text!r}"
         n += 1
     assert 1200 <= n <= 1800 if split == "train" else 200 <= n <= 300, f"{split}: {n} questions"
 
@@ -91,8 +91,17 @@ def test_tokenizer_is_fast_with_full_vocab(tokenizer):
     assert vocab_lines[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     assert tokenizer.pad_token_id == 0
     # uncased, and numbers digit by digit with "##" marking where one continues
-    assert tokenizer.tokenize("The Bridge Opened in 1843.") == ["the", "bridge", "opened", "in",
-                                                                "1", "##8", "##4", "##3", "."]
+    assert tokenizer.tokenize("The Bridge Opened in 1843.") == [
+        "the",
+        "bridge",
+        "opened",
+        "in",
+        "1",
+        "##8",
+        "##4",
+        "##3",
+        ".",
+    ]
 
 
 def test_unknown_token_rate_on_dev_is_low(tokenizer):
@@ -116,9 +125,17 @@ def test_overflowing_windows_and_model_forward(tokenizer):
     from transformers import AutoConfig, BertForQuestionAnswering
 
     _, context, qa = next(examples("dev"))
-    enc = tokenizer(qa["question"], context, truncation="only_second", max_length=64, stride=16,
-                    return_overflowing_tokens=True, return_offsets_mapping=True, padding="max_length",
-                    return_tensors="pt")
+    enc = tokenizer(
+        qa["question"],
+        context,
+        truncation="only_second",
+        max_length=64,
+        stride=16,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        padding="max_length",
+        return_tensors="pt",
+    )
     assert enc["input_ids"].shape[0] >= 2 and enc["input_ids"].shape[1] == 64
     assert enc["token_type_ids"].max() == 1  # BERT needs segment ids for the context
 
@@ -128,8 +145,9 @@ def test_overflowing_windows_and_model_forward(tokenizer):
     torch.manual_seed(0)
     model = BertForQuestionAnswering(config).eval()
     with torch.no_grad():
-        out = model(input_ids=enc["input_ids"], token_type_ids=enc["token_type_ids"],
-                    attention_mask=enc["attention_mask"])
+        out = model(
+            input_ids=enc["input_ids"], token_type_ids=enc["token_type_ids"], attention_mask=enc["attention_mask"]
+        )
     assert out.start_logits.shape == out.end_logits.shape == enc["input_ids"].shape
 
 
@@ -183,14 +201,14 @@ def test_v2_layout_answerable_and_unanswerable(split):
     for _, context, qa in qas:
         for ans in qa["answers"]:
             s, text = ans["answer_start"], ans["text"]
-            assert context[s:s + len(text)] == text, f"{split}: {qa['id']}: {s} does not point at {text!r}"
+            assert context[s : s + len(text)] == text, f"{split}: {qa['id']}: {s} does not point at {text!r}"
 
 
 def test_v2_unanswerable_questions_ask_about_the_paragraphs_own_entity():
     """Not trivially unanswerable: the question names the paragraph's entity (the title's first word), only the
     fact is missing. The v2 files load with qa_train's own validation under --version_2_with_negative, and are
     refused without it."""
-    from qa_train.data import DataError, load_file
+    from qa_train.data.load import DataError, load_file
 
     for split in SPLITS:
         for title, _, qa in v2_questions(split):

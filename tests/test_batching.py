@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from conftest import DEMO_DEV, TINY
 from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoTokenizer
 
-from conftest import DEMO_DEV, TINY
-from qa_train.batching import Collator, LengthGroupedSampler, WindowDataset
-from qa_train.data import load_file
-from qa_train.features import featurize
+from qa_train.data.batching import Collator, LengthGroupedSampler, WindowDataset
+from qa_train.data.features import featurize
+from qa_train.data.load import load_file
 
 
 def _features(max_len: int = 384):

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import DEMO_DEV, export_answers, tiny_flags
 
-from qa_train.flags import parse_args
+from qa_train.config.flags import parse_args
 from qa_train.run import run
 from qa_train.trainer import Trainer
 
@@ -31,13 +30,32 @@ def scripted_run(out: Path, monkeypatch: pytest.MonkeyPatch, f1s: list[float], *
     def evaluate(self: Trainer, predictions_path: Path | None = None):
         result = real_evaluate(self, predictions_path)
         step = self.state.completed_steps
-        weights[step] = {k: v.detach().clone() for k, v in self.accelerator.unwrap_model(self.model).state_dict().items()}
+        weights[step] = {
+            k: v.detach().clone() for k, v in self.accelerator.unwrap_model(self.model).state_dict().items()
+        }
         result.f1 = next(script)
         return result
 
     monkeypatch.setattr(Trainer, "evaluate", evaluate)
-    run(parse_args(tiny_flags(out, "--max_train_steps", "30", "--logging_steps", "10", "--eval_strategy", "steps",
-                              "--eval_steps", "10", "--max_eval_samples", "40", "--save_best", *extra)))
+    run(
+        parse_args(
+            tiny_flags(
+                out,
+                "--max_train_steps",
+                "30",
+                "--logging_steps",
+                "10",
+                "--eval_strategy",
+                "steps",
+                "--eval_steps",
+                "10",
+                "--max_eval_samples",
+                "40",
+                "--save_best",
+                *extra,
+            )
+        )
+    )
     return weights
 
 
@@ -70,7 +88,8 @@ def answers(path: Path) -> dict[str, str]:
 
 
 def test_an_earlier_best_model_is_the_export_and_answers_the_predictions(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "run"
     weights = scripted_run(out, monkeypatch, [10.0, 50.0, 30.0], *PREDICT_40)
     assert sorted(weights) == [10, 20, 30]
@@ -86,16 +105,18 @@ def test_an_earlier_best_model_is_the_export_and_answers_the_predictions(
     assert "predict: answering with the best model (step 20, F1 50.00)" in capfd.readouterr().err
 
 
-def test_save_best_joining_a_resumed_run_exports_a_model_it_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+def test_save_best_joining_a_resumed_run_exports_a_model_it_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     """The checkpoint's best evaluation (step 10) has no model in best/: it counts in best_*, but the export is
     the best of the models kept from then on (step 20), not a best/ that does not exist."""
     out = tmp_path / "run"
     flags = ["--checkpointing_steps", "10"]
     scripted_run(out, monkeypatch, [50.0, 10.0, 10.0], *flags, "--save_best", "false")  # the last flag wins
     monkeypatch.undo()  # the next run scripts Trainer.evaluate afresh
-    weights = scripted_run(out, monkeypatch, [30.0, 20.0], *flags,
-                           "--resume_from_checkpoint", str(out / "checkpoints" / "step_00000010"))
+    weights = scripted_run(
+        out, monkeypatch, [30.0, 20.0], *flags, "--resume_from_checkpoint", str(out / "checkpoints" / "step_00000010")
+    )
     assert "predates --save_best" in capfd.readouterr().err
     assert json.loads((out / "final" / "best.json").read_text())["step"] == 20
     assert same(weights[20], final_weights(out))
@@ -111,7 +132,7 @@ def test_without_save_best_predictions_come_from_the_last_model(tmp_path: Path) 
 
 
 def test_save_best_needs_evaluations_during_training(tmp_path: Path) -> None:
-    from qa_train.config import ConfigError
+    from qa_train.config.settings import ConfigError
 
     with pytest.raises(ConfigError, match="^--save_best: needs evaluations during training"):
         parse_args(tiny_flags(tmp_path, "--save_best"))
@@ -119,11 +140,12 @@ def test_save_best_needs_evaluations_during_training(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("main", [True, False])
 def test_the_warning_that_the_best_evaluation_has_no_kept_model_comes_from_the_main_process_only(
-        tmp_path: Path, main: bool, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, main: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     """Every rank builds a BestModel; one line per run, not one per rank (non-main ranks log warnings)."""
     from types import SimpleNamespace
 
-    from qa_train.best import BestModel
+    from qa_train.strategy.best import BestModel
 
     carried = {"step": 10, "exact_match": 40.0, "f1": 50.0}  # the checkpoint's best; best/ holds no model
     with caplog.at_level("WARNING", logger="qa_train"):

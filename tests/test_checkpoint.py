@@ -1,4 +1,4 @@
-"""qa_train.checkpoint without training: which folders count, rotation, resume, atomic save and load."""
+"""qa_train.strategy.checkpoint without training: which folders count, rotation, resume, atomic save and load."""
 
 from __future__ import annotations
 
@@ -11,12 +11,18 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-
-from qa_train import checkpoint as ckpt  # names added with manifests: fail one by one on an older module
-from qa_train.checkpoint import STATE_FILE, checkpoint_root, complete_checkpoints, load_checkpoint, resolve_resume
-from qa_train.saving import CheckpointSaveError, _rotate, save_checkpoint
-from qa_train.train_state import CONTRACT, DATA_ORDER, TrainerState, state_from_json
 from test_train_state import contract
+
+from qa_train.strategy import checkpoint as ckpt  # names added with manifests: fail one by one on an older module
+from qa_train.strategy.checkpoint import (
+    STATE_FILE,
+    checkpoint_root,
+    complete_checkpoints,
+    load_checkpoint,
+    resolve_resume,
+)
+from qa_train.strategy.saving import CheckpointSaveError, _rotate, save_checkpoint
+from qa_train.strategy.train_state import CONTRACT, DATA_ORDER, TrainerState, state_from_json
 
 MANIFEST = "manifest.json"
 RUN = "0123456789abcdef0123456789abcdef"  # the run_id of the folders `make` writes
@@ -111,8 +117,7 @@ def test_only_complete_step_folders_count(tmp_path: Path) -> None:
 def test_sorted_by_step_number(tmp_path: Path) -> None:
     for step in (10, 9, 100, 1):
         make(tmp_path, f"step_{step:08d}")
-    assert names(complete_checkpoints(tmp_path)) == ["step_00000001", "step_00000009", "step_00000010",
-                                                     "step_00000100"]
+    assert names(complete_checkpoints(tmp_path)) == ["step_00000001", "step_00000009", "step_00000010", "step_00000100"]
 
 
 def test_unpadded_names_sort_numerically(tmp_path: Path) -> None:
@@ -201,8 +206,7 @@ def test_save_writes_a_temp_folder_then_renames_it(tmp_path: Path) -> None:
     assert sorted(p.name for p in final.iterdir() if p.name != MANIFEST) == ["model.safetensors", STATE_FILE]
     saved = json.loads((final / STATE_FILE).read_text())
     counters = {k: saved[k] for k in ("completed_steps", "epoch", "batches_in_epoch")}
-    assert counters == {"completed_steps": 7, "epoch": 1,
-                        "batches_in_epoch": 3}
+    assert counters == {"completed_steps": 7, "epoch": 1, "batches_in_epoch": 3}
     assert acc.barriers >= 2  # ranks meet before and after writing their shards
 
 
@@ -222,11 +226,13 @@ def test_a_save_that_crashes_never_becomes_latest(tmp_path: Path) -> None:
 
 
 def test_saving_the_same_step_again_overwrites(tmp_path: Path) -> None:
-    first = save_checkpoint(FakeAccelerator(), tmp_path,
-                            TrainerState(completed_steps=5, batches_in_epoch=1, run_id=RUN), keep=None)
+    first = save_checkpoint(
+        FakeAccelerator(), tmp_path, TrainerState(completed_steps=5, batches_in_epoch=1, run_id=RUN), keep=None
+    )
     (first / "stale.bin").write_text("from the first save")
-    second = save_checkpoint(FakeAccelerator(), tmp_path,
-                             TrainerState(completed_steps=5, batches_in_epoch=2, run_id=RUN), keep=None)
+    second = save_checkpoint(
+        FakeAccelerator(), tmp_path, TrainerState(completed_steps=5, batches_in_epoch=2, run_id=RUN), keep=None
+    )
     assert second == first
     assert not (second / "stale.bin").exists()
     assert json.loads((second / STATE_FILE).read_text())["batches_in_epoch"] == 2
@@ -298,12 +304,15 @@ def test_verify_with_contents_names_a_file_damaged_at_its_own_size(tmp_path: Pat
     final = save_checkpoint(ShardingAccelerator(), tmp_path, TrainerState(completed_steps=3), keep=None)
     flip_a_byte(final / "pytorch_model" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     assert ckpt.verify(final) is None  # sizes alone: what rotation and listings check, reading no file
-    assert ckpt.verify(final, contents=True) == ("pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt: its "
-                                                 "contents differ from the manifest's CRC32 (damaged after it was "
-                                                 "written)")
+    assert ckpt.verify(final, contents=True) == (
+        "pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt: its "
+        "contents differ from the manifest's CRC32 (damaged after it was "
+        "written)"
+    )
     flip_a_byte(final / "model.safetensors")
-    assert ckpt.verify(final, contents=True) == ("model.safetensors: its contents differ from the manifest's CRC32 "
-                                                 "(damaged after it was written) (and 1 more)")
+    assert ckpt.verify(final, contents=True) == (
+        "model.safetensors: its contents differ from the manifest's CRC32 (damaged after it was written) (and 1 more)"
+    )
 
 
 def test_a_manifest_without_checksums_still_verifies_with_contents(tmp_path: Path) -> None:
@@ -326,15 +335,20 @@ def test_latest_with_contents_skips_a_damaged_checkpoint(tmp_path: Path, caplog)
         resolve_resume(str(bad), tmp_path, contents=True)
 
 
-@pytest.mark.parametrize(("edit", "problem"), [
-    (lambda m: m["files"].update({"/etc/hostname": 5}), "'/etc/hostname' is not a file inside the checkpoint"),
-    (lambda m: m["files"].update({"../step_00000002/model.safetensors": 5}), "is not a file inside the checkpoint"),
-    (lambda m: m["crc32"].pop("model.safetensors"), "its 'crc32' does not cover exactly the files it lists"),
-    (lambda m: m["crc32"].update({"extra.bin": 1}), "its 'crc32' does not cover exactly the files it lists"),
-    (lambda m: m.update(format="2"), "'format' is '2', not a number"),
-], ids=["absolute", "dotdot", "crc-missing", "crc-extra", "format"])
-def test_a_manifest_naming_files_outside_the_checkpoint_or_missing_checksums_is_invalid(tmp_path: Path, edit,
-                                                                                      problem: str) -> None:
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda m: m["files"].update({"/etc/hostname": 5}), "'/etc/hostname' is not a file inside the checkpoint"),
+        (lambda m: m["files"].update({"../step_00000002/model.safetensors": 5}), "is not a file inside the checkpoint"),
+        (lambda m: m["crc32"].pop("model.safetensors"), "its 'crc32' does not cover exactly the files it lists"),
+        (lambda m: m["crc32"].update({"extra.bin": 1}), "its 'crc32' does not cover exactly the files it lists"),
+        (lambda m: m.update(format="2"), "'format' is '2', not a number"),
+    ],
+    ids=["absolute", "dotdot", "crc-missing", "crc-extra", "format"],
+)
+def test_a_manifest_naming_files_outside_the_checkpoint_or_missing_checksums_is_invalid(
+    tmp_path: Path, edit, problem: str
+) -> None:
     """Found in review: any name in 'crc32' was read (`/dev/zero` would never end, on the main process while every
     rank waited), and a format-2 manifest whose 'crc32' left files out checked none of them."""
     final = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=3), keep=None)
@@ -380,16 +394,21 @@ def test_the_main_process_alone_checks_contents_and_every_rank_gets_its_answer(t
     assert ckpt.agreed_resume(ResumingRank(1), "latest", tmp_path) == good
     assert read == []  # no rank but the main process reads the checkpoint's bytes
 
-    monkeypatch.setattr(accelerate.utils, "broadcast_object_list",
-                        lambda answer: answer.__setitem__(0, ("refused", "--resume_from_checkpoint x: damaged")))
+    monkeypatch.setattr(
+        accelerate.utils,
+        "broadcast_object_list",
+        lambda answer: answer.__setitem__(0, ("refused", "--resume_from_checkpoint x: damaged")),
+    )
     with pytest.raises(ckpt.CheckpointError, match="^--resume_from_checkpoint x: damaged$"):
         ckpt.agreed_resume(ResumingRank(1), str(bad), tmp_path)
 
 
-@pytest.mark.parametrize("error", [PermissionError(13, "Permission denied", "manifest.json"), KeyError("a bug")],
-                         ids=["unreadable", "bug"])
-def test_a_check_that_fails_on_the_main_process_leaves_no_rank_waiting(tmp_path: Path, monkeypatch,
-                                                                       error: Exception) -> None:
+@pytest.mark.parametrize(
+    "error", [PermissionError(13, "Permission denied", "manifest.json"), KeyError("a bug")], ids=["unreadable", "bug"]
+)
+def test_a_check_that_fails_on_the_main_process_leaves_no_rank_waiting(
+    tmp_path: Path, monkeypatch, error: Exception
+) -> None:
     """Found in review: only CheckpointError was caught, so any other error on the main process skipped the
     broadcast the other ranks wait in (until the process group's timeout). They now get a refusal; an unreadable
     checkpoint is one for the main process too, a bug keeps its traceback there."""
@@ -406,8 +425,14 @@ def test_a_check_that_fails_on_the_main_process_leaves_no_rank_waiting(tmp_path:
     [(kind, message)] = sent
     assert kind == "refused"
     if isinstance(error, OSError):
-        assert str(raised.value) == message == ("--resume_from_checkpoint latest: could not be checked "
-                                                "(PermissionError: [Errno 13] Permission denied: 'manifest.json')")
+        assert (
+            str(raised.value)
+            == message
+            == (
+                "--resume_from_checkpoint latest: could not be checked "
+                "(PermissionError: [Errno 13] Permission denied: 'manifest.json')"
+            )
+        )
     else:
         assert message == "the main process failed while checking the checkpoint"
 
@@ -429,20 +454,30 @@ def test_verify_names_a_missing_file_and_counts_the_rest(tmp_path: Path) -> None
 def test_verify_without_manifest_says_incomplete(tmp_path: Path) -> None:
     d = make(tmp_path, "step_00000001")
     (d / MANIFEST).unlink()
-    assert ckpt.verify(d) == ("no manifest.json: incomplete (written by a run that was killed mid-save, "
-                              "or by an older qa_train?)")
+    assert ckpt.verify(d) == (
+        "no manifest.json: incomplete (written by a run that was killed mid-save, or by an older qa_train?)"
+    )
     assert complete_checkpoints(tmp_path) == []
 
 
-@pytest.mark.parametrize(("content", "problem"), [
-    ("{not json", "trainer_state.json: unreadable or invalid (JSONDecodeError: "),
-    ('{"completed_steps": -1, "epoch": 0, "batches_in_epoch": 0}',
-     "trainer_state.json: unreadable or invalid (ValueError: completed_steps is -1, not a count)"),
-    ('{"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0, "lr": 3}',
-     "trainer_state.json: unreadable or invalid (ValueError: unknown keys lr (written by a newer qa_train?))"),
-    ('{"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0, "world_size": "2"}',
-     "trainer_state.json: unreadable or invalid (ValueError: world_size is '2', not a positive integer)"),
-])
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("{not json", "trainer_state.json: unreadable or invalid (JSONDecodeError: "),
+        (
+            '{"completed_steps": -1, "epoch": 0, "batches_in_epoch": 0}',
+            "trainer_state.json: unreadable or invalid (ValueError: completed_steps is -1, not a count)",
+        ),
+        (
+            '{"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0, "lr": 3}',
+            "trainer_state.json: unreadable or invalid (ValueError: unknown keys lr (written by a newer qa_train?))",
+        ),
+        (
+            '{"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0, "world_size": "2"}',
+            "trainer_state.json: unreadable or invalid (ValueError: world_size is '2', not a positive integer)",
+        ),
+    ],
+)
 def test_verify_rejects_an_invalid_trainer_state(tmp_path: Path, content: str, problem: str) -> None:
     d = make(tmp_path, "step_00000001")
     (d / STATE_FILE).write_text(content)
@@ -466,7 +501,8 @@ def test_latest_skips_a_truncated_checkpoint_with_a_warning(tmp_path: Path, capl
     with caplog.at_level("WARNING", logger="qa_train"):
         assert resolve_resume("latest", tmp_path) == good
     assert [r.getMessage() for r in caplog.records] == [
-        f"checkpoint {bad} skipped: model.safetensors: 3 bytes, manifest says 13; resuming from {good} instead"]
+        f"checkpoint {bad} skipped: model.safetensors: 3 bytes, manifest says 13; resuming from {good} instead"
+    ]
 
 
 def test_latest_with_nothing_usable_starts_fresh_with_a_warning(tmp_path: Path, caplog) -> None:
@@ -494,17 +530,21 @@ def test_an_explicit_damaged_checkpoint_is_refused_naming_the_newest_good(tmp_pa
     with pytest.raises(ckpt.CheckpointError) as err:
         resolve_resume(str(bad), tmp_path)
     size = len(json.dumps(asdict(TrainerState(run_id=RUN))))
-    assert str(err.value) == (f"--resume_from_checkpoint {bad}: {STATE_FILE}: 3 bytes, manifest says {size}; "
-                              f"the newest good checkpoint there is {good}")
+    assert str(err.value) == (
+        f"--resume_from_checkpoint {bad}: {STATE_FILE}: 3 bytes, manifest says {size}; "
+        f"the newest good checkpoint there is {good}"
+    )
 
 
 def test_an_explicit_checkpoint_without_manifest_is_refused(tmp_path: Path) -> None:
     old = make_old_format(tmp_path, "step_00000003")
     with pytest.raises(ValueError) as err:
         resolve_resume(str(old), tmp_path)
-    assert str(err.value) == (f"--resume_from_checkpoint {old}: no manifest.json: incomplete (written by a run that "
-                              f"was killed mid-save, or by an older qa_train?); there is no good checkpoint in "
-                              f"{old.parent}")
+    assert str(err.value) == (
+        f"--resume_from_checkpoint {old}: no manifest.json: incomplete (written by a run that "
+        f"was killed mid-save, or by an older qa_train?); there is no good checkpoint in "
+        f"{old.parent}"
+    )
 
 
 # --- load errors name the checkpoint ------------------------------------------------------------
@@ -514,11 +554,14 @@ class SafetensorError(Exception):
     """Stands in for safetensors' error type (a plain Exception subclass)."""
 
 
-@pytest.mark.parametrize("error", [
-    SafetensorError("Error while deserializing header: incomplete metadata, file not fully covered"),
-    RuntimeError("PytorchStreamReader failed reading zip archive: failed finding central directory\nmore detail"),
-    EOFError("Ran out of input"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        SafetensorError("Error while deserializing header: incomplete metadata, file not fully covered"),
+        RuntimeError("PytorchStreamReader failed reading zip archive: failed finding central directory\nmore detail"),
+        EOFError("Ran out of input"),
+    ],
+)
 def test_a_load_failure_names_the_checkpoint_the_error_and_the_previous_one(tmp_path: Path, error) -> None:
     previous = make(tmp_path, "step_00000002")
     path = make(tmp_path, "step_00000004")
@@ -526,9 +569,11 @@ def test_a_load_failure_names_the_checkpoint_the_error_and_the_previous_one(tmp_
     with pytest.raises(ckpt.CheckpointError) as err:
         load_checkpoint(FakeAccelerator(fail_load=error), path)
     first_line = str(error).splitlines()[0]
-    assert str(err.value) == (f"checkpoint {path} could not be loaded: {type(error).__name__}: {first_line}; if it is "
-                              f"damaged, resume from the previous complete checkpoint: --resume_from_checkpoint "
-                              f"{previous}")
+    assert str(err.value) == (
+        f"checkpoint {path} could not be loaded: {type(error).__name__}: {first_line}; if it is "
+        f"damaged, resume from the previous complete checkpoint: --resume_from_checkpoint "
+        f"{previous}"
+    )
     assert err.value.__cause__ is error
 
 
@@ -547,14 +592,17 @@ def test_a_sharded_checkpoint_that_fails_to_load_is_refused_in_one_line(tmp_path
     inner = ValueError("Invalid magic number; corrupt file?")
     with pytest.raises(ckpt.CheckpointError) as err:
         load_checkpoint(FakeAccelerator(fail_load=dcp_failure(inner)), path)
-    assert str(err.value) == (f"checkpoint {path} could not be loaded: ValueError: Invalid magic number; corrupt "
-                              f"file?; if it is damaged, resume from the previous complete checkpoint: "
-                              f"--resume_from_checkpoint {previous}")
+    assert str(err.value) == (
+        f"checkpoint {path} could not be loaded: ValueError: Invalid magic number; corrupt "
+        f"file?; if it is damaged, resume from the previous complete checkpoint: "
+        f"--resume_from_checkpoint {previous}"
+    )
 
 
 def test_a_sharded_save_that_fails_is_a_save_failure_and_leaves_no_partial_folder(tmp_path: Path) -> None:
     """FSDP's saver raised CheckpointException past the save agreement: exit 1, and the partial folder (on a
     full disk, the space needed back) stayed."""
+
     class ShardedSave(FakeAccelerator):
         def save_state(self, output_dir: str) -> None:
             (Path(output_dir) / "__0_0.distcp").write_text("half written")
@@ -587,8 +635,12 @@ def write_rng_file(path: Path) -> None:
     import numpy as np
     import torch
 
-    states = {"step": 0, "random_state": random.getstate(), "numpy_random_seed": np.random.get_state(),
-              "torch_manual_seed": torch.get_rng_state()}
+    states = {
+        "step": 0,
+        "random_state": random.getstate(),
+        "numpy_random_seed": np.random.get_state(),
+        "torch_manual_seed": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         states["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
     torch.save(states, path)
@@ -607,8 +659,10 @@ def test_an_unreadable_rng_file_is_a_warning_naming_it(tmp_path: Path, caplog) -
         load_checkpoint(FakeAccelerator(), path)
     message = caplog.records[-1].getMessage()
     assert message.startswith(f"{rng}: unreadable (")
-    assert message.endswith("this rank goes on with the RNG seeded at start-up, so dropout differs from an "
-                            "uninterrupted run (the resume is not bit-exact)")
+    assert message.endswith(
+        "this rank goes on with the RNG seeded at start-up, so dropout differs from an "
+        "uninterrupted run (the resume is not bit-exact)"
+    )
 
 
 def test_a_missing_rng_file_is_a_warning_naming_it(tmp_path: Path, caplog) -> None:
@@ -634,8 +688,14 @@ def test_an_older_trainer_state_loads(tmp_path: Path) -> None:
 
 
 def test_save_records_the_run_id_and_contract(tmp_path: Path) -> None:
-    state = TrainerState(completed_steps=2, world_size=2, global_batch_size=64, per_device_train_batch_size=8,
-                         gradient_accumulation_steps=4, total_steps=100)
+    state = TrainerState(
+        completed_steps=2,
+        world_size=2,
+        global_batch_size=64,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=4,
+        total_steps=100,
+    )
     path = save_checkpoint(FakeAccelerator(), tmp_path, state, keep=None)
     assert ckpt.read_state(path) == state
     assert json.loads((path / STATE_FILE).read_text())["run_id"] == state.run_id
@@ -661,8 +721,9 @@ def test_rotation_never_deletes_the_checkpoint_just_written(tmp_path: Path) -> N
     assert later.is_dir()
 
 
-def test_a_rotation_that_fails_leaves_the_new_checkpoint_saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_a_rotation_that_fails_leaves_the_new_checkpoint_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Removing an old checkpoint can fail (a permission, a busy file system) after the new one is complete:
     that is a warning, not a failed save."""
     save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=1, run_id=RUN), keep=1)
@@ -670,7 +731,7 @@ def test_a_rotation_that_fails_leaves_the_new_checkpoint_saved(tmp_path: Path, m
     def refuse(path: Path) -> None:
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr("qa_train.saving.delete_folder", refuse)
+    monkeypatch.setattr("qa_train.strategy.saving.delete_folder", refuse)
     final = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=2, run_id=RUN), keep=1)
     assert ckpt.verify(final) is None
     assert names(complete_checkpoints(tmp_path)) == ["step_00000001", "step_00000002"]
@@ -692,15 +753,19 @@ def test_saving_over_another_runs_step_moves_it_aside(tmp_path: Path, caplog) ->
     aside = foreign.with_name("step_00000005.run-ffffffff")
     assert (aside / "model.safetensors").read_text() == "step_00000005"
     assert ckpt.read_state(final).run_id == RUN
-    assert caplog.records[-1].getMessage() == (f"{final} belonged to another run ({'f' * 32}): moved to {aside}, "
-                                               "not deleted")
+    assert caplog.records[-1].getMessage() == (
+        f"{final} belonged to another run ({'f' * 32}): moved to {aside}, not deleted"
+    )
 
 
 def test_a_delete_leaves_no_half_deleted_step_folder(tmp_path: Path, monkeypatch) -> None:
     make(tmp_path, "step_00000001")
     seen: list[list[str]] = []
-    monkeypatch.setattr(shutil, "rmtree", lambda p, ignore_errors=False: seen.append(
-        sorted(p.name for p in checkpoint_root(tmp_path).glob("step_*"))))
+    monkeypatch.setattr(
+        shutil,
+        "rmtree",
+        lambda p, ignore_errors=False: seen.append(sorted(p.name for p in checkpoint_root(tmp_path).glob("step_*"))),
+    )
     save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=2, run_id=RUN), keep=1)
     assert seen[-1] == ["step_00000002"]  # step_1 was renamed away before its files went: a kill leaves no half
 
@@ -715,8 +780,10 @@ def test_a_checkpoint_carries_the_best_evaluation_and_the_owed_one(tmp_path: Pat
 
 def test_resuming_an_earlier_checkpoint_sets_the_later_ones_aside(tmp_path: Path) -> None:
     """Left in place, step 30 of the abandoned continuation would be `latest` after the resumed run's step 15."""
-    paths = [save_checkpoint(FakeAccelerator(), tmp_path, contract(completed_steps=s, run_id=RUN), keep=None)
-             for s in (10, 20, 30)]
+    paths = [
+        save_checkpoint(FakeAccelerator(), tmp_path, contract(completed_steps=s, run_id=RUN), keep=None)
+        for s in (10, 20, 30)
+    ]
     moved = ckpt.set_aside_later(paths[0], tmp_path)
     assert [m.name for m in moved] == ["step_00000020.abandoned", "step_00000030.abandoned"]
     assert all(ckpt.verify(m) is None for m in moved), "set aside whole, not deleted"
@@ -731,8 +798,9 @@ def test_load_refuses_a_broken_contract_before_loading_anything(tmp_path: Path) 
     acc = FakeAccelerator()
     with pytest.raises(ckpt.CheckpointError) as err:
         load_checkpoint(acc, path, contract(world_size=4, global_batch_size=128, run_id="new"))
-    assert str(err.value).startswith(f"--resume_from_checkpoint {path}: cannot continue it: it was written by 2 "
-                                     "processes, this run has 4: ")
+    assert str(err.value).startswith(
+        f"--resume_from_checkpoint {path}: cannot continue it: it was written by 2 processes, this run has 4: "
+    )
     assert acc.loaded == []
 
 
@@ -762,13 +830,15 @@ class LoadingRank(FakeAccelerator):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_a_load_failure_on_one_rank_stops_every_rank_and_that_rank_says_why(tmp_path: Path, rank: int,
-                                                                            monkeypatch, capsys) -> None:
+def test_a_load_failure_on_one_rank_stops_every_rank_and_that_rank_says_why(
+    tmp_path: Path, rank: int, monkeypatch, capsys
+) -> None:
     """Found by a rank-discipline hunt: a ZeRO-2 resume whose rank-1 optimizer shard was damaged (same size, so the
     manifest passed) failed on rank 1 alone; rank 0 trained on into the next collective and died on "connection
     closed by peer", and the reason was never said (only rank 0 speaks). Now every rank refuses the checkpoint and
     the failing one says why."""
     from conftest import tiny_flags
+
     from qa_train import __main__ as entry
     from qa_train import run as run_module
 

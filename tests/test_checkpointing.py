@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY, tiny_flags
 
 
 def layer_runs(out: Path, config: Path, *extra: str) -> int:
     """Train 4 steps in this process; how many times the encoder layers' attention ran in training mode."""
-    from qa_train.flags import parse_args
+    from qa_train.config.flags import parse_args
     from qa_train.run import run
 
     calls = 0
@@ -23,8 +22,20 @@ def layer_runs(out: Path, config: Path, *extra: str) -> int:
         nonlocal calls
         calls += type(module).__name__ == "BertAttention" and module.training
 
-    flags = tiny_flags(out, "--max_train_samples", "64", "--max_train_steps", "4", "--logging_steps", "1", "--no_eval",
-                       "--disable_tqdm", "--throughput_warmup_steps", "0", *extra)
+    flags = tiny_flags(
+        out,
+        "--max_train_samples",
+        "64",
+        "--max_train_steps",
+        "4",
+        "--logging_steps",
+        "1",
+        "--no_eval",
+        "--disable_tqdm",
+        "--throughput_warmup_steps",
+        "0",
+        *extra,
+    )
     flags[flags.index("--config_name") + 1] = str(config)
     handle = torch.nn.modules.module.register_module_forward_hook(count)
     try:
@@ -39,8 +50,9 @@ def losses(out: Path) -> list[float]:
     return [e["train/loss"] for e in entries if "train/loss" in e]
 
 
-def test_checkpointing_recomputes_every_layer_and_trains_the_same_weights(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_checkpointing_recomputes_every_layer_and_trains_the_same_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The tiny BERT with dropout on: checkpointing replays each layer under the forward pass's RNG state, so the
     dropout masks, losses and weights are those of the run without it, while every layer runs twice a step."""
     from safetensors.torch import load_file
@@ -61,17 +73,19 @@ def test_checkpointing_recomputes_every_layer_and_trains_the_same_weights(tmp_pa
     for name, weight in before.items():
         torch.testing.assert_close(after[name], weight, rtol=1e-6, atol=1e-7, msg=name)
     # The export is the same model: checkpointing is training's business, not the config's.
-    assert ((tmp_path / "plain" / "final" / "config.json").read_text()
-            == (tmp_path / "recomputed" / "final" / "config.json").read_text())
+    assert (tmp_path / "plain" / "final" / "config.json").read_text() == (
+        tmp_path / "recomputed" / "final" / "config.json"
+    ).read_text()
 
 
-def test_a_family_without_checkpointing_is_refused_before_weights_or_data(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_family_without_checkpointing_is_refused_before_weights_or_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """MPNet's QA class has no checkpointing in transformers: refused from its config, in one line naming the flag
     and the model, before the data is read (transformers itself would refuse only once the model exists)."""
     from qa_train import trainer
-    from qa_train.config import ConfigError
-    from qa_train.flags import parse_args
+    from qa_train.config.flags import parse_args
+    from qa_train.config.settings import ConfigError
 
     def no_data(*args: object) -> None:
         raise AssertionError("the data was read before the refusal")

@@ -12,19 +12,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import PY, TINY, base_env, error_lines, export_answers, read_metrics, run_cmd, run_ok, tiny_flags
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForQuestionAnswering
 
-from conftest import PY, TINY, base_env, error_lines, export_answers, read_metrics, run_cmd, run_ok, tiny_flags
-from qa_train.config import ConfigError, SystemArgs
-from qa_train.modeling import compile_model
+from qa_train.config.settings import ConfigError, SystemArgs
+from qa_train.model.modeling import compile_model
 
 
 @pytest.mark.parametrize("how", [[], ["--torch_compile_regional"]], ids=["whole", "regional"])
 def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: Path, how: list[str]) -> None:
     env, out = base_env(tmp_path), tmp_path / "compiled"
-    flags = tiny_flags(out, "--max_train_steps", "4", "--checkpointing_steps", "2", "--max_eval_samples", "40",
-                       "--disable_tqdm")
+    flags = tiny_flags(
+        out, "--max_train_steps", "4", "--checkpointing_steps", "2", "--max_eval_samples", "40", "--disable_tqdm"
+    )
     # --eval_on_start compiles the evaluation's graphs before training: not training's compile, and not counted.
     proc = run_ok([PY, "-m", "qa_train", *flags, "--torch_compile_backend", "eager", "--eval_on_start", *how], env)
     metrics = read_metrics(out)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from conftest import DEMO_DEV, PY, run_cmd
-from qa_train.config import ConfigError, every_n_steps
-from qa_train.flags import parse_args
+
+from qa_train.config.flags import parse_args
+from qa_train.config.settings import ConfigError, every_n_steps
 
 
 @pytest.mark.parametrize(
@@ -38,8 +38,10 @@ from qa_train.flags import parse_args
         (["--save_total_limit", "2"], "--save_total_limit: .*--checkpointing_steps"),
         (["--torch_compile_mode", "fastest"], "--torch_compile_mode"),
         (["--torch_compile_backend", "fastest"], "--torch_compile_backend: 'fastest' is not one of torch's"),
-        (["--torch_compile_backend", "aot_eager", "--torch_compile_mode", "reduce-overhead"],
-         "--torch_compile_mode: 'reduce-overhead' is an inductor mode"),
+        (
+            ["--torch_compile_backend", "aot_eager", "--torch_compile_mode", "reduce-overhead"],
+            "--torch_compile_mode: 'reduce-overhead' is an inductor mode",
+        ),
         (["--logging_steps", "0"], "--logging_steps: must be positive"),
         (["--logging_steps", "2.5"], "--logging_steps: 2.5 is neither a whole number"),
         (["--eval_strategy", "steps", "--eval_steps", "-0.1"], "--eval_steps: must be positive"),
@@ -66,15 +68,22 @@ def test_impossible_values_name_the_flag(argv: list[str], flag: str) -> None:
         parse_args(argv)
 
 
-@pytest.mark.parametrize(("argv", "says"), [
-    (["--max_seq_lenght", "128"], "unknown flag --max_seq_lenght: did you mean --max_seq_length?"),
-    (["--fp16"], "unknown flag --fp16: --mixed_precision fp16"),
-    (["--with_tracking", "--max_steps=3"], "--with_tracking: qa_train tracks by default; choose trackers with "
-                                          "--report_to; unknown flag --max_steps: --max_train_steps"),
-    (["--logging_steps", "x"], "argument --logging_steps: invalid float value: 'x'"),
-])
-def test_unknown_flags_are_refused_in_one_line_saying_where_to_go(argv: list[str], says: str,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--max_seq_lenght", "128"], "unknown flag --max_seq_lenght: did you mean --max_seq_length?"),
+        (["--fp16"], "unknown flag --fp16: --mixed_precision fp16"),
+        (
+            ["--with_tracking", "--max_steps=3"],
+            "--with_tracking: qa_train tracks by default; choose trackers with "
+            "--report_to; unknown flag --max_steps: --max_train_steps",
+        ),
+        (["--logging_steps", "x"], "argument --logging_steps: invalid float value: 'x'"),
+    ],
+)
+def test_unknown_flags_are_refused_in_one_line_saying_where_to_go(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exc:
         parse_args(argv)
     assert exc.value.code == 2
@@ -93,8 +102,10 @@ def test_trainer_spellings_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None
     assert parse_args(["--wandb_project", "flag"]).output.wandb_project == "flag"
 
 
-@pytest.mark.parametrize(("value", "total", "every"), [
-    (10, 1000, 10), (10.0, 3, 10), (0.1, 1000, 100), (0.1, 95, 10), (0.001, 50, 1), (0.5, 1, 1)])
+@pytest.mark.parametrize(
+    ("value", "total", "every"),
+    [(10, 1000, 10), (10.0, 3, 10), (0.1, 1000, 100), (0.1, 95, 10), (0.001, 50, 1), (0.5, 1, 1)],
+)
 def test_a_share_below_one_is_that_share_of_the_run_rounded_up(value: float, total: int, every: int) -> None:
     assert every_n_steps(value, total) == every
 
@@ -102,11 +113,22 @@ def test_a_share_below_one_is_that_share_of_the_run_rounded_up(value: float, tot
 def test_defaults_follow_transformers_examples() -> None:
     args = parse_args([])
     assert (args.model.model_name_or_path, args.data.dataset_name, args.data.max_seq_length, args.data.doc_stride) == (
-        "bert-base-uncased", "squad", 384, 128)
-    assert (args.optim.learning_rate, args.optim.num_train_epochs, args.eval.n_best_size,
-            args.eval.max_answer_length) == (3e-5, 2.0, 20, 30)
+        "bert-base-uncased",
+        "squad",
+        384,
+        128,
+    )
+    assert (
+        args.optim.learning_rate,
+        args.optim.num_train_epochs,
+        args.eval.n_best_size,
+        args.eval.max_answer_length,
+    ) == (3e-5, 2.0, 20, 30)
     assert (args.data.version_2_with_negative, args.eval.null_score_diff_threshold, args.eval.do_predict) == (
-        False, 0.0, False)
+        False,
+        0.0,
+        False,
+    )
     assert args.model.attn_implementation == "auto"  # SDPA where the family supports it, else eager
     assert parse_args(["--version_2_with_negative"]).data.dataset_name == "squad_v2"
     local = ["--train_file", str(DEMO_DEV), "--validation_file", str(DEMO_DEV)]
@@ -123,7 +145,9 @@ def test_a_compile_mode_or_backend_asks_for_compiling() -> None:
     reduce = parse_args(["--torch_compile_mode", "reduce-overhead"]).system
     assert reduce.torch_compile is True and reduce.compile_mode == "reduce-overhead"
     assert parse_args(["--torch_compile_backend", "aot_eager"]).system.torch_compile is True
-    assert parse_args(["--torch_compile_backend", "inductor", "--torch_compile_mode", "max-autotune"]).system.torch_compile
+    assert parse_args(
+        ["--torch_compile_backend", "inductor", "--torch_compile_mode", "max-autotune"]
+    ).system.torch_compile
 
 
 def test_gradient_checkpointing_is_trainers_flag_off_by_default_and_recorded() -> None:
@@ -158,15 +182,28 @@ def test_cli_refuses_fast_without_loading(env: dict[str, str]) -> None:
 def test_every_flag_lives_in_exactly_one_group_and_round_trips() -> None:
     import dataclasses
 
-    from qa_train.config import GROUPS, TrainArgs
-    from qa_train.flags import build_parser
+    from qa_train.config.flags import build_parser
+    from qa_train.config.settings import GROUPS, TrainArgs
 
     names = [f.name for group in GROUPS.values() for f in dataclasses.fields(group)]
     assert len(names) == len(set(names)) == 66
     parser_flags = {a.dest for a in build_parser()._actions if a.dest != "help"}
     assert parser_flags == set(names)
-    args = parse_args(["--learning_rate", "1e-4", "--max_seq_length", "256", "--doc_stride", "64", "--no_eval",
-                       "--output_dir", "runs/x", "--mixed_precision", "bf16"])
+    args = parse_args(
+        [
+            "--learning_rate",
+            "1e-4",
+            "--max_seq_length",
+            "256",
+            "--doc_stride",
+            "64",
+            "--no_eval",
+            "--output_dir",
+            "runs/x",
+            "--mixed_precision",
+            "bf16",
+        ]
+    )
     assert (args.optim.learning_rate, args.data.max_seq_length, args.eval.do_eval) == (1e-4, 256, False)
     assert (args.output.run_name, args.system.mixed_precision) == ("x", "bf16")  # run name defaults to the dir
     flat = args.to_dict()

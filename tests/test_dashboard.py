@@ -1,4 +1,4 @@
-"""qa_train.dashboard: the history plot is drawn from the step log, and a bad log is refused in one line."""
+"""qa-train dashboard: the history plot is drawn from the step log, and a bad log is refused in one line."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from qa_train import dashboard
+from qa_train.observe import dashboard
 
 
 def write_log(run: Path, rows: list[dict]) -> None:
@@ -23,8 +23,10 @@ def test_every_panel_plots_its_logged_series(tmp_path: Path) -> None:
     series = dashboard.read_history(tmp_path)
     assert series["eval/f1"] == [(0, 5.0), (30, 40.0)] and series["train/loss"][0] == (10, 0.4)
     fig = dashboard.history_figure(series, "run")
-    lines = {ax.get_title(): [(line.get_label(), list(line.get_xdata()), list(line.get_ydata()))
-                              for line in ax.get_lines()] for ax in fig.axes}
+    lines = {
+        ax.get_title(): [(line.get_label(), list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()]
+        for ax in fig.axes
+    }
     assert lines["training loss"] == [("loss", [10, 20, 30], [0.4, 0.2, 4.0 / 30])]
     assert lines["evaluation"] == [("f1", [0, 30], [5.0, 40.0]), ("exact_match", [0, 30], [1.0, 30.0])]
     assert lines["samples/s"][0][2] == [110.0, 120.0, 130.0]
@@ -45,10 +47,11 @@ def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path: Path, caplog: pyte
 def test_a_broken_middle_line_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Only the last line can be torn by an interrupted write: a bad one before it is refused."""
     (tmp_path / "train_log.jsonl").write_text(
-        '{"step": 1, "train/loss": 1.0}\n{"step": 2, "train/lo\n{"step": 3, "train/loss": 0.5}\n')
+        '{"step": 1, "train/loss": 1.0}\n{"step": 2, "train/lo\n{"step": 3, "train/loss": 0.5}\n'
+    )
     assert dashboard.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"qa_train.dashboard: error: {tmp_path / 'train_log.jsonl'}: line 2 is not JSON")
+    assert err.startswith(f"qa-train dashboard: error: {tmp_path / 'train_log.jsonl'}: line 2 is not JSON")
     assert not (tmp_path / "history.png").exists()
 
 

@@ -13,16 +13,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DEMO_DEV, TINY
 from transformers import AutoTokenizer
 
-from conftest import DEMO_DEV, TINY
-from qa_train.data import DataError, load_file
-from qa_train.features import Features, featurize, load_or_featurize
+from qa_train.data.features import Features, featurize, load_or_featurize
+from qa_train.data.load import DataError, load_file
 
 CONTEXT = "The harbour of Quellin opened in 1871. Its first keeper, Orla Venn, lit the lamp each night."
 GOOD_QA = {"id": "q1", "question": "When did it open?", "answers": [{"text": "1871", "answer_start": 33}]}
-FLAT = {"id": "f1", "title": "Quellin", "context": CONTEXT, "question": "When did it open?",
-        "answers": {"text": ["1871"], "answer_start": [33]}}
+FLAT = {
+    "id": "f1",
+    "title": "Quellin",
+    "context": CONTEXT,
+    "question": "When did it open?",
+    "answers": {"text": ["1871"], "answer_start": [33]},
+}
 
 
 def nested_with(para: object = None, qas: object = None) -> dict:
@@ -46,32 +51,55 @@ def refused(path: Path, match: str) -> str:
 
 
 MALFORMED = {
-    "paragraphs not a list": (json.dumps(nested_with(para=5)),
-                              r"data\[0\]\.paragraphs must be a list of paragraphs, found a number"),
-    "paragraph not an object": (json.dumps(nested_with(para=[7])),
-                                r"data\[0\]\.paragraphs\[0\] must be an object with 'context' and 'qas'"),
-    "qas not a list": (json.dumps(nested_with(qas=3)),
-                       r"data\[0\]\.paragraphs\[0\]\.qas must be a list of questions, found a number"),
-    "qa not an object": (json.dumps(nested_with(qas=[GOOD_QA, "q2"])),
-                         r"data\[0\]\.paragraphs\[0\]\.qas\[1\]: expected an object \(one question\), found a string"),
-    "answer not an object": (json.dumps(nested_with(qas=[{**GOOD_QA, "answers": ["1871"]}])),
-                             r"qas\[0\]: question q1: answers\[0\] must be an object with 'text' and 'answer_start'"),
-    "answers not a list": (json.dumps(nested_with(qas=[{**GOOD_QA, "answers": {"text": "1871"}}])),
-                           r"qas\[0\]: question q1: 'answers' must be a list, found an object"),
-    "context not a string": (json.dumps({"data": [{"paragraphs": [{"context": 12, "qas": [GOOD_QA]}]}]}),
-                             r"qas\[0\]: question q1: 'context' must be a string, found a number"),
-    "id not a string": (json.dumps(nested_with(qas=[{**GOOD_QA, "id": ["q1"]}])),
-                        r"qas\[0\]: 'id' must be a string or an integer, found a list"),
+    "paragraphs not a list": (
+        json.dumps(nested_with(para=5)),
+        r"data\[0\]\.paragraphs must be a list of paragraphs, found a number",
+    ),
+    "paragraph not an object": (
+        json.dumps(nested_with(para=[7])),
+        r"data\[0\]\.paragraphs\[0\] must be an object with 'context' and 'qas'",
+    ),
+    "qas not a list": (
+        json.dumps(nested_with(qas=3)),
+        r"data\[0\]\.paragraphs\[0\]\.qas must be a list of questions, found a number",
+    ),
+    "qa not an object": (
+        json.dumps(nested_with(qas=[GOOD_QA, "q2"])),
+        r"data\[0\]\.paragraphs\[0\]\.qas\[1\]: expected an object \(one question\), found a string",
+    ),
+    "answer not an object": (
+        json.dumps(nested_with(qas=[{**GOOD_QA, "answers": ["1871"]}])),
+        r"qas\[0\]: question q1: answers\[0\] must be an object with 'text' and 'answer_start'",
+    ),
+    "answers not a list": (
+        json.dumps(nested_with(qas=[{**GOOD_QA, "answers": {"text": "1871"}}])),
+        r"qas\[0\]: question q1: 'answers' must be a list, found an object",
+    ),
+    "context not a string": (
+        json.dumps({"data": [{"paragraphs": [{"context": 12, "qas": [GOOD_QA]}]}]}),
+        r"qas\[0\]: question q1: 'context' must be a string, found a number",
+    ),
+    "id not a string": (
+        json.dumps(nested_with(qas=[{**GOOD_QA, "id": ["q1"]}])),
+        r"qas\[0\]: 'id' must be a string or an integer, found a list",
+    ),
     "answer_start not an integer": (
         json.dumps(nested_with(qas=[{**GOOD_QA, "answers": [{"text": "1871", "answer_start": 33.0}]}])),
-        r"question q1: answer 0: 'answer_start' must be an integer, found 33\.0"),
-    "answer texts not a list": (lines({**FLAT, "answers": {"text": "1871", "answer_start": [33]}}, FLAT),
-                                r"line 1: question f1: 'answers\.text' must be a list, found a string"),
-    "answer starts not a list": (lines(FLAT, {**FLAT, "id": "f2", "answers": {"text": ["1871"], "answer_start": 33}}),
-                                 r"line 2: question f2: 'answers\.answer_start' must be a list, found a number"),
+        r"question q1: answer 0: 'answer_start' must be an integer, found 33\.0",
+    ),
+    "answer texts not a list": (
+        lines({**FLAT, "answers": {"text": "1871", "answer_start": [33]}}, FLAT),
+        r"line 1: question f1: 'answers\.text' must be a list, found a string",
+    ),
+    "answer starts not a list": (
+        lines(FLAT, {**FLAT, "id": "f2", "answers": {"text": ["1871"], "answer_start": 33}}),
+        r"line 2: question f2: 'answers\.answer_start' must be a list, found a number",
+    ),
     "flat record not an object": (lines(FLAT, 5), r"line 2: expected an object \(one question\), found a number"),
-    "title not a string": (json.dumps([FLAT, {**FLAT, "id": "f2", "title": 3}]),
-                           r"record 1: question f2: 'title' must be a string, found a number"),
+    "title not a string": (
+        json.dumps([FLAT, {**FLAT, "id": "f2", "title": 3}]),
+        r"record 1: question f2: 'title' must be a string, found a number",
+    ),
     "nested too deeply": ("[" * 100_000, r"not valid JSON: maximum recursion depth exceeded"),
 }
 
@@ -95,16 +123,28 @@ def test_bytes_that_are_not_utf8_name_the_byte(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "payload", "match"),
     [
-        ("d.json", nested_with(qas=[GOOD_QA, {k: v for k, v in GOOD_QA.items() if k != "id"}]),
-         r"d\.json: data\[0\]\.paragraphs\[0\]\.qas\[1\]: question has no 'id'$"),
+        (
+            "d.json",
+            nested_with(qas=[GOOD_QA, {k: v for k, v in GOOD_QA.items() if k != "id"}]),
+            r"d\.json: data\[0\]\.paragraphs\[0\]\.qas\[1\]: question has no 'id'$",
+        ),
         ("d.jsonl", [FLAT, {k: v for k, v in FLAT.items() if k != "id"}], r"d\.jsonl: line 2: question has no 'id'$"),
         ("d.json", [FLAT, {**FLAT, "id": ""}], r"d\.json: record 1: question has no 'id'$"),
-        ("d.json", nested_with(qas=[GOOD_QA, {**GOOD_QA, "question": "Again?"}]),
-         r"qas\[1\]: question q1: duplicate id \(first at data\[0\]\.paragraphs\[0\]\.qas\[0\]\)$"),
-        ("d.jsonl", [FLAT, {**FLAT, "id": "f2", "answers": {"text": ["1871"], "answer_start": [5]}}],
-         r"d\.jsonl: line 2: question f2: answer_start 5 does not match text '1871'"),
-        ("d.json", nested_with(qas=[{**GOOD_QA, "id": "q\n1", "question": " "}]),
-         r"qas\[0\]: question 'q\\n1': empty question$"),
+        (
+            "d.json",
+            nested_with(qas=[GOOD_QA, {**GOOD_QA, "question": "Again?"}]),
+            r"qas\[1\]: question q1: duplicate id \(first at data\[0\]\.paragraphs\[0\]\.qas\[0\]\)$",
+        ),
+        (
+            "d.jsonl",
+            [FLAT, {**FLAT, "id": "f2", "answers": {"text": ["1871"], "answer_start": [5]}}],
+            r"d\.jsonl: line 2: question f2: answer_start 5 does not match text '1871'",
+        ),
+        (
+            "d.json",
+            nested_with(qas=[{**GOOD_QA, "id": "q\n1", "question": " "}]),
+            r"qas\[0\]: question 'q\\n1': empty question$",
+        ),
     ],
 )
 def test_every_record_message_says_where_it_is(tmp_path: Path, name: str, payload: object, match: str) -> None:
@@ -128,8 +168,10 @@ def test_line_separators_inside_a_json_lines_record_are_data(tmp_path: Path) -> 
     context = "Quellin\u2028harbour\x85opened\u2029in 1871."
     path = tmp_path / "d.jsonl"
     answers = {"text": ["1871"], "answer_start": [context.index("1871")]}
-    path.write_text(lines({**FLAT, "context": context, "answers": answers},
-                          {**FLAT, "id": "f2"}).replace("\n", "\r\n"), encoding="utf-8")
+    path.write_text(
+        lines({**FLAT, "context": context, "answers": answers}, {**FLAT, "id": "f2"}).replace("\n", "\r\n"),
+        encoding="utf-8",
+    )
     ex = load_file(path)
     assert ex.ids == ["f1", "f2"] and ex.contexts[0] == context
 
@@ -168,6 +210,7 @@ def test_a_directory_or_a_missing_file_is_refused_in_one_line(tmp_path: Path) ->
 
 # ---- the feature cache ----
 
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return AutoTokenizer.from_pretrained(TINY)
@@ -197,8 +240,9 @@ def damage(path: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["empty", "truncated", "flipped bit"])
-def test_a_damaged_cache_is_rebuilt_with_one_warning(tmp_path: Path, monkeypatch, caplog, tokenizer, examples,
-                                                     how: str) -> None:
+def test_a_damaged_cache_is_rebuilt_with_one_warning(
+    tmp_path: Path, monkeypatch, caplog, tokenizer, examples, how: str
+) -> None:
     monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path))
     fresh = featurize(examples, tokenizer, 64, 16, with_offsets=True)
     _, hit = load_or_featurize(examples, tokenizer, 64, 16, with_offsets=True)
@@ -218,8 +262,9 @@ def test_a_damaged_cache_is_rebuilt_with_one_warning(tmp_path: Path, monkeypatch
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temporary files left
 
 
-def test_a_write_cut_short_leaves_no_cache_and_no_litter(tmp_path: Path, monkeypatch, caplog, tokenizer,
-                                                         examples) -> None:
+def test_a_write_cut_short_leaves_no_cache_and_no_litter(
+    tmp_path: Path, monkeypatch, caplog, tokenizer, examples
+) -> None:
     """A run that dies while writing the cache must not leave a truncated file that the next run trusts."""
     monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path))
 
@@ -238,6 +283,7 @@ def test_a_write_cut_short_leaves_no_cache_and_no_litter(tmp_path: Path, monkeyp
 
 # ---- inputs that used to load and then crash, mislead, or train as something they are not ----
 
+
 @pytest.mark.parametrize(("compress", "kind"), [(gzip.compress, "gzip"), (lzma.compress, "xz")], ids=["gzip", "xz"])
 def test_a_compressed_file_is_named_as_such_not_as_bad_utf8(tmp_path: Path, compress, kind: str) -> None:
     path = tmp_path / "train.json"  # the name says JSON; the bytes are not
@@ -245,11 +291,15 @@ def test_a_compressed_file_is_named_as_such_not_as_bad_utf8(tmp_path: Path, comp
     refused(path, rf"is {kind}-compressed, not JSON text; decompress it first")
 
 
-@pytest.mark.parametrize(("where", "match"), [
-    ("context", r"question q1: 'context' holds a lone UTF-16 surrogate U\+D83D at character 4"),
-    ("question", r"question q1: 'question' holds a lone UTF-16 surrogate U\+D83D at character 0"),
-    ("id", r"qas\[0\]: question 'q\\ud83d': 'id' holds a lone UTF-16 surrogate U\+D83D at character 1"),
-], ids=["context", "question", "id"])
+@pytest.mark.parametrize(
+    ("where", "match"),
+    [
+        ("context", r"question q1: 'context' holds a lone UTF-16 surrogate U\+D83D at character 4"),
+        ("question", r"question q1: 'question' holds a lone UTF-16 surrogate U\+D83D at character 0"),
+        ("id", r"qas\[0\]: question 'q\\ud83d': 'id' holds a lone UTF-16 surrogate U\+D83D at character 1"),
+    ],
+    ids=["context", "question", "id"],
+)
 def test_a_lone_surrogate_is_refused_before_the_tokenizer_meets_it(tmp_path: Path, where: str, match: str) -> None:
     """JSON's "\\ud83d" without its low half decodes to a str that no tokenizer (and no UTF-8 file) takes: it
     loaded, then featurisation crashed with a TypeError from inside the tokenizer."""
@@ -275,20 +325,35 @@ def test_combining_marks_alone_are_blank(tmp_path: Path) -> None:
     assert load_file(path).questions == ["Caf\u0301e?"]
 
 
-@pytest.mark.parametrize(("flag", "answers", "match"), [
-    (True, [{"text": "1871", "answer_start": 33}], r"question q1: 'is_impossible' is true but it has 1 answer\(s\)"),
-    (False, [], r"question q1: 'is_impossible' is false but 'answers' is empty$"),
-    ("yes", [], r"question q1: 'is_impossible' must be true or false, found a string$"),
-], ids=["true with answers", "false without", "not a boolean"])
+@pytest.mark.parametrize(
+    ("flag", "answers", "match"),
+    [
+        (
+            True,
+            [{"text": "1871", "answer_start": 33}],
+            r"question q1: 'is_impossible' is true but it has 1 answer\(s\)",
+        ),
+        (False, [], r"question q1: 'is_impossible' is false but 'answers' is empty$"),
+        ("yes", [], r"question q1: 'is_impossible' must be true or false, found a string$"),
+    ],
+    ids=["true with answers", "false without", "not a boolean"],
+)
 def test_is_impossible_must_agree_with_the_answers(tmp_path: Path, flag: object, answers: list, match: str) -> None:
     """Otherwise a question the file calls unanswerable trained as answerable (or the reverse), silently."""
     path = tmp_path / "d.json"
     path.write_text(json.dumps(nested_with(qas=[{**GOOD_QA, "is_impossible": flag, "answers": answers}])))
     with pytest.raises(DataError, match=match):
         load_file(path, "may_be_empty")
-    official = [{**GOOD_QA, "is_impossible": False},
-                {**GOOD_QA, "id": "q2", "is_impossible": True, "answers": [],
-                 "plausible_answers": [{"text": "Orla Venn", "answer_start": 57}]}]
+    official = [
+        {**GOOD_QA, "is_impossible": False},
+        {
+            **GOOD_QA,
+            "id": "q2",
+            "is_impossible": True,
+            "answers": [],
+            "plausible_answers": [{"text": "Orla Venn", "answer_start": 57}],
+        },
+    ]
     path.write_text(json.dumps(nested_with(qas=official)))
     assert load_file(path, "may_be_empty").answer_texts == [["1871"], []]
 
@@ -311,14 +376,19 @@ def test_an_answer_in_another_unicode_form_says_so(tmp_path: Path) -> None:
     refused(path, r"answer_start 4 does not match text .*another Unicode form: normalise the file to NFC$")
 
 
-def test_a_cache_is_never_reused_for_another_tokenizer_or_window(tmp_path: Path, monkeypatch, tokenizer,
-                                                                  examples) -> None:
+def test_a_cache_is_never_reused_for_another_tokenizer_or_window(
+    tmp_path: Path, monkeypatch, tokenizer, examples
+) -> None:
     monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path))
     cased = AutoTokenizer.from_pretrained(TINY)
     cased.backend_tokenizer.normalizer.lowercase = False  # same vocabulary, different tokens
     built = {}
-    for name, tok, length, stride in (("base", tokenizer, 64, 16), ("length", tokenizer, 96, 16),
-                                      ("stride", tokenizer, 64, 24), ("cased", cased, 64, 16)):
+    for name, tok, length, stride in (
+        ("base", tokenizer, 64, 16),
+        ("length", tokenizer, 96, 16),
+        ("stride", tokenizer, 64, 24),
+        ("cased", cased, 64, 16),
+    ):
         built[name], hit = load_or_featurize(examples, tok, length, stride)
         assert not hit, name
     assert len(list((tmp_path / "features").glob("*.npz"))) == 4
@@ -330,7 +400,7 @@ def test_a_cache_is_never_reused_for_another_tokenizer_or_window(tmp_path: Path,
 
 def test_an_empty_cache_variable_means_the_default_folder(monkeypatch) -> None:
     """Path("") is the working directory: QA_TRAIN_CACHE= put a features/ folder wherever the run started."""
-    from qa_train.features import cache_dir
+    from qa_train.data.features import cache_dir
 
     monkeypatch.setenv("QA_TRAIN_CACHE", "")
     assert cache_dir() == Path.home() / ".cache" / "qa_train" / "features"

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import PY, ROOT, error_lines, port, run_cmd, run_ok, tiny_flags
 
-from qa_train import checkpoint, saving
-from qa_train.train_state import TrainerState
+from qa_train.strategy import checkpoint, saving
+from qa_train.strategy.train_state import TrainerState
 
 FULL_DISK_ENV = "QA_TRAIN_TEST_FULL_DISK"  # "RANK:N": that rank's N-th save_state fails
 INJECT = f'''
@@ -62,8 +61,9 @@ def leftovers(out: Path) -> list[str]:
 
 
 @pytest.mark.distributed  # real runs of the entry point
-def test_a_full_disk_at_the_second_checkpoint_exits_5_and_the_first_resumes(tmp_path: Path,
-                                                                             env: dict[str, str]) -> None:
+def test_a_full_disk_at_the_second_checkpoint_exits_5_and_the_first_resumes(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
     out = tmp_path / "out"
     cmd = qa_train(out, "--max_train_steps", "3", "--checkpointing_steps", "1")
     proc = run_cmd(cmd, with_full_disk(env, tmp_path, rank=0, nth=2))
@@ -87,9 +87,15 @@ def test_a_real_write_failure_in_the_first_checkpoint_is_one_line_too(tmp_path: 
     model's 3.7 MB of weights do not, and safetensors reports EFBIG as its own SafetensorError."""
     out = tmp_path / "out"
     limit = 2_000_000
-    proc = subprocess.run(qa_train(out, "--max_train_steps", "2", "--checkpointing_steps", "1"), cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600,
-                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    proc = subprocess.run(
+        qa_train(out, "--max_train_steps", "2", "--checkpointing_steps", "1"),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+    )
     assert proc.returncode == 5, proc.stderr[-3000:]
     [line] = error_lines(proc.stderr)
     assert f"checkpoint {out / 'checkpoints' / 'step_00000001'} could not be saved" in line
@@ -98,12 +104,23 @@ def test_a_real_write_failure_in_the_first_checkpoint_is_one_line_too(tmp_path: 
 
 
 @pytest.mark.distributed
-def test_when_only_rank_1_cannot_save_both_ranks_stop_and_rank_1_says_why(tmp_path: Path,
-                                                                          env: dict[str, str]) -> None:
+def test_when_only_rank_1_cannot_save_both_ranks_stop_and_rank_1_says_why(tmp_path: Path, env: dict[str, str]) -> None:
     out = tmp_path / "out"
-    cmd = [PY, "-m", "qa_train.launch", "--cpu", "--config_file", "accelerate_configs/ddp.yaml", "--num_processes",
-           "2", "--main_process_port", str(port(29710)), "--", *tiny_flags(out, "--no_eval", "--max_train_steps", "2",
-                                                                  "--checkpointing_steps", "1")]
+    cmd = [
+        PY,
+        "-m",
+        "qa_train.cli",
+        "launch",
+        "--cpu",
+        "--config_file",
+        "accelerate_configs/ddp.yaml",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(port(29710)),
+        "--",
+        *tiny_flags(out, "--no_eval", "--max_train_steps", "2", "--checkpointing_steps", "1"),
+    ]
     proc = run_cmd(cmd, with_full_disk(env, tmp_path, rank=1, nth=2), timeout=300)  # a hang fails here
     assert proc.returncode == 5, proc.stderr[-3000:]
     [line] = [x for x in proc.stderr.splitlines() if "qa_train: error:" in x]  # the launcher prefixes rank output
@@ -183,8 +200,9 @@ def main_raising(monkeypatch, tmp_path: Path, error: Exception, rank: int = 0) -
 
 
 @pytest.mark.parametrize(("rank", "says"), [(0, False), (1, True)])
-def test_a_failed_save_exits_5_and_only_the_reporting_rank_prints(rank: int, says: bool, tmp_path: Path,
-                                                                   monkeypatch, capsys) -> None:
+def test_a_failed_save_exits_5_and_only_the_reporting_rank_prints(
+    rank: int, says: bool, tmp_path: Path, monkeypatch, capsys
+) -> None:
     error = saving.CheckpointSaveError("checkpoint x could not be saved: rank 1: why", reporter=1)
     assert main_raising(monkeypatch, tmp_path, error, rank) == 5
     expected = ["qa_train: error: checkpoint x could not be saved: rank 1: why"] if says else []
@@ -196,8 +214,10 @@ def test_a_full_disk_anywhere_else_is_one_line_and_exit_5(tmp_path: Path, monkey
     error = OSError(errno.ENOSPC, "No space left on device", str(target))
     assert main_raising(monkeypatch, tmp_path, error) == 5
     [line] = capsys.readouterr().err.splitlines()
-    assert line == (f"qa_train: error: No space left on device writing {target}; free space, then rerun with "
-                    "--overwrite_output_dir (no checkpoint was saved)")
+    assert line == (
+        f"qa_train: error: No space left on device writing {target}; free space, then rerun with "
+        "--overwrite_output_dir (no checkpoint was saved)"
+    )
 
 
 def test_other_os_errors_still_crash_with_their_traceback(tmp_path: Path, monkeypatch) -> None:

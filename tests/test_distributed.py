@@ -12,16 +12,30 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from qa_train.config import ConfigError
-from qa_train.flags import parse_args
-from qa_train.distributed import (LaunchError, check_recompute, collective_fault, num_parameters,
-                                  process_group_kwargs, reconcile_deepspeed, resolve_mixed_precision,
-                                  scheduler_steps_per_update, uses_deepspeed_optimizer)
+from qa_train.config.flags import parse_args
+from qa_train.config.settings import ConfigError
+from qa_train.strategy.build import process_group_kwargs, resolve_mixed_precision
+from qa_train.strategy.checks import LaunchError, check_recompute
+from qa_train.strategy.deepspeed_json import reconcile_deepspeed, scheduler_steps_per_update, uses_deepspeed_optimizer
+from qa_train.strategy.faults import collective_fault
+from qa_train.strategy.sharded import num_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "ds_configs/test.json"
-ARGS = parse_args(["--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2",
-                   "--max_grad_norm", "0.5", "--learning_rate", "2e-5", "--weight_decay", "0.01"])
+ARGS = parse_args(
+    [
+        "--per_device_train_batch_size",
+        "8",
+        "--gradient_accumulation_steps",
+        "2",
+        "--max_grad_norm",
+        "0.5",
+        "--learning_rate",
+        "2e-5",
+        "--weight_decay",
+        "0.01",
+    ]
+)
 
 
 def shipped(name: str) -> dict:
@@ -36,29 +50,49 @@ def test_shipped_configs_take_every_value_from_the_flags(name: str) -> None:
     assert cfg["gradient_clipping"] == 0.5
     if "optimizer" in cfg:
         params = cfg["optimizer"]["params"]
-        assert (params["lr"], params["betas"], params["eps"], params["weight_decay"]) == (2e-5, [0.9, 0.999], 1e-8, 0.01)
+        assert (params["lr"], params["betas"], params["eps"], params["weight_decay"]) == (
+            2e-5,
+            [0.9, 0.999],
+            1e-8,
+            0.01,
+        )
 
 
 def test_values_equal_to_the_flags_are_accepted() -> None:
-    cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
-           "train_batch_size": 64, "bf16": {"enabled": True}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 2,
+        "gradient_clipping": 0.5,
+        "train_batch_size": 64,
+        "bf16": {"enabled": True},
+    }
     before = copy.deepcopy(cfg)
     reconcile_deepspeed(cfg, ARGS, world_size=4, mixed_precision="bf16", source=SOURCE)
     assert cfg == before
 
 
-@pytest.mark.parametrize(("cfg", "mixed_precision", "message"), [
-    ({"train_micro_batch_size_per_gpu": 16}, "no",
-     r"ds_configs/test.json: 'train_micro_batch_size_per_gpu' is 16 but --per_device_train_batch_size is 8"),
-    ({"gradient_accumulation_steps": 4}, "no",
-     r"'gradient_accumulation_steps' is 4 but --gradient_accumulation_steps is 2"),
-    ({"gradient_clipping": 1.0}, "no", r"'gradient_clipping' is 1.0 but --max_grad_norm is 0.5"),
-    ({"train_batch_size": 32}, "no", r"'train_batch_size' is 32 but the flags give 64"),
-    ({"fp16": {"enabled": True}}, "bf16", r"fp16 is enabled but --mixed_precision resolved to bf16"),
-    ({"bf16": {"enabled": "true"}}, "no", r"bf16 is enabled but --mixed_precision resolved to no"),
-])
-def test_every_contradiction_is_refused_naming_the_json_key_and_flag(cfg: dict, mixed_precision: str,
-                                                                      message: str) -> None:
+@pytest.mark.parametrize(
+    ("cfg", "mixed_precision", "message"),
+    [
+        (
+            {"train_micro_batch_size_per_gpu": 16},
+            "no",
+            r"ds_configs/test.json: 'train_micro_batch_size_per_gpu' is 16 but --per_device_train_batch_size is 8",
+        ),
+        (
+            {"gradient_accumulation_steps": 4},
+            "no",
+            r"'gradient_accumulation_steps' is 4 but --gradient_accumulation_steps is 2",
+        ),
+        ({"gradient_clipping": 1.0}, "no", r"'gradient_clipping' is 1.0 but --max_grad_norm is 0.5"),
+        ({"train_batch_size": 32}, "no", r"'train_batch_size' is 32 but the flags give 64"),
+        ({"fp16": {"enabled": True}}, "bf16", r"fp16 is enabled but --mixed_precision resolved to bf16"),
+        ({"bf16": {"enabled": "true"}}, "no", r"bf16 is enabled but --mixed_precision resolved to no"),
+    ],
+)
+def test_every_contradiction_is_refused_naming_the_json_key_and_flag(
+    cfg: dict, mixed_precision: str, message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
         reconcile_deepspeed(cfg, ARGS, world_size=4, mixed_precision=mixed_precision, source=SOURCE)
 
@@ -69,21 +103,27 @@ def test_optimizer_values_set_in_the_json_are_kept() -> None:
     assert cfg["optimizer"]["params"]["lr"] == 1e-4 and cfg["optimizer"]["params"]["betas"] == [0.9, 0.999]
 
 
-@pytest.mark.parametrize(("flag", "env", "bf16_capable", "expected"), [
-    ("fp16", {"ACCELERATE_MIXED_PRECISION": "bf16"}, True, "fp16"),  # the flag wins
-    ("auto", {"ACCELERATE_MIXED_PRECISION": "fp16"}, True, "fp16"),  # then the accelerate config
-    ("auto", {"ACCELERATE_MIXED_PRECISION": "no"}, True, "bf16"),  # then the device
-    ("auto", {}, False, "no"),
-    ("no", {"ACCELERATE_MIXED_PRECISION": "fp16"}, True, "no"),
-])
+@pytest.mark.parametrize(
+    ("flag", "env", "bf16_capable", "expected"),
+    [
+        ("fp16", {"ACCELERATE_MIXED_PRECISION": "bf16"}, True, "fp16"),  # the flag wins
+        ("auto", {"ACCELERATE_MIXED_PRECISION": "fp16"}, True, "fp16"),  # then the accelerate config
+        ("auto", {"ACCELERATE_MIXED_PRECISION": "no"}, True, "bf16"),  # then the device
+        ("auto", {}, False, "no"),
+        ("no", {"ACCELERATE_MIXED_PRECISION": "fp16"}, True, "no"),
+    ],
+)
 def test_mixed_precision_resolution(flag: str, env: dict, bf16_capable: bool, expected: str) -> None:
     assert resolve_mixed_precision(flag, env, True, bf16_capable) == expected
 
 
-@pytest.mark.parametrize(("flag", "env", "said"), [
-    ("fp16", {}, "--mixed_precision fp16: "),
-    ("auto", {"ACCELERATE_MIXED_PRECISION": "fp16"}, "the accelerate config's mixed_precision: fp16: "),
-])
+@pytest.mark.parametrize(
+    ("flag", "env", "said"),
+    [
+        ("fp16", {}, "--mixed_precision fp16: "),
+        ("auto", {"ACCELERATE_MIXED_PRECISION": "fp16"}, "the accelerate config's mixed_precision: fp16: "),
+    ],
+)
 def test_fp16_without_cuda_is_refused_naming_where_it_came_from(flag: str, env: dict, said: str) -> None:
     """accelerate (1.15) on CPU applies neither autocast nor a loss scaler for fp16: single and DDP runs trained
     in fp32 under the fp16 label (with the gradient-norm guard off, as a scaler would skip overflows), FSDP2
@@ -109,8 +149,14 @@ def test_fsdp_activation_checkpointing_with_the_flag_is_refused_naming_both() ->
         check_recompute(fsdp_accelerator(True), gradient_checkpointing=True)
 
 
-@pytest.mark.parametrize("accelerator,flag", [(fsdp_accelerator(True), False), (fsdp_accelerator(False), True),
-                                              (SimpleNamespace(state=SimpleNamespace()), True)])
+@pytest.mark.parametrize(
+    "accelerator,flag",
+    [
+        (fsdp_accelerator(True), False),
+        (fsdp_accelerator(False), True),
+        (SimpleNamespace(state=SimpleNamespace()), True),
+    ],
+)
 def test_one_recompute_alone_is_accepted(accelerator: SimpleNamespace, flag: bool) -> None:
     check_recompute(accelerator, gradient_checkpointing=flag)
 
@@ -137,7 +183,7 @@ def test_fsdp_offload_is_read_from_either_fsdp_versions_policy(version: int, off
     offloading FSDP2 run "none", and any FSDP2 policy object is true, offloading or not."""
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    from qa_train.distributed import detect_strategy
+    from qa_train.strategy.build import detect_strategy
 
     plugin = FullyShardedDataParallelPlugin(fsdp_version=version, cpu_offload=offload)
     accelerator = SimpleNamespace(distributed_type=DistributedType.FSDP, state=SimpleNamespace(fsdp_plugin=plugin))
@@ -149,7 +195,7 @@ def test_a_cpu_rank_on_one_thread_with_cores_to_spare_is_warned(monkeypatch: pyt
     1 of the 2 cores here without a word."""
     import os
 
-    from qa_train.distributed import cpu_thread_warning
+    from qa_train.strategy.checks import cpu_thread_warning
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     line = cpu_thread_warning("cpu", threads=1, local_processes=2)
@@ -159,12 +205,15 @@ def test_a_cpu_rank_on_one_thread_with_cores_to_spare_is_warned(monkeypatch: pyt
     assert cpu_thread_warning("cuda", threads=1, local_processes=1) is None  # the GPU does the work
 
 
-@pytest.mark.parametrize(("backend", "seconds", "expected"), [
-    ("gloo", 600, {"backend": "gloo", "timeout": timedelta(seconds=600)}),  # accelerate's to_kwargs would drop 600
-    ("gloo", 1800, {"backend": "gloo", "timeout": timedelta(seconds=1800)}),
-    (None, 600, {"timeout": timedelta(seconds=600)}),  # on GPUs accelerate picks NCCL itself
-    (None, 45.5, {"timeout": timedelta(seconds=45.5)}),
-])
+@pytest.mark.parametrize(
+    ("backend", "seconds", "expected"),
+    [
+        ("gloo", 600, {"backend": "gloo", "timeout": timedelta(seconds=600)}),  # accelerate's to_kwargs would drop 600
+        ("gloo", 1800, {"backend": "gloo", "timeout": timedelta(seconds=1800)}),
+        (None, 600, {"timeout": timedelta(seconds=600)}),  # on GPUs accelerate picks NCCL itself
+        (None, 45.5, {"timeout": timedelta(seconds=45.5)}),
+    ],
+)
 def test_the_process_group_gets_the_timeout_asked_for(backend: str | None, seconds: float, expected: dict) -> None:
     assert process_group_kwargs(backend, seconds).to_kwargs() == expected
 
@@ -178,17 +227,29 @@ def test_ddp_timeout_must_be_a_positive_finite_number_of_seconds(value: str) -> 
         parse_args(["--ddp_timeout", value])
 
 
-@pytest.mark.parametrize(("message", "expected"), [
-    # gloo's own words (torch 2.13), as the waiting rank and then its peer see them
-    ("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to "
-     "complete", "timeout"),
-    ("Application timeout caused pair closure", "timeout"),
-    ("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:18609. This is "
-     "typically caused by a remote worker crashing.", "peer"),
-    ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600042 "
-     "milliseconds before timing out.", "timeout"),
-    ("CUDA out of memory. Tried to allocate 2.00 GiB", None),
-    ("shape '[8, 192]' is invalid for input of size 100", None),
-])
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        # gloo's own words (torch 2.13), as the waiting rank and then its peer see them
+        (
+            "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to "
+            "complete",
+            "timeout",
+        ),
+        ("Application timeout caused pair closure", "timeout"),
+        (
+            "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:18609. This is "
+            "typically caused by a remote worker crashing.",
+            "peer",
+        ),
+        (
+            "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600042 "
+            "milliseconds before timing out.",
+            "timeout",
+        ),
+        ("CUDA out of memory. Tried to allocate 2.00 GiB", None),
+        ("shape '[8, 192]' is invalid for input of size 100", None),
+    ],
+)
 def test_a_collective_fault_is_told_from_any_other_error(message: str, expected: str | None) -> None:
     assert collective_fault(RuntimeError(message)) == expected

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import DEMO_DEV, PY, port, read_metrics, run_cmd, run_ok, tiny_flags
 
 pytestmark = pytest.mark.distributed
@@ -21,16 +20,34 @@ def single_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = base_env(tmp)
     env.pop("WANDB_MODE", None)  # no credentials: the run must fall back to offline W&B by itself
     out = tmp / "run"
-    flags = tiny_flags(out, "--max_train_steps", "300", "--eval_on_start", "--logging_steps", "50",
-                       "--eval_strategy", "steps", "--eval_steps", "50", "--wandb_log_model")
+    flags = tiny_flags(
+        out,
+        "--max_train_steps",
+        "300",
+        "--eval_on_start",
+        "--logging_steps",
+        "50",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "50",
+        "--wandb_log_model",
+    )
     flags[flags.index("--report_to") + 1] = "all"
     proc = run_ok([PY, "-m", "qa_train", *flags], env)
     (tmp / "output.txt").write_text(proc.stdout + proc.stderr)  # DeepSpeed's logger writes to stdout
     return out
 
 
-TRAIN_KEYS = {"train/loss", "train/lr", "train/epoch", "train/grad_norm", "throughput/samples_per_second",
-              "throughput/tokens_per_second", "memory/host_rss_gib"}  # CUDA memory and MFU only on a GPU
+TRAIN_KEYS = {
+    "train/loss",
+    "train/lr",
+    "train/epoch",
+    "train/grad_norm",
+    "throughput/samples_per_second",
+    "throughput/tokens_per_second",
+    "memory/host_rss_gib",
+}  # CUDA memory and MFU only on a GPU
 EVAL_KEYS = {"eval/exact_match", "eval/f1", "eval/runtime_s"}
 LOG_STEPS = [50, 100, 150, 200, 250, 300]
 EVAL_STEPS = [0, 50, 100, 150, 200, 250, 300]  # before training, every --eval_steps, and the final evaluation
@@ -39,7 +56,7 @@ EVAL_STEPS = [0, 50, 100, 150, 200, 250, 300]  # before training, every --eval_s
 def test_single_process_metrics_are_sane(single_run: Path) -> None:
     import dataclasses
 
-    from qa_train.schema import RunMetrics
+    from qa_train.observe.schema import RunMetrics
 
     m = read_metrics(single_run)
     assert list(m) == [f.name for f in dataclasses.fields(RunMetrics)], "metrics.json keys come from the schema"
@@ -61,11 +78,16 @@ def test_the_log_says_each_evaluation_and_no_library_warns(single_run: Path) -> 
     """A CPU run's log: every evaluation with its scores; not DeepSpeed's warning that it "was unable to detect"
     a GPU (accelerate imports DeepSpeed at the export whatever the strategy), nor any other WARNING line."""
     log = (single_run.parent / "output.txt").read_text()
-    scores = {e["step"]: e for e in map(json.loads, (single_run / "train_log.jsonl").read_text().splitlines())
-              if "eval/f1" in e}
+    scores = {
+        e["step"]: e
+        for e in map(json.loads, (single_run / "train_log.jsonl").read_text().splitlines())
+        if "eval/f1" in e
+    }
     for step in EVAL_STEPS[1:-1]:  # the final evaluation is the summary table's
-        assert (f"evaluation at step {step} (epoch " in log
-                and f"exact_match {scores[step]['eval/exact_match']:.2f}, f1 {scores[step]['eval/f1']:.2f}" in log)
+        assert (
+            f"evaluation at step {step} (epoch " in log
+            and f"exact_match {scores[step]['eval/exact_match']:.2f}, f1 {scores[step]['eval/f1']:.2f}" in log
+        )
     assert "unable to detect" not in log
     assert [line for line in log.splitlines() if "WARNING" in line] == []
 
@@ -74,7 +96,7 @@ def test_predictions_file_matches_the_scorer_cli(single_run: Path, env: dict[str
     predictions = json.loads((single_run / "eval_predictions.json").read_text())
     gold = {qa["id"] for a in json.loads(DEMO_DEV.read_text())["data"] for p in a["paragraphs"] for qa in p["qas"]}
     assert set(predictions) == gold
-    proc = run_ok([PY, "-m", "qa_train.squad_eval", str(DEMO_DEV), str(single_run / "eval_predictions.json")], env)
+    proc = run_ok([PY, "-m", "qa_train.cli", "score", str(DEMO_DEV), str(single_run / "eval_predictions.json")], env)
     scores = json.loads(proc.stdout.strip().splitlines()[-1])
     m = read_metrics(single_run)
     assert scores["exact_match"] == pytest.approx(m["exact_match"]) and scores["f1"] == pytest.approx(m["f1"])
@@ -113,7 +135,11 @@ def test_offline_wandb_run_holds_history_summary_config_table_and_model(single_r
     assert summary["train_samples_per_second"] == m["train_samples_per_second"]
     config = w.config(recs)
     assert (config["strategy"], config["world_size"], config["device"], config["mixed_precision"]) == (
-        "single", 1, "cpu", "no")
+        "single",
+        1,
+        "cpu",
+        "no",
+    )
     assert config["learning_rate"] == 1e-3 and config["global_batch_size"] == 8
 
     table = summary["eval/samples"]
@@ -166,22 +192,37 @@ def test_exported_model_answers_a_question(single_run: Path) -> None:
         from transformers import pipeline
 
         out = pipeline("question-answering", model=str(single_run / "final"), device="cpu")(
-            question=question, context=context)
+            question=question, context=context
+        )
     else:
         from qa_train.predict import answer
 
         out = answer(str(single_run / "final"), question, context, max_seq_length=192, doc_stride=64)
         predictions = json.loads((single_run / "eval_predictions.json").read_text())
         assert out["answer"] == predictions[article["qas"][0]["id"]], "same answer as evaluation"
-    assert out["answer"] and context[out["start"]:out["end"]] == out["answer"]
+    assert out["answer"] and context[out["start"] : out["end"]] == out["answer"]
 
 
 def test_world_size_guard_refuses_a_split_launch(tmp_path: Path, env: dict[str, str]) -> None:
     """`accelerate launch --multi_gpu` without CUDA starts 2 lone processes; qa_train must refuse to train."""
     out = tmp_path / "split"
-    proc = run_cmd([PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                    "--main_process_port", str(port(29612)), "-m", "qa_train", *tiny_flags(out, "--max_train_steps", "5")],
-                   env, timeout=300)
+    proc = run_cmd(
+        [
+            PY,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            str(port(29612)),
+            "-m",
+            "qa_train",
+            *tiny_flags(out, "--max_train_steps", "5"),
+        ],
+        env,
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert "WORLD_SIZE=2" in proc.stderr and "they would train separate models" in proc.stderr
     assert not (out / "metrics.json").exists()
@@ -189,8 +230,15 @@ def test_world_size_guard_refuses_a_split_launch(tmp_path: Path, env: dict[str, 
 
 def test_profile_writes_a_trace_and_prints_top_operators(tmp_path: Path, env: dict[str, str]) -> None:
     out = tmp_path / "run"
-    proc = run_ok([PY, "-m", "qa_train", *tiny_flags(out, "--max_train_steps", "8", "--profile", "--no_eval",
-                                                      "--save_final_model", "false")], env)
+    proc = run_ok(
+        [
+            PY,
+            "-m",
+            "qa_train",
+            *tiny_flags(out, "--max_train_steps", "8", "--profile", "--no_eval", "--save_final_model", "false"),
+        ],
+        env,
+    )
     traces = list((out / "profile").glob("rank0*.pt.trace.json"))
     assert len(traces) == 1, list((out / "profile").iterdir())
     events = json.loads(traces[0].read_text())["traceEvents"]

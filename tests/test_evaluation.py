@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import DEMO_DEV, high_padding_model
-from qa_train.config import DataArgs
-from qa_train.data import Examples, load_file
+
+from qa_train.config.settings import DataArgs
+from qa_train.data.load import Examples, load_file
 from qa_train.evaluation import sample_rows
-from qa_train.squad_eval import score, score_v2
+from qa_train.squad.scoring import score, score_v2
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,13 @@ def test_padding_logits_are_the_highest(model_dir: Path) -> None:
 def _answers(model_dir: Path, batch_size: int, pad_to_max_length: bool = False) -> dict[str, str]:
     from qa_train.predict import Predictor
 
-    data = DataArgs(dataset_name=None, max_seq_length=192, doc_stride=64, per_device_eval_batch_size=batch_size,
-                    pad_to_max_length=pad_to_max_length)
+    data = DataArgs(
+        dataset_name=None,
+        max_seq_length=192,
+        doc_stride=64,
+        per_device_eval_batch_size=batch_size,
+        pad_to_max_length=pad_to_max_length,
+    )
     return Predictor(str(model_dir), data, device="cpu").predict(load_file(DEMO_DEV).head(64)).predictions
 
 
@@ -70,7 +75,8 @@ def test_sample_rows_score_each_question_as_the_runs_official_metric() -> None:
     assert [(r[0], r[4], r[5]) for r in rows] == [("none", 1.0, 1.0), ("article", 0.0, 0.0), ("span", 0.0, 0.6667)]
     official = score_v2(ex.references(), predictions)
     assert (official["exact"], official["f1"]) == pytest.approx(
-        (100 * sum(r[4] for r in rows) / 3, 100 * sum(r[5] for r in rows) / 3), abs=0.01)
+        (100 * sum(r[4] for r in rows) / 3, 100 * sum(r[5] for r in rows) / 3), abs=0.01
+    )
     answerable = Examples(source="<test>")
     for i in (1, 2):  # v1.1 keeps "The" as a gold answer
         answerable.append(ex.ids[i], "", ex.contexts[i], ex.questions[i], ex.answer_texts[i], ex.answer_starts[i])

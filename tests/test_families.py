@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import DEMO_DEV, DEMO_TRAIN, PY, base_env, port, read_metrics, run_ok
 from families import FAMILIES, corpus, write_family
-from qa_train.data import load_file
-from qa_train.features import featurize, window_offsets
+
+from qa_train.data.features import featurize, window_offsets
+from qa_train.data.load import load_file
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,12 @@ def questions_without_answers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Demo dev questions as JSON lines with no `answers` field: what a user asks to predict."""
     path = tmp_path_factory.mktemp("test_file") / "test.jsonl"
     ex = load_file(DEMO_DEV).head(24)
-    path.write_text("".join(json.dumps({"id": i, "title": t, "context": c, "question": q}) + "\n"
-                            for i, t, c, q in zip(ex.ids, ex.titles, ex.contexts, ex.questions)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": i, "title": t, "context": c, "question": q}) + "\n"
+            for i, t, c, q in zip(ex.ids, ex.titles, ex.contexts, ex.questions)
+        )
+    )
     return path
 
 
@@ -55,39 +59,77 @@ def test_windows_and_labels_are_the_tokenizers_own(family: str, family_dirs: dic
     tokenizer = AutoTokenizer.from_pretrained(family_dirs[family])
     ex = load_file(DEMO_DEV).head(40)
     feats = featurize(ex, tokenizer, max_seq_length=64, doc_stride=16, with_offsets=True)
-    ref = tokenizer([q.lstrip() for q in ex.questions], ex.contexts, truncation="only_second", max_length=64,
-                    stride=16, return_overflowing_tokens=True)
+    ref = tokenizer(
+        [q.lstrip() for q in ex.questions],
+        ex.contexts,
+        truncation="only_second",
+        max_length=64,
+        stride=16,
+        return_overflowing_tokens=True,
+    )
     assert len(feats) == len(ref["input_ids"]) > len(ex)  # several windows per question
     assert feats.example_index.tolist() == list(ref["overflow_to_sample_mapping"])
     for i, ids in enumerate(ref["input_ids"]):
-        assert feats.input_ids[feats.row_start[i]: feats.row_start[i + 1]].tolist() == ids, f"window {i}"
+        assert feats.input_ids[feats.row_start[i] : feats.row_start[i + 1]].tolist() == ids, f"window {i}"
     offsets = window_offsets(feats, 64)
     labelled = feats.start_positions != feats.cls_index
     assert labelled.sum() >= len(ex) and (feats.cls_index == 0).all()  # CLS (<s>) opens every family's pair
     for f in np.flatnonzero(labelled):
         i, s, e = feats.example_index[f], feats.start_positions[f], feats.end_positions[f]
         # SentencePiece offsets (XLM-R, DeBERTa-v3) include the space a "▁" token stands for.
-        assert ex.contexts[i][offsets[f, s, 0]: offsets[f, e, 1]].strip() == ex.answer_texts[i][0]
+        assert ex.contexts[i][offsets[f, s, 0] : offsets[f, e, 1]].strip() == ex.answer_texts[i][0]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_family_trains_exports_and_predicts_with_default_flags(family: str, family_dirs: dict[str, Path],
-                                                              questions_without_answers: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_family_trains_exports_and_predicts_with_default_flags(
+    family: str,
+    family_dirs: dict[str, Path],
+    questions_without_answers: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from transformers import AutoModelForQuestionAnswering
 
-    from qa_train.flags import parse_args
+    from qa_train.config.flags import parse_args
     from qa_train.predict import Predictor
     from qa_train.run import run
 
     monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
     out, model_dir = tmp_path / "run", str(family_dirs[family])
-    args = parse_args(["--config_name", model_dir, "--tokenizer_name", model_dir, "--train_file", str(DEMO_TRAIN),
-                       "--validation_file", str(DEMO_DEV), "--max_train_samples", "64", "--max_eval_samples", "16",
-                       "--max_seq_length", "128", "--doc_stride", "32", "--per_device_train_batch_size", "8",
-                       "--max_train_steps", "4", "--learning_rate", "1e-3", "--do_predict", "--test_file",
-                       str(questions_without_answers), "--report_to", "none", "--disable_tqdm",
-                       "--output_dir", str(out)])
+    args = parse_args(
+        [
+            "--config_name",
+            model_dir,
+            "--tokenizer_name",
+            model_dir,
+            "--train_file",
+            str(DEMO_TRAIN),
+            "--validation_file",
+            str(DEMO_DEV),
+            "--max_train_samples",
+            "64",
+            "--max_eval_samples",
+            "16",
+            "--max_seq_length",
+            "128",
+            "--doc_stride",
+            "32",
+            "--per_device_train_batch_size",
+            "8",
+            "--max_train_steps",
+            "4",
+            "--learning_rate",
+            "1e-3",
+            "--do_predict",
+            "--test_file",
+            str(questions_without_answers),
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "--output_dir",
+            str(out),
+        ]
+    )
     metrics = run(args)
     assert metrics is not None and metrics.train_steps == 4 and np.isfinite(metrics.train_loss)
     assert 0 <= metrics.exact_match <= metrics.f1 <= 100
@@ -99,7 +141,8 @@ def test_family_trains_exports_and_predicts_with_default_flags(family: str, fami
     model = AutoModelForQuestionAnswering.from_pretrained(out / "final")
     assert model.config.model_type == family
     reloaded = Predictor(str(out / "final"), args.data, device="cpu").predict(
-        load_file(questions_without_answers, "optional"))
+        load_file(questions_without_answers, "optional")
+    )
     assert reloaded.predictions == predicted, "the export answers as the run did"
 
 
@@ -108,7 +151,7 @@ def test_no_decay_for_every_norm_and_bias(family: str, family_dirs: dict[str, Pa
     import torch
     from transformers import AutoConfig, AutoModelForQuestionAnswering
 
-    from qa_train.optimization import param_groups
+    from qa_train.model.optimization import param_groups
 
     model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(family_dirs[family]))
     decay, no_decay = (set(map(id, g["params"])) for g in param_groups(model, 0.01))
@@ -132,10 +175,10 @@ def test_fsdp_wraps_every_encoder_layer_of_every_family(family: str, family_dirs
     import yaml
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+    from conftest import ROOT
     from transformers import AutoConfig, AutoModelForQuestionAnswering
 
-    from conftest import ROOT
-    from qa_train.distributed import fit_fsdp_wrap
+    from qa_train.strategy.sharded import fit_fsdp_wrap
 
     shipped = yaml.safe_load((ROOT / "accelerate_configs" / "fsdp.yaml").read_text())["fsdp_config"]
     assert "fsdp_transformer_layer_cls_to_wrap" not in shipped
@@ -143,8 +186,9 @@ def test_fsdp_wraps_every_encoder_layer_of_every_family(family: str, family_dirs
     model = AutoModelForQuestionAnswering.from_config(config)
 
     def wrapped(names: list[str] | None) -> list[str]:
-        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy=shipped["fsdp_auto_wrap_policy"],
-                                                transformer_cls_names_to_wrap=names)
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=2, auto_wrap_policy=shipped["fsdp_auto_wrap_policy"], transformer_cls_names_to_wrap=names
+        )
         fit_fsdp_wrap(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)), model)
         policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
         return [type(m).__name__ for m in model.modules() if policy(m)]
@@ -159,14 +203,15 @@ def test_fsdp_wraps_every_encoder_layer_of_every_family(family: str, family_dirs
         assert wrapped(["BertLayer"]) == ["BertLayer"] * 2
 
 
-def test_fsdp_leaves_the_input_embeddings_to_accelerate(family_dirs: dict[str, Path],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fsdp_leaves_the_input_embeddings_to_accelerate(
+    family_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """transformers 5.17 declares BertEmbeddings no-split; accelerate's FSDP2 preparation shards the input
     embedding itself after the wrap, and sharding it inside an already-sharded BertEmbeddings failed on an
     H100 (fully_shard: "Invariant encountered: value was None"). The class holding it is not wrapped."""
     from transformers import AutoConfig, AutoModelForQuestionAnswering
 
-    from qa_train.distributed import fsdp_layer_classes
+    from qa_train.strategy.sharded import fsdp_layer_classes
 
     model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(family_dirs["bert"]))
     monkeypatch.setattr(type(model), "_no_split_modules", ["BertEmbeddings", "BertLayer"], raising=False)
@@ -176,24 +221,69 @@ def test_fsdp_leaves_the_input_embeddings_to_accelerate(family_dirs: dict[str, P
 @pytest.mark.distributed
 @pytest.mark.parametrize("family", ["deberta-v2", "modernbert"])
 def test_family_trains_under_fsdp_on_two_processes_and_its_export_answers_alike(
-        family: str, family_dirs: dict[str, Path], questions_without_answers: Path, tmp_path: Path) -> None:
+    family: str, family_dirs: dict[str, Path], questions_without_answers: Path, tmp_path: Path
+) -> None:
     """DeBERTa-v3 shares its relative position embeddings across the layers from outside them (they stay in the
     root FSDP unit); ModernBERT has its own embeddings module and layer class and no token types. Each trains
     sharded by layer, and the export gathered from the shards answers the test file as the run did."""
-    from qa_train.flags import parse_args
+    from qa_train.config.flags import parse_args
     from qa_train.predict import Predictor
 
     out, model_dir = tmp_path / "run", str(family_dirs[family])
-    flags = ["--config_name", model_dir, "--tokenizer_name", model_dir, "--train_file", str(DEMO_TRAIN),
-             "--validation_file", str(DEMO_DEV), "--max_train_samples", "64", "--max_eval_samples", "16",
-             "--max_seq_length", "128", "--doc_stride", "32", "--per_device_train_batch_size", "8",
-             "--max_train_steps", "4", "--learning_rate", "1e-3", "--do_predict", "--test_file",
-             str(questions_without_answers), "--report_to", "none", "--disable_tqdm", "--output_dir", str(out)]
-    run_ok([PY, "-m", "qa_train.launch", "--cpu", "--config_file", "accelerate_configs/fsdp.yaml", "--num_processes",
-            "2", "--main_process_port", str(port(29760 + FAMILIES.index(family))), "--", *flags], base_env(tmp_path))
+    flags = [
+        "--config_name",
+        model_dir,
+        "--tokenizer_name",
+        model_dir,
+        "--train_file",
+        str(DEMO_TRAIN),
+        "--validation_file",
+        str(DEMO_DEV),
+        "--max_train_samples",
+        "64",
+        "--max_eval_samples",
+        "16",
+        "--max_seq_length",
+        "128",
+        "--doc_stride",
+        "32",
+        "--per_device_train_batch_size",
+        "8",
+        "--max_train_steps",
+        "4",
+        "--learning_rate",
+        "1e-3",
+        "--do_predict",
+        "--test_file",
+        str(questions_without_answers),
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "--output_dir",
+        str(out),
+    ]
+    run_ok(
+        [
+            PY,
+            "-m",
+            "qa_train.cli",
+            "launch",
+            "--cpu",
+            "--config_file",
+            "accelerate_configs/fsdp.yaml",
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            str(port(29760 + FAMILIES.index(family))),
+            "--",
+            *flags,
+        ],
+        base_env(tmp_path),
+    )
     m = read_metrics(out)
     assert (m["strategy"], m["distributed_type"], m["world_size"], m["train_steps"]) == ("fsdp", "FSDP", 2, 4)
     predicted = json.loads((out / "predict_predictions.json").read_text())
     reloaded = Predictor(str(out / "final"), parse_args(flags).data, device="cpu").predict(
-        load_file(questions_without_answers, "optional"))
+        load_file(questions_without_answers, "optional")
+    )
     assert reloaded.predictions == predicted, "the export answers as the run did"

@@ -4,7 +4,7 @@ did; FSDP and ZeRO-3 resume after a kill; bf16 follows fp32; offload takes model
     pytest -m gpu tests/test_gpu.py          # on a GPU machine (tools/gpu_session.sh tests)
 
 pyproject's addopts deselect the `gpu` marker, so CPU machines and CI neither run nor count these.
-Each test launches the real entry point through `python -m qa_train.launch` (accelerate launch on GPUs),
+Each test launches the real entry point through `qa-train launch` (accelerate launch on GPUs),
 one process on one GPU; they are independent, so `-n 4` (pytest-xdist) runs them side by side.
 """
 
@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from qa_train.bench import free_port
-
 from conftest import ASSETS, PY, ROOT, base_env, error_lines, export_answers, read_metrics, run_ok, tiny_flags
+from safetensors.torch import load_file
 from test_strategies import STEPS, kill_after_checkpoint, step_log
+
+from qa_train.studies.bench import free_port
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CONFIGS = ["single", "ddp", "fsdp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
@@ -39,13 +38,31 @@ RESUME_LOSS_RTOL, RESUME_WEIGHT_RTOL = 2e-2, 1e-2
 
 
 def gpu_cmd(config: str, out: Path, *flags: str) -> list[str]:
-    return [PY, "-m", "qa_train.launch", "--config_file", f"accelerate_configs/{config}.yaml", "--num_processes", "1",
-            "--main_process_port", str(free_port(set())), "--", *flags, "--output_dir", str(out)]
+    return [
+        PY,
+        "-m",
+        "qa_train.cli",
+        "launch",
+        "--config_file",
+        f"accelerate_configs/{config}.yaml",
+        "--num_processes",
+        "1",
+        "--main_process_port",
+        str(free_port(set())),
+        "--",
+        *flags,
+        "--output_dir",
+        str(out),
+    ]
 
 
 def tiny_gpu_flags(out: Path, steps: int, *extra: str) -> list[str]:
-    return [*tiny_flags(out, "--max_train_steps", str(steps), "--logging_steps", "1", "--mixed_precision", "bf16",
-                        "--disable_tqdm"), *extra]
+    return [
+        *tiny_flags(
+            out, "--max_train_steps", str(steps), "--logging_steps", "1", "--mixed_precision", "bf16", "--disable_tqdm"
+        ),
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -55,8 +72,11 @@ def test_config_trains_in_bf16_and_export_answers_like_evaluation(config: str, t
     assert_learned_and_export_answers_like_evaluation(out, config)
 
 
-@pytest.mark.parametrize("how", [["--torch_compile"], ["--torch_compile_regional"],
-                                 ["--torch_compile_mode", "reduce-overhead"]], ids=["whole", "regional", "cuda-graphs"])
+@pytest.mark.parametrize(
+    "how",
+    [["--torch_compile"], ["--torch_compile_regional"], ["--torch_compile_mode", "reduce-overhead"]],
+    ids=["whole", "regional", "cuda-graphs"],
+)
 def test_compiled_run_trains_in_bf16_and_export_answers_like_evaluation(how: list[str], tmp_path: Path) -> None:
     """inductor's Triton kernels over dynamic padding, in training and in evaluation (a second graph, without
     gradients); with reduce-overhead, CUDA graphs whose outputs the next replay overwrites."""
@@ -75,8 +95,8 @@ def test_dynamic_padding_compiles_one_graph_across_the_size_guards() -> None:
     from torch._dynamo.utils import counters
     from transformers import AutoConfig, AutoModelForQuestionAnswering
 
-    from qa_train.config import SystemArgs
-    from qa_train.modeling import compile_model
+    from qa_train.config.settings import SystemArgs
+    from qa_train.model.modeling import compile_model
 
     torch._dynamo.reset()
     model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(BERT_BASE)).cuda()
@@ -85,8 +105,12 @@ def test_dynamic_padding_compiles_one_graph_across_the_size_guards() -> None:
     for batch, width in [(64, 384), (64, 96), (16, 200), (64, 256), (8, 40)]:  # tokens 24576, 6144, 3200, ...
         ids = torch.randint(1000, 2000, (batch, width), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), start_positions=ids[:, 0] % width,
-                        end_positions=ids[:, 1] % width)
+            out = model(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                start_positions=ids[:, 0] % width,
+                end_positions=ids[:, 1] % width,
+            )
         out.loss.backward()
     assert counters["stats"]["unique_graphs"] - before == 1, "a batch shape recompiled the model"
 
@@ -125,9 +149,13 @@ def test_kill_and_resume_on_gpu_matches_uninterrupted(config: str, tmp_path: Pat
     for step in ref:
         assert ours[step]["train/lr"] == ref[step]["train/lr"], f"LR differs at step {step}"
         assert ours[step]["train/loss"] == pytest.approx(ref[step]["train/loss"], rel=RESUME_LOSS_RTOL)
-    resumed, expected = load_file(out / "final" / "model.safetensors"), load_file(reference / "final" / "model.safetensors")
-    worst = max(float((resumed[k].float() - t.float()).norm() / t.float().norm().clamp_min(1e-12))
-                for k, t in expected.items())
+    resumed, expected = (
+        load_file(out / "final" / "model.safetensors"),
+        load_file(reference / "final" / "model.safetensors"),
+    )
+    worst = max(
+        float((resumed[k].float() - t.float()).norm() / t.float().norm().clamp_min(1e-12)) for k, t in expected.items()
+    )
     print(f"{config}: worst relative weight difference after resume {worst:.2e}")
     assert worst <= RESUME_WEIGHT_RTOL
 
@@ -136,8 +164,11 @@ def test_bf16_loss_follows_fp32(tmp_path: Path) -> None:
     env, runs = base_env(tmp_path), {}
     for precision in ("bf16", "no"):
         out = tmp_path / precision
-        flags = [*tiny_flags(out, "--max_train_steps", "50", "--logging_steps", "10", "--no_eval", "--disable_tqdm"),
-                 "--mixed_precision", precision]
+        flags = [
+            *tiny_flags(out, "--max_train_steps", "50", "--logging_steps", "10", "--no_eval", "--disable_tqdm"),
+            "--mixed_precision",
+            precision,
+        ]
         run_ok(gpu_cmd("single", out, *flags), env)
         runs[precision] = step_log(out)
         assert read_metrics(out)["mixed_precision"] == precision
@@ -155,10 +186,23 @@ def test_offload_configs_hold_less_cuda_memory_than_single(tmp_path: Path) -> No
     env, peaks = base_env(tmp_path), {}
     for config in ("single", "zero2_offload", "zero3_offload"):
         out = tmp_path / config
-        flags = [*tiny_flags(out, "--max_train_steps", "5", "--no_eval", "--disable_tqdm"),
-                 "--config_name", str(BERT_BASE), "--max_seq_length", "128", "--doc_stride", "32",
-                 "--per_device_train_batch_size", "4", "--learning_rate", "3e-5", "--mixed_precision", "bf16",
-                 "--save_final_model", "false"]
+        flags = [
+            *tiny_flags(out, "--max_train_steps", "5", "--no_eval", "--disable_tqdm"),
+            "--config_name",
+            str(BERT_BASE),
+            "--max_seq_length",
+            "128",
+            "--doc_stride",
+            "32",
+            "--per_device_train_batch_size",
+            "4",
+            "--learning_rate",
+            "3e-5",
+            "--mixed_precision",
+            "bf16",
+            "--save_final_model",
+            "false",
+        ]
         run_ok(gpu_cmd(config, out, *flags), env)
         m = read_metrics(out)
         peaks[config], params = m["peak_memory_gb"]["max"], m["num_parameters"]
@@ -173,11 +217,23 @@ def test_a_batch_too_large_for_the_gpu_is_one_line_and_exit_7(tmp_path: Path) ->
     GiB of bf16 activations, more than an H100 or H200 holds), said in one line with what to change. It fills the
     GPU before it fails: tools/gpu_session.sh runs it alone (marker oom_alone)."""
     out = tmp_path / "run"
-    flags = [*tiny_flags(out, "--max_train_steps", "2", "--no_eval", "--disable_tqdm"),
-             "--config_name", str(BERT_BASE), "--max_seq_length", "512", "--doc_stride", "128", "--pad_to_max_length",
-             "--per_device_train_batch_size", "1024", "--mixed_precision", "bf16"]
-    proc = subprocess.run(gpu_cmd("single", out, *flags), cwd=ROOT, env=base_env(tmp_path), capture_output=True,
-                          text=True, timeout=300)
+    flags = [
+        *tiny_flags(out, "--max_train_steps", "2", "--no_eval", "--disable_tqdm"),
+        "--config_name",
+        str(BERT_BASE),
+        "--max_seq_length",
+        "512",
+        "--doc_stride",
+        "128",
+        "--pad_to_max_length",
+        "--per_device_train_batch_size",
+        "1024",
+        "--mixed_precision",
+        "bf16",
+    ]
+    proc = subprocess.run(
+        gpu_cmd("single", out, *flags), cwd=ROOT, env=base_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 7, proc.stderr[-3000:]
     [line] = error_lines(proc.stderr)
     assert line.startswith("qa_train: error: rank 0: out of memory at training step 1 (a "), line
@@ -194,10 +250,24 @@ def test_gradient_checkpointing_lowers_the_cuda_peak_and_trains_alike(config: st
     env, runs = base_env(tmp_path), {}
     for recompute in ("false", "true"):
         out = tmp_path / recompute
-        flags = [*tiny_flags(out, "--max_train_steps", "5", "--logging_steps", "1", "--no_eval", "--disable_tqdm"),
-                 "--config_name", str(BERT_BASE), "--max_seq_length", "384", "--pad_to_max_length",
-                 "--per_device_train_batch_size", "8", "--learning_rate", "3e-5", "--mixed_precision", "bf16",
-                 "--save_final_model", "false", "--gradient_checkpointing", recompute]
+        flags = [
+            *tiny_flags(out, "--max_train_steps", "5", "--logging_steps", "1", "--no_eval", "--disable_tqdm"),
+            "--config_name",
+            str(BERT_BASE),
+            "--max_seq_length",
+            "384",
+            "--pad_to_max_length",
+            "--per_device_train_batch_size",
+            "8",
+            "--learning_rate",
+            "3e-5",
+            "--mixed_precision",
+            "bf16",
+            "--save_final_model",
+            "false",
+            "--gradient_checkpointing",
+            recompute,
+        ]
         run_ok(gpu_cmd(config, out, *flags), env)
         runs[recompute] = (read_metrics(out)["peak_memory_gb"]["max"], step_log(out))
     (plain_peak, plain), (recomputed_peak, recomputed) = runs["false"], runs["true"]
@@ -217,10 +287,22 @@ def test_training_steps_do_not_wait_for_the_gpu(tmp_path: Path) -> None:
 
     out, sites_file = tmp_path / "run", tmp_path / "sites.json"
     # 250 demo questions, one window a batch: one evaluation at step 20 of more than 4 x DRAIN_EVERY batches.
-    flags = tiny_gpu_flags(out, 40, "--logging_steps", "10", "--eval_strategy", "steps", "--eval_steps", "20",
-                           "--per_device_eval_batch_size", "1", "--save_final_model", "false")
+    flags = tiny_gpu_flags(
+        out,
+        40,
+        "--logging_steps",
+        "10",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "20",
+        "--per_device_eval_batch_size",
+        "1",
+        "--save_final_model",
+        "false",
+    )
     proc = run_ok([PY, "tools/sync_sites.py", str(sites_file), "--", *flags], base_env(tmp_path))
-    print(proc.stdout[proc.stdout.find("synchronizing operations"):])
+    print(proc.stdout[proc.stdout.find("synchronizing operations") :])
     sites = json.loads(sites_file.read_text())
     ours = [s for s in sites if "/qa_train/" in s[2] or "/accelerate/" in s[2]]
     in_step = [s for s in ours if s[1] in ("loader", "step")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from qa_train.hostmem import LEARN_STEPS, MIN_SLACK_BYTES, SPARE, HostMemory, _malloc_trim
+from qa_train.observe.hostmem import LEARN_STEPS, MIN_SLACK_BYTES, SPARE, HostMemory, _malloc_trim
 
 pytestmark = pytest.mark.skipif(_malloc_trim() is None, reason="needs glibc's malloc_trim")
 MIB, GIB = 2**20, 2**30
@@ -110,7 +110,7 @@ def _touch_and_free(mib: int) -> None:
 
 
 def test_training_peak_counts_what_a_step_frees_before_the_sample_and_the_lifetime_peak_survives() -> None:
-    from qa_train.hostmem import kernel_peak_bytes, lifetime_peak_bytes
+    from qa_train.observe.hostmem import kernel_peak_bytes, lifetime_peak_bytes
 
     if kernel_peak_bytes() is None:
         pytest.skip("no /proc/self/status VmHWM on this system")
@@ -132,7 +132,7 @@ def test_evaluation_inside_training_leaves_the_training_peak_alone() -> None:
     training's peak (the mark is kept before, and restarted after, the excluded work)."""
     import numpy as np
 
-    from qa_train.hostmem import GIB, HostMemory
+    from qa_train.observe.hostmem import GIB, HostMemory
 
     memory = HostMemory(trim=True)
     memory.reset()

@@ -1,4 +1,4 @@
-"""qa_train.launch without launching: config refusals, the command each branch builds, --dry_run."""
+"""qa_train.strategy.launch without launching: config refusals, the command each branch builds, --dry_run."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT
-from qa_train import launch
-from qa_train.distributed import cpu_threads
-from qa_train.launch import LaunchConfigError, build_command, cpu_refusal, parse, read_config
+
+from qa_train.strategy import launch, supervise
+from qa_train.strategy.checks import cpu_threads
+from qa_train.strategy.launch import LaunchConfigError, build_command, cpu_refusal, parse, read_config
 
 DS_YAML = """\
 distributed_type: DEEPSPEED
@@ -77,8 +77,9 @@ def test_deepspeed_json_is_resolved_against_launch_dir(ds_dir: Path, tmp_path_fa
     assert "relative to the directory you launch from" in str(err.value)
 
 
-def test_deepspeed_json_defaults_to_cwd(ds_dir: Path, monkeypatch: pytest.MonkeyPatch,
-                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_deepspeed_json_defaults_to_cwd(
+    ds_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     path = write(ds_dir / "zero2.yaml", DS_YAML)
     monkeypatch.chdir(ds_dir)
     assert read_config(str(path))["distributed_type"] == "DEEPSPEED"
@@ -120,8 +121,11 @@ def test_every_clashing_key_is_named(ds_dir: Path) -> None:
 
 def test_flag_decided_keys_without_a_json_are_accepted(tmp_path: Path) -> None:
     """accelerate's inline DeepSpeed settings are fine when no JSON is given."""
-    path = write(tmp_path / "inline.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n"
-                                           "  zero_stage: 2\n  gradient_accumulation_steps: 4\nmixed_precision: bf16\n")
+    path = write(
+        tmp_path / "inline.yaml",
+        "distributed_type: DEEPSPEED\ndeepspeed_config:\n"
+        "  zero_stage: 2\n  gradient_accumulation_steps: 4\nmixed_precision: bf16\n",
+    )
     assert read_config(str(path))["deepspeed_config"]["zero_stage"] == 2
 
 
@@ -151,9 +155,15 @@ def test_a_yaml_that_is_not_a_mapping_is_refused_as_a_config_error(tmp_path: Pat
 # --- the repository's own configs --------------------------------------------------------------
 
 REPO_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
-# Values qa_train.distributed.reconcile_deepspeed fills from flags: the JSON must leave them to the flags.
-FLAG_DECIDED = [("train_micro_batch_size_per_gpu",), ("train_batch_size",), ("gradient_accumulation_steps",),
-                ("gradient_clipping",), ("bf16", "enabled"), ("fp16", "enabled")]
+# Values qa_train.strategy.deepspeed_json.reconcile_deepspeed fills from flags: the JSON must leave them to the flags.
+FLAG_DECIDED = [
+    ("train_micro_batch_size_per_gpu",),
+    ("train_batch_size",),
+    ("gradient_accumulation_steps",),
+    ("gradient_clipping",),
+    ("bf16", "enabled"),
+    ("fp16", "enabled"),
+]
 OPTIMIZER_FLAG_DECIDED = ["lr", "betas", "eps", "weight_decay"]
 
 
@@ -168,8 +178,10 @@ def test_repository_config_passes_read_config(path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", [p for p in REPO_CONFIGS if yaml.safe_load(p.read_text())["distributed_type"] == "DEEPSPEED"],
-    ids=lambda p: p.name)
+    "path",
+    [p for p in REPO_CONFIGS if yaml.safe_load(p.read_text())["distributed_type"] == "DEEPSPEED"],
+    ids=lambda p: p.name,
+)
 def test_repository_deepspeed_json_leaves_flag_decided_values_to_flags(path: Path) -> None:
     ds_file = read_config(str(path), launch_dir=ROOT)["deepspeed_config"]["deepspeed_config_file"]
     assert Path(ds_file).parts[0] == "ds_configs"
@@ -178,7 +190,7 @@ def test_repository_deepspeed_json_leaves_flag_decided_values_to_flags(path: Pat
         value = ds
         for key in keys:
             value = value[key]
-        assert value == "auto", f"{ds_file}: {'.'.join(keys)} is {value!r}, not \"auto\""
+        assert value == "auto", f'{ds_file}: {".".join(keys)} is {value!r}, not "auto"'
     params = ds.get("optimizer", {}).get("params")
     if params is not None:
         for key in OPTIMIZER_FLAG_DECIDED:
@@ -193,8 +205,10 @@ def test_every_shipped_config_runs_on_cpu_and_only_fsdp_offload_is_refused() -> 
     assert cpu_refusal(offload).startswith("fsdp_offload_params: true offloads to the host from an accelerator")
     assert cpu_refusal({**FSDP, "fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": False}}) is None
     for fsdp1 in ({}, {"fsdp_version": 1}):  # accelerate's FSDP1 needs a device to sync module states
-        assert cpu_refusal({**FSDP, "fsdp_config": fsdp1}) == "FSDP on CPU processes is FSDP2: set fsdp_version: 2 " \
-                                                              "under fsdp_config"
+        assert (
+            cpu_refusal({**FSDP, "fsdp_config": fsdp1}) == "FSDP on CPU processes is FSDP2: set fsdp_version: 2 "
+            "under fsdp_config"
+        )
 
 
 # --- parse -------------------------------------------------------------------------------------
@@ -217,8 +231,13 @@ def test_parse_defaults() -> None:
     assert train == []
     # No ip/port by default: the config's own main_process_ip/port come next, then 127.0.0.1:29500.
     assert (opts.cpu, opts.machine_rank, opts.main_process_ip, opts.main_process_port, opts.dry_run) == (
-        False, 0, None, None, False)
-    assert opts.stop_grace_s == launch.DEFAULT_GRACE_S
+        False,
+        0,
+        None,
+        None,
+        False,
+    )
+    assert opts.stop_grace_s == supervise.DEFAULT_GRACE_S
 
 
 def test_parse_requires_config_file(capsys: pytest.CaptureFixture[str]) -> None:
@@ -231,8 +250,12 @@ def test_parse_requires_config_file(capsys: pytest.CaptureFixture[str]) -> None:
 # --- build_command -----------------------------------------------------------------------------
 
 MULTI_GPU = {"distributed_type": "MULTI_GPU", "num_processes": 8, "num_machines": 1}
-DEEPSPEED = {"distributed_type": "DEEPSPEED", "num_processes": 8, "num_machines": 1,
-             "deepspeed_config": {"deepspeed_config_file": "ds_configs/zero2.json"}}
+DEEPSPEED = {
+    "distributed_type": "DEEPSPEED",
+    "num_processes": 8,
+    "num_machines": 1,
+    "deepspeed_config": {"deepspeed_config_file": "ds_configs/zero2.json"},
+}
 FSDP = {"distributed_type": "FSDP", "num_processes": 8, "num_machines": 1, "fsdp_config": {"fsdp_version": 2}}
 TRAIN = ["--output_dir", "out", "--max_train_steps", "3"]
 
@@ -245,8 +268,19 @@ def build(cfg: dict, *argv: str) -> tuple[list[str], dict[str, str]]:
 @pytest.mark.parametrize("cfg", [MULTI_GPU, DEEPSPEED, FSDP], ids=lambda c: c["distributed_type"])
 def test_gpu_is_accelerate_launch(cfg: dict) -> None:
     cmd, env = build(cfg)
-    assert cmd == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "8",
-                   "--main_process_port", "29500", "-m", "qa_train", *TRAIN]
+    assert cmd == [
+        "accelerate",
+        "launch",
+        "--config_file",
+        "cfg.yaml",
+        "--num_processes",
+        "8",
+        "--main_process_port",
+        "29500",
+        "-m",
+        "qa_train",
+        *TRAIN,
+    ]
     assert env == dict(os.environ)
 
 
@@ -256,11 +290,38 @@ def test_gpu_flag_overrides_config_process_count() -> None:
 
 
 def test_gpu_multi_machine_flags() -> None:
-    cmd, _ = build(MULTI_GPU, "--num_processes", "16", "--num_machines", "2", "--machine_rank", "1",
-                   "--main_process_ip", "10.0.0.1", "--main_process_port", "1234")
-    assert cmd == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "16",
-                   "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "10.0.0.1",
-                   "--main_process_port", "1234", "-m", "qa_train", *TRAIN]
+    cmd, _ = build(
+        MULTI_GPU,
+        "--num_processes",
+        "16",
+        "--num_machines",
+        "2",
+        "--machine_rank",
+        "1",
+        "--main_process_ip",
+        "10.0.0.1",
+        "--main_process_port",
+        "1234",
+    )
+    assert cmd == [
+        "accelerate",
+        "launch",
+        "--config_file",
+        "cfg.yaml",
+        "--num_processes",
+        "16",
+        "--num_machines",
+        "2",
+        "--machine_rank",
+        "1",
+        "--main_process_ip",
+        "10.0.0.1",
+        "--main_process_port",
+        "1234",
+        "-m",
+        "qa_train",
+        *TRAIN,
+    ]
 
 
 def test_gpu_num_machines_from_config() -> None:
@@ -270,16 +331,31 @@ def test_gpu_num_machines_from_config() -> None:
 
 def test_cpu_deepspeed_is_accelerate_launch() -> None:
     cmd, env = build(DEEPSPEED, "--cpu", "--num_processes", "2")
-    assert cmd == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "2",
-                   "--main_process_port", "29500", "-m", "qa_train", *TRAIN]
+    assert cmd == [
+        "accelerate",
+        "launch",
+        "--config_file",
+        "cfg.yaml",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        "29500",
+        "-m",
+        "qa_train",
+        *TRAIN,
+    ]
     # qa_train picks gloo itself under DeepSpeed; the environment is passed through, naming DeepSpeed's accelerator
     # and the ranks' share of the cores.
-    assert env == {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
-                   "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(cpu_threads(2)))}
+    assert env == {
+        **os.environ,
+        "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(cpu_threads(2))),
+    }
 
 
-@pytest.mark.parametrize("cfg", [{"distributed_type": "NO"}, MULTI_GPU, DEEPSPEED, FSDP],
-                         ids=["single", "ddp", "deepspeed", "fsdp"])
+@pytest.mark.parametrize(
+    "cfg", [{"distributed_type": "NO"}, MULTI_GPU, DEEPSPEED, FSDP], ids=["single", "ddp", "deepspeed", "fsdp"]
+)
 def test_cpu_ranks_share_the_cores_unless_the_user_set_threads(cfg: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """accelerate launch without its own --cpu, and torchrun, give each rank 1 thread: a lone CPU rank ran on 1 of
     2 cores."""
@@ -299,8 +375,21 @@ def test_cpu_fsdp_is_accelerate_launch_on_gloo_in_fp32_unless_asked(monkeypatch:
     a gloo group (qa_train then applies FSDP2 itself), and the config's bf16 is not forced on CPU autocast."""
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     cmd, env = build(FSDP, "--cpu", "--num_processes", "2")
-    assert cmd == ["accelerate", "launch", "--config_file", "cfg.yaml", "--num_processes", "2", "--mixed_precision",
-                   "no", "--main_process_port", "29500", "-m", "qa_train", *TRAIN]
+    assert cmd == [
+        "accelerate",
+        "launch",
+        "--config_file",
+        "cfg.yaml",
+        "--num_processes",
+        "2",
+        "--mixed_precision",
+        "no",
+        "--main_process_port",
+        "29500",
+        "-m",
+        "qa_train",
+        *TRAIN,
+    ]
     assert env["ACCELERATE_USE_CPU"] == "true"
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
     cmd, _ = build(FSDP, "--cpu", "--num_processes", "2")
@@ -340,7 +429,7 @@ PORT_CASES = {
 def flag(cmd: list[str], *names: str) -> str | None:
     """The launcher's value for the first of `names` (accelerate's and torchrun's spellings), None when absent.
     Only the launcher's own part counts: a flag after `-m qa_train` would go to qa_train."""
-    own = cmd[:cmd.index("qa_train")]
+    own = cmd[: cmd.index("qa_train")]
     for name in names:
         if name in own:
             return own[own.index(name) + 1]
@@ -391,9 +480,25 @@ def test_port_zero_is_passed_through() -> None:
 @pytest.mark.parametrize("config", ["ddp", "zero2"])
 def test_slurm_cpu_node_command(config: str) -> None:
     """The command slurm/train.sbatch's CPU path runs on node 1 of 2: the job's port and first host on it."""
-    opts, train = parse(["--cpu", "--config_file", f"accelerate_configs/{config}.yaml", "--num_machines", "2",
-                         "--num_processes", "2", "--machine_rank", "1", "--main_process_ip", "node-a",
-                         "--main_process_port", "29817", "--", *TRAIN])
+    opts, train = parse(
+        [
+            "--cpu",
+            "--config_file",
+            f"accelerate_configs/{config}.yaml",
+            "--num_machines",
+            "2",
+            "--num_processes",
+            "2",
+            "--machine_rank",
+            "1",
+            "--main_process_ip",
+            "node-a",
+            "--main_process_port",
+            "29817",
+            "--",
+            *TRAIN,
+        ]
+    )
     cfg = read_config(opts.config_file, launch_dir=ROOT)
     cmd, _ = build_command(cfg, opts, train)
     assert flag(cmd, "--main_process_port", "--master_port") == "29817"
@@ -403,13 +508,17 @@ def test_slurm_cpu_node_command(config: str) -> None:
 
 def test_cpu_fsdp_offload_is_refused_naming_the_config_and_the_key() -> None:
     with pytest.raises(LaunchConfigError) as err:
-        build({**FSDP, "fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": "true"}}, "--cpu", "--num_processes",
-              "2")
+        build(
+            {**FSDP, "fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": "true"}}, "--cpu", "--num_processes", "2"
+        )
     assert str(err.value).startswith("cfg.yaml: fsdp_offload_params: true offloads to the host")
 
 
-@pytest.mark.parametrize("cfg", [{"distributed_type": "NO", "num_processes": 1}, {**MULTI_GPU, "num_processes": 1}, {}],
-                         ids=["single", "ddp-1", "empty"])
+@pytest.mark.parametrize(
+    "cfg",
+    [{"distributed_type": "NO", "num_processes": 1}, {**MULTI_GPU, "num_processes": 1}, {}],
+    ids=["single", "ddp-1", "empty"],
+)
 def test_cpu_one_process_is_plain_python(cfg: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
@@ -428,9 +537,24 @@ def test_cpu_keeps_a_mixed_precision_already_set(monkeypatch: pytest.MonkeyPatch
 def test_cpu_ddp_many_processes_is_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     cmd, env = build(MULTI_GPU, "--cpu", "--num_processes", "2")
-    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--node_rank", "0",
-                   "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", "29500",
-                   "-m", "qa_train", *TRAIN]
+    assert cmd == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--node_rank",
+        "0",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        "29500",
+        "-m",
+        "qa_train",
+        *TRAIN,
+    ]
     assert (env["ACCELERATE_USE_CPU"], env["ACCELERATE_MIXED_PRECISION"]) == ("true", "no")
 
 
@@ -444,11 +568,38 @@ def test_cpu_tells_deepspeed_its_accelerator(cfg: dict, monkeypatch: pytest.Monk
 
 
 def test_cpu_ddp_many_machines_splits_processes_per_node() -> None:
-    cmd, _ = build(MULTI_GPU, "--cpu", "--num_processes", "6", "--num_machines", "3", "--machine_rank", "2",
-                   "--main_process_ip", "10.1.2.3", "--main_process_port", "4000")
-    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--nnodes", "3", "--node_rank", "2",
-                   "--nproc_per_node", "2", "--master_addr", "10.1.2.3", "--master_port", "4000",
-                   "-m", "qa_train", *TRAIN]
+    cmd, _ = build(
+        MULTI_GPU,
+        "--cpu",
+        "--num_processes",
+        "6",
+        "--num_machines",
+        "3",
+        "--machine_rank",
+        "2",
+        "--main_process_ip",
+        "10.1.2.3",
+        "--main_process_port",
+        "4000",
+    )
+    assert cmd == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "3",
+        "--node_rank",
+        "2",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "10.1.2.3",
+        "--master_port",
+        "4000",
+        "-m",
+        "qa_train",
+        *TRAIN,
+    ]
 
 
 def test_cpu_ddp_uses_config_process_count() -> None:
@@ -468,14 +619,21 @@ def test_gpu_processes_not_a_multiple_of_machines_is_refused() -> None:
         build(MULTI_GPU, "--num_processes", "3", "--num_machines", "2")
 
 
-@pytest.mark.parametrize(("argv", "msg"), [
-    (("--num_processes", "0"), "--num_processes must be at least 1, got 0"),  # not the config's 8
-    (("--num_processes", "-2"), "--num_processes must be at least 1, got -2"),
-    (("--num_processes", "2", "--num_machines", "0"), "--num_machines must be at least 1, got 0"),
-    (("--num_processes", "4", "--num_machines", "2", "--machine_rank", "2"), "--machine_rank 2 is not one of the 2"),
-    (("--num_processes", "4", "--num_machines", "2", "--machine_rank", "-1"), "--machine_rank -1 is not one of"),
-    (("--num_processes", "2", "--machine_rank", "1"), "--machine_rank 1 is not one of the 1 machine"),
-], ids=["procs-0", "procs-negative", "machines-0", "rank-past-machines", "rank-negative", "rank-on-one-machine"])
+@pytest.mark.parametrize(
+    ("argv", "msg"),
+    [
+        (("--num_processes", "0"), "--num_processes must be at least 1, got 0"),  # not the config's 8
+        (("--num_processes", "-2"), "--num_processes must be at least 1, got -2"),
+        (("--num_processes", "2", "--num_machines", "0"), "--num_machines must be at least 1, got 0"),
+        (
+            ("--num_processes", "4", "--num_machines", "2", "--machine_rank", "2"),
+            "--machine_rank 2 is not one of the 2",
+        ),
+        (("--num_processes", "4", "--num_machines", "2", "--machine_rank", "-1"), "--machine_rank -1 is not one of"),
+        (("--num_processes", "2", "--machine_rank", "1"), "--machine_rank 1 is not one of the 1 machine"),
+    ],
+    ids=["procs-0", "procs-negative", "machines-0", "rank-past-machines", "rank-negative", "rank-on-one-machine"],
+)
 @pytest.mark.parametrize("device", [(), ("--cpu",)], ids=["gpu", "cpu"])
 def test_impossible_counts_and_ranks_are_refused(argv: tuple[str, ...], msg: str, device: tuple[str, ...]) -> None:
     """An explicit 0 fell back to the config's count without a word, and a count below 1 or a machine rank outside
@@ -498,32 +656,60 @@ def no_exec(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("no_exec")
 def test_dry_run_prints_the_torchrun_command(capsys: pytest.CaptureFixture[str]) -> None:
-    code = launch.main(["--config_file", str(ROOT / "accelerate_configs" / "ddp.yaml"), "--cpu", "--num_processes",
-                        "2", "--dry_run", "--", "--output_dir", "out"])
+    code = launch.main(
+        [
+            "--config_file",
+            str(ROOT / "accelerate_configs" / "ddp.yaml"),
+            "--cpu",
+            "--num_processes",
+            "2",
+            "--dry_run",
+            "--",
+            "--output_dir",
+            "out",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0
-    assert out.out == (f"{sys.executable} -m torch.distributed.run --nnodes 1 --node_rank 0 --nproc_per_node 2 "
-                       "--master_addr 127.0.0.1 --master_port 29500 -m qa_train --output_dir out\n")
+    assert out.out == (
+        f"{sys.executable} -m torch.distributed.run --nnodes 1 --node_rank 0 --nproc_per_node 2 "
+        "--master_addr 127.0.0.1 --master_port 29500 -m qa_train --output_dir out\n"
+    )
     assert "+ " not in out.err
 
 
 @pytest.mark.usefixtures("no_exec")
 @pytest.mark.parametrize("on_path", [True, False])
-def test_dry_run_deepspeed_falls_back_to_python_m_accelerate(on_path: bool, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_deepspeed_falls_back_to_python_m_accelerate(
+    on_path: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(ROOT)  # the DeepSpeed JSON path is relative to where the launch happens
     monkeypatch.setattr(launch.shutil, "which", lambda name: f"/usr/bin/{name}" if on_path else None)
-    code = launch.main(["--config_file", "accelerate_configs/zero2.yaml", "--cpu", "--num_processes", "2",
-                        "--dry_run", "--", "--output_dir", "out"])
+    code = launch.main(
+        [
+            "--config_file",
+            "accelerate_configs/zero2.yaml",
+            "--cpu",
+            "--num_processes",
+            "2",
+            "--dry_run",
+            "--",
+            "--output_dir",
+            "out",
+        ]
+    )
     head = "accelerate launch" if on_path else f"{sys.executable} -m accelerate.commands.launch"
     assert code == 0
-    assert capsys.readouterr().out == (f"{head} --config_file accelerate_configs/zero2.yaml --num_processes 2 "
-                                       "--main_process_port 29500 -m qa_train --output_dir out\n")
+    assert capsys.readouterr().out == (
+        f"{head} --config_file accelerate_configs/zero2.yaml --num_processes 2 "
+        "--main_process_port 29500 -m qa_train --output_dir out\n"
+    )
 
 
 @pytest.mark.usefixtures("no_exec")
-def test_main_refuses_a_bad_config_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_main_refuses_a_bad_config_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "zero2.yaml", DS_YAML)  # ds/zero2.json does not exist here
     code = launch.main(["--config_file", "zero2.yaml", "--cpu", "--dry_run"])
@@ -532,20 +718,22 @@ def test_main_refuses_a_bad_config_with_one_line(tmp_path: Path, capsys: pytest.
     assert out.out == ""
     lines = out.err.splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith("qa_train.launch: error: zero2.yaml: deepspeed_config_file ds/zero2.json")
+    assert lines[0].startswith("qa-train launch: error: zero2.yaml: deepspeed_config_file ds/zero2.json")
 
 
 @pytest.mark.usefixtures("no_exec")
-@pytest.mark.parametrize(("key", "value"), [("num_processes", "two"), ("num_machines", "[2]"),
-                                            ("main_process_port", "port")])
-def test_main_refuses_a_config_count_that_is_not_an_integer_with_one_line(key: str, value: str, tmp_path: Path,
-                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("key", "value"), [("num_processes", "two"), ("num_machines", "[2]"), ("main_process_port", "port")]
+)
+def test_main_refuses_a_config_count_that_is_not_an_integer_with_one_line(
+    key: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "ddp.yaml"
     path.write_text(f"distributed_type: MULTI_GPU\n{key}: {value}\n")
     code = launch.main(["--config_file", str(path), "--cpu", "--dry_run"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err  # not int()'s traceback
-    assert err.startswith(f"qa_train.launch: error: {path}: {key} must be an integer, got ")
+    assert err.startswith(f"qa-train launch: error: {path}: {key} must be an integer, got ")
 
 
 @pytest.mark.usefixtures("no_exec")
@@ -557,7 +745,7 @@ def test_main_refuses_fsdp_offload_on_cpu(capsys: pytest.CaptureFixture[str], tm
     code = launch.main(["--config_file", str(config), "--cpu", "--dry_run"])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith(f"qa_train.launch: error: {config}: fsdp_offload_params: true offloads to the host")
+    assert err.startswith(f"qa-train launch: error: {config}: fsdp_offload_params: true offloads to the host")
     assert len(err.splitlines()) == 1
 
 
@@ -568,12 +756,13 @@ def test_main_refuses_invalid_yaml_without_traceback(tmp_path: Path, capsys: pyt
     err = capsys.readouterr().err
     assert code == 2
     # PyYAML's message spans several lines (it quotes the offending line); the first names the file.
-    assert err.splitlines()[0].startswith(f"qa_train.launch: error: --config_file {path}: not valid YAML")
+    assert err.splitlines()[0].startswith(f"qa-train launch: error: --config_file {path}: not valid YAML")
     assert "Traceback" not in err
 
 
-def test_without_gpu_main_falls_back_to_cpu(monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_gpu_main_falls_back_to_cpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(launch, "cuda_available", lambda: False)
     monkeypatch.setattr(launch, "run_launch", lambda *a: pytest.fail("dry run executed"))
     code = launch.main(["--config_file", str(ROOT / "accelerate_configs" / "single.yaml"), "--dry_run"])

@@ -1,4 +1,4 @@
-"""qa_train.launch and stop signals: every rank is asked to checkpoint and stop, and nothing outlives the launcher.
+"""qa_train.strategy.launch and stop signals: every rank is asked to checkpoint and stop, and nothing outlives the launcher.
 
 The fast tests run the real launcher code over a fake torchrun and fake ranks (a stand-in `qa_train` package on
 the children's PYTHONPATH, so the launcher recognises them as ranks by their `-m qa_train`); the distributed test
@@ -16,9 +16,9 @@ from typing import NamedTuple
 
 import psutil
 import pytest
-
 from conftest import PY, ROOT, base_env, port, tiny_flags
-from qa_train import launch
+
+from qa_train.strategy import supervise
 
 # A torchrun stand-in: starts the ranks in sessions of their own and, like torchrun, passes SIGTERM/SIGINT on to
 # each rank's group. Its SIGUSR1 is left at the default (death), as torchrun's is.
@@ -71,10 +71,10 @@ while time.monotonic() < deadline:
 # The launcher as users run it (its own process), over the fake command; the fake tree gets its own PYTHONPATH.
 LAUNCHER = """
 import os, sys
-from qa_train import launch
-launch.LEFTOVER_WAIT_S = 1.0
+from qa_train.strategy import supervise
+supervise.LEFTOVER_WAIT_S = 1.0
 env = {**os.environ, "PYTHONPATH": sys.argv[1]}
-sys.exit(launch.run_launch(sys.argv[3:], env, float(sys.argv[2])))
+sys.exit(supervise.run_launch(sys.argv[3:], env, float(sys.argv[2])))
 """
 
 
@@ -104,8 +104,9 @@ def _wait_for(paths: list[Path], proc: subprocess.Popen, timeout: float) -> None
 class FakeLaunch:
     """The launcher over a fake torchrun with `n` fake ranks; `out` collects what each process saw."""
 
-    def __init__(self, tmp_path: Path, rank_mode: str = "stop", torchrun_mode: str = "wait",
-                 grace_s: float = 30.0) -> None:
+    def __init__(
+        self, tmp_path: Path, rank_mode: str = "stop", torchrun_mode: str = "wait", grace_s: float = 30.0
+    ) -> None:
         self.out = tmp_path / "seen"
         self.out.mkdir()
         fake = tmp_path / "fake"
@@ -118,9 +119,13 @@ class FakeLaunch:
         self.tree: list[psutil.Process] = []
         # cwd outside both packages: `python -m` looks in the current directory first.
         with self.log.open("w") as err:
-            self.proc = subprocess.Popen([PY, "-c", LAUNCHER, str(fake), str(grace_s), PY, str(fake / "torchrun.py"),
-                                          "2", torchrun_mode], cwd=tmp_path, env=env, stderr=err,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [PY, "-c", LAUNCHER, str(fake), str(grace_s), PY, str(fake / "torchrun.py"), "2", torchrun_mode],
+                cwd=tmp_path,
+                env=env,
+                stderr=err,
+                start_new_session=True,
+            )
 
     def ready(self) -> FakeLaunch:
         _wait_for([self.out / "READY-rank0", self.out / "READY-rank1"], self.proc, 30)
@@ -160,7 +165,7 @@ def fake_launch(tmp_path: Path):
 
 def test_the_tree_is_launcher_torchrun_and_two_ranks(fake_launch) -> None:
     run = fake_launch()
-    ranks = [p for p in run.tree if launch.runs_module(p, "qa_train")]
+    ranks = [p for p in run.tree if supervise.runs_module(p, "qa_train")]
     assert len(run.tree) == 3 and len(ranks) == 2
     # The launch runs in a session of its own: the launcher's group reaches only the launcher.
     assert all(os.getsid(p.pid) != os.getsid(run.proc.pid) for p in run.tree)
@@ -228,14 +233,15 @@ def test_a_killed_launcher_takes_its_launch_with_it(fake_launch) -> None:
     assert run.saw() == {"torchrun-SIGTERM", "rank0-SIGTERM", "rank1-SIGTERM"}
 
 
-@pytest.mark.parametrize(("code", "status", "expected"),
-                         [(1, "75\n", 75), (0, "75\n", 0), (1, "0\n", 1), (1, None, 1), (137, None, 137),
-                          (1, "garbage", 1)])
+@pytest.mark.parametrize(
+    ("code", "status", "expected"),
+    [(1, "75\n", 75), (0, "75\n", 0), (1, "0\n", 1), (1, None, 1), (137, None, 137), (1, "garbage", 1)],
+)
 def test_main_process_code(tmp_path: Path, code: int, status: str | None, expected: int) -> None:
     path = tmp_path / "status"
     if status is not None:
         path.write_text(status)
-    assert launch._main_process_code(code, path) == expected
+    assert supervise._main_process_code(code, path) == expected
 
 
 def test_a_rank_that_only_saw_its_peer_leave_is_not_the_root_cause_in_the_same_second() -> None:
@@ -243,7 +249,7 @@ def test_a_rank_that_only_saw_its_peer_leave_is_not_the_root_cause_in_the_same_s
     peer (exit 1), would be named over rank 1, which ran out of memory (exit 7) in the same second."""
     from types import SimpleNamespace
 
-    from qa_train.agent import root_cause
+    from qa_train.strategy.agent import root_cause
 
     same = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=7)}
     assert root_cause(same)[0] == 1
@@ -256,6 +262,7 @@ def test_a_rank_that_only_saw_its_peer_leave_is_not_the_root_cause_in_the_same_s
 def test_loader_workers_forked_by_a_rank_are_not_ranks() -> None:
     """A DataLoader worker is forked by its rank and carries the rank's `-m qa_train`: the launcher counted
     "asked 6 rank(s)" for two ranks with two workers each."""
+
     class Proc(NamedTuple):
         pid: int
         parent: int
@@ -265,18 +272,34 @@ def test_loader_workers_forked_by_a_rank_are_not_ranks() -> None:
 
     rank0, rank1 = Proc(10, 1), Proc(11, 1)
     workers = [Proc(20, 10), Proc(21, 10), Proc(22, 11)]
-    assert launch.outermost([workers[0], rank0, *workers[1:], rank1]) == [rank0, rank1]
+    assert supervise.outermost([workers[0], rank0, *workers[1:], rank1]) == [rank0, rank1]
 
 
 def test_the_launch_runs_through_the_agent_that_reports_a_failed_rank() -> None:
-    agent = [PY, "-m", "qa_train.agent"]
-    assert launch.agent_command(["accelerate", "launch", "--config_file", "c.yaml", "-m", "qa_train"]) == \
-        [*agent, "accelerate", "--config_file", "c.yaml", "-m", "qa_train"]
-    assert launch.agent_command([PY, "-m", "accelerate.commands.launch", "--num_processes", "2"]) == \
-        [*agent, "accelerate", "--num_processes", "2"]
-    assert launch.agent_command([PY, "-m", "torch.distributed.run", "--nnodes", "2", "-m", "qa_train"]) == \
-        [*agent, "torchrun", "--nnodes", "2", "-m", "qa_train"]
-    assert launch.agent_command([PY, "-m", "qa_train", "--do_eval"]) == [PY, "-m", "qa_train", "--do_eval"]
+    agent = [PY, "-m", "qa_train.strategy.agent"]
+    assert supervise.agent_command(["accelerate", "launch", "--config_file", "c.yaml", "-m", "qa_train"]) == [
+        *agent,
+        "accelerate",
+        "--config_file",
+        "c.yaml",
+        "-m",
+        "qa_train",
+    ]
+    assert supervise.agent_command([PY, "-m", "accelerate.commands.launch", "--num_processes", "2"]) == [
+        *agent,
+        "accelerate",
+        "--num_processes",
+        "2",
+    ]
+    assert supervise.agent_command([PY, "-m", "torch.distributed.run", "--nnodes", "2", "-m", "qa_train"]) == [
+        *agent,
+        "torchrun",
+        "--nnodes",
+        "2",
+        "-m",
+        "qa_train",
+    ]
+    assert supervise.agent_command([PY, "-m", "qa_train", "--do_eval"]) == [PY, "-m", "qa_train", "--do_eval"]
 
 
 RANK_SCRIPT = """
@@ -289,23 +312,45 @@ sys.exit(int(os.environ["HOW"]) if rank == 1 or os.environ.get("WORLD_SIZE", "1"
 """
 
 
-@pytest.mark.parametrize(("how", "code", "said"), [
-    ("75", 75, "rank 1 exited with 75 (its own lines above say why)"),
-    # A SIGKILLed rank says nothing: the line says where SIGKILL comes from instead.
-    ("kill", 137, "rank 1 was killed by SIGKILL (it could say nothing: the kernel's out-of-memory killer sends "
-                  "SIGKILL when host memory runs out (dmesg says so), as do kill -9 and a scheduler's hard limits)")])
-def test_the_agent_exits_with_the_failed_ranks_code_in_one_line(tmp_path: Path, how: str, code: int,
-                                                                 said: str) -> None:
+@pytest.mark.parametrize(
+    ("how", "code", "said"),
+    [
+        ("75", 75, "rank 1 exited with 75 (its own lines above say why)"),
+        # A SIGKILLed rank says nothing: the line says where SIGKILL comes from instead.
+        (
+            "kill",
+            137,
+            "rank 1 was killed by SIGKILL (it could say nothing: the kernel's out-of-memory killer sends "
+            "SIGKILL when host memory runs out (dmesg says so), as do kill -9 and a scheduler's hard limits)",
+        ),
+    ],
+)
+def test_the_agent_exits_with_the_failed_ranks_code_in_one_line(tmp_path: Path, how: str, code: int, said: str) -> None:
     """torchrun's ChildFailedError was a 35-line traceback and exit 1: on a machine without rank 0 (which the
     launcher's status file cannot speak for) a preempted rank's 75 became 1, and SLURM saw a failure."""
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    proc = subprocess.run([PY, "-m", "qa_train.agent", "torchrun", "--nproc_per_node", "2", "--master_port",
-                           str(port(29781 if how == "75" else 29782)), str(script)], cwd=ROOT,
-                          env={**base_env(tmp_path), "HOW": how}, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            PY,
+            "-m",
+            "qa_train.strategy.agent",
+            "torchrun",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port(29781 if how == "75" else 29782)),
+            str(script),
+        ],
+        cwd=ROOT,
+        env={**base_env(tmp_path), "HOW": how},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == code, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "rank 1 says why" in proc.stderr
-    assert f"qa_train.launch: {said}\n" in proc.stderr
+    assert f"qa-train launch: {said}\n" in proc.stderr
 
 
 def test_an_agent_told_to_stop_says_so_in_one_line(tmp_path: Path) -> None:
@@ -314,26 +359,61 @@ def test_an_agent_told_to_stop_says_so_in_one_line(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text("import pathlib, sys, time\npathlib.Path(sys.argv[1]).touch()\ntime.sleep(60)\n")
     started = tmp_path / "started"
-    proc = subprocess.Popen([PY, "-m", "qa_train.agent", "torchrun", "--nproc_per_node", "1", "--master_port",
-                             str(port(29783)), str(script), str(started)], cwd=ROOT, env=base_env(tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "qa_train.strategy.agent",
+            "torchrun",
+            "--nproc_per_node",
+            "1",
+            "--master_port",
+            str(port(29783)),
+            str(script),
+            str(started),
+        ],
+        cwd=ROOT,
+        env=base_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for([started], proc, 60)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
-    assert "Traceback" not in stderr and stderr.endswith("qa_train.launch: the launch was stopped by SIGTERM\n")
+    assert "Traceback" not in stderr and stderr.endswith("qa-train launch: the launch was stopped by SIGTERM\n")
 
 
 def test_accelerates_single_process_launch_fails_in_one_line_with_the_runs_code(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    proc = subprocess.run([PY, "-m", "qa_train.agent", "accelerate", "--cpu", "--num_processes", "1",
-                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script)],
-                          cwd=ROOT, env={**base_env(tmp_path), "HOW": "3"}, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [
+            PY,
+            "-m",
+            "qa_train.strategy.agent",
+            "accelerate",
+            "--cpu",
+            "--num_processes",
+            "1",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            str(script),
+        ],
+        cwd=ROOT,
+        env={**base_env(tmp_path), "HOW": "3"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "rank 0 says why" in proc.stderr
-    assert proc.stderr.endswith("qa_train.launch: the run exited with 3 (its own lines above say why)\n")
+    assert proc.stderr.endswith("qa-train launch: the run exited with 3 (its own lines above say why)\n")
 
 
 # --- the real launch ----------------------------------------------------------------------------
@@ -359,7 +439,7 @@ def _signal_held_run(cmd: list[str], out: Path, ranks: int, sig: signal.Signals,
     try:
         _wait_for([out / f"HOLDING-rank{r}" for r in range(ranks)], proc, 90)
         tree = psutil.Process(proc.pid).children(recursive=True)
-        running = sum(launch.runs_module(p, "qa_train") for p in tree)
+        running = sum(supervise.runs_module(p, "qa_train") for p in tree)
         t0 = time.monotonic()
         os.killpg(proc.pid, sig)
         code = proc.wait(timeout=60)
@@ -374,18 +454,35 @@ def _signal_held_run(cmd: list[str], out: Path, ranks: int, sig: signal.Signals,
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize(("sig", "base_port"), [(signal.SIGTERM, 29771), (signal.SIGINT, 29772), (signal.SIGUSR1, 29773),
-                                           (signal.SIGKILL, 29774)], ids=["SIGTERM", "SIGINT", "SIGUSR1", "SIGKILL"])
+@pytest.mark.parametrize(
+    ("sig", "base_port"),
+    [(signal.SIGTERM, 29771), (signal.SIGINT, 29772), (signal.SIGUSR1, 29773), (signal.SIGKILL, 29774)],
+    ids=["SIGTERM", "SIGINT", "SIGUSR1", "SIGKILL"],
+)
 def test_a_signal_to_the_launchers_group_checkpoints_every_rank_and_leaves_no_process(
-        sig: signal.Signals, base_port: int, tmp_path: Path) -> None:
+    sig: signal.Signals, base_port: int, tmp_path: Path
+) -> None:
     """`kill -<sig> -<pgid>` of a 2-process DDP launch held after step 3 (SIGINT: Ctrl-C in a terminal): every
     rank checkpoints and exits, and no process of the launch outlives it. SIGKILL leaves the launcher no say:
     its child's parent-death signal stops the ranks instead."""
     out = tmp_path / "run"
-    cmd = [PY, "-m", "qa_train.launch", "--cpu", "--config_file", "accelerate_configs/ddp.yaml",
-           "--num_processes", "2", "--main_process_port", str(port(base_port)), "--",
-           *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval",
-                       "--dataloader_num_workers", "1")]
+    cmd = [
+        PY,
+        "-m",
+        "qa_train.cli",
+        "launch",
+        "--cpu",
+        "--config_file",
+        "accelerate_configs/ddp.yaml",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(port(base_port)),
+        "--",
+        *tiny_flags(
+            out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval", "--dataloader_num_workers", "1"
+        ),
+    ]
     run = _signal_held_run(cmd, out, 2, sig, tmp_path)
     assert run.running_qa_train == 4  # two ranks, each with its loader worker
     assert not run.left, f"outlived the launcher: {[(p.pid, p.cmdline()) for p in run.left]}\n{run.log[-3000:]}"
@@ -393,7 +490,7 @@ def test_a_signal_to_the_launchers_group_checkpoints_every_rank_and_leaves_no_pr
     assert (out / "checkpoints" / "step_00000003" / "trainer_state.json").is_file(), run.log[-3000:]
     assert not (out / "metrics.json").exists()
     if sig != signal.SIGKILL:
-        from qa_train.__main__ import PREEMPTED
+        from qa_train.core.errors import PREEMPTED
 
         assert run.code == PREEMPTED, run.log[-3000:]  # rank 0's own "preempted", where torchrun says only 1
     if sig in (signal.SIGTERM, signal.SIGINT):
@@ -407,12 +504,26 @@ def test_sigterm_to_the_group_of_a_run_with_loader_workers_checkpoints(tmp_path:
     """SLURM's preemption and scancel signal every process of the job, the dataloader workers too: a worker must
     not die of it (torch's own handler kills it, and the main process then fails on "DataLoader worker killed")
     but leave the main process to checkpoint, exit 75 and shut its workers down."""
-    from qa_train.__main__ import PREEMPTED
-    from qa_train.checkpoint import complete_checkpoints, verify
+    from qa_train.core.errors import PREEMPTED
+    from qa_train.strategy.checkpoint import complete_checkpoints, verify
 
     out = tmp_path / "run"
-    cmd = [PY, "-m", "qa_train", *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval",
-                                             "--disable_tqdm", "--dataloader_num_workers", "2")]
+    cmd = [
+        PY,
+        "-m",
+        "qa_train",
+        *tiny_flags(
+            out,
+            "--max_train_steps",
+            "8",
+            "--logging_steps",
+            "1",
+            "--no_eval",
+            "--disable_tqdm",
+            "--dataloader_num_workers",
+            "2",
+        ),
+    ]
     run = _signal_held_run(cmd, out, 1, signal.SIGTERM, tmp_path)
     assert len(run.tree) >= 2, [p.cmdline() for p in run.tree]  # the workers were there to be signalled
     assert run.code == PREEMPTED, run.log[-3000:]
@@ -427,13 +538,17 @@ def test_a_stop_signal_during_start_up_stops_the_run_at_its_first_step(sig: sign
     minutes on SQuAD) before the trainer's own handler exists: it must not kill the rank by the default action
     (exit 138/143, which torchrun reports as a crash) but stop it with a checkpoint, as at any other moment, and
     at the first step, not --logging_steps later (a scheduler's grace period may not last that long)."""
-    from qa_train.__main__ import PREEMPTED
-    from qa_train.checkpoint import complete_checkpoints
+    from qa_train.core.errors import PREEMPTED
+    from qa_train.strategy.checkpoint import complete_checkpoints
 
     out = tmp_path / "run"
     env = {**base_env(tmp_path), "OMP_NUM_THREADS": "1"}
-    cmd = [PY, "-m", "qa_train", *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "5", "--no_eval",
-                                             "--disable_tqdm")]
+    cmd = [
+        PY,
+        "-m",
+        "qa_train",
+        *tiny_flags(out, "--max_train_steps", "8", "--logging_steps", "5", "--no_eval", "--disable_tqdm"),
+    ]
     log = tmp_path / "run.log"
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)

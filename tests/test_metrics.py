@@ -8,21 +8,39 @@ import math
 import pytest
 import torch
 
-from qa_train.metrics import BatchCount, RankFigures, peak_tflops, summarize
-from qa_train.modeling import flop_coefficients
-from qa_train.monitor import ModelCost
-from qa_train.schema import MetricsFileError, PerRank, RunMetrics, Scores, TrainFigures
+from qa_train.model.modeling import flop_coefficients
+from qa_train.observe.metrics import BatchCount, RankFigures, peak_tflops, summarize
+from qa_train.observe.monitor import ModelCost
+from qa_train.observe.schema import MetricsFileError, PerRank, RunMetrics, Scores, TrainFigures
 
 NAN = float("nan")
 
 
-def rank(samples: float, elapsed: float, rss: float, cuda: float = NAN, loss: float = 1.0,
-         compile_s: float = NAN, graphs: float = NAN) -> RankFigures:
-    return RankFigures(samples=samples, tokens=samples * 100, padded_tokens=samples * 128, flops=samples * 128 * 5e8,
-                       elapsed_s=elapsed,
-                       timed_steps=10, cuda_allocated_gib=cuda, cuda_reserved_gib=cuda * 1.25,
-                       train_rss_gib=rss, baseline_rss_gib=rss - 0.25, lifetime_rss_gib=rss + 0.5, last_loss=loss,
-                       compile_s=compile_s, compiled_graphs=graphs)
+def rank(
+    samples: float,
+    elapsed: float,
+    rss: float,
+    cuda: float = NAN,
+    loss: float = 1.0,
+    compile_s: float = NAN,
+    graphs: float = NAN,
+) -> RankFigures:
+    return RankFigures(
+        samples=samples,
+        tokens=samples * 100,
+        padded_tokens=samples * 128,
+        flops=samples * 128 * 5e8,
+        elapsed_s=elapsed,
+        timed_steps=10,
+        cuda_allocated_gib=cuda,
+        cuda_reserved_gib=cuda * 1.25,
+        train_rss_gib=rss,
+        baseline_rss_gib=rss - 0.25,
+        lifetime_rss_gib=rss + 0.5,
+        last_loss=loss,
+        compile_s=compile_s,
+        compiled_graphs=graphs,
+    )
 
 
 def test_throughput_sums_ranks_over_the_slowest_and_memory_stays_per_rank() -> None:
@@ -39,8 +57,7 @@ def test_throughput_sums_ranks_over_the_slowest_and_memory_stays_per_rank() -> N
 
 
 def test_on_cuda_memory_is_the_allocator_peak_and_mfu_is_against_the_peak() -> None:
-    fig = summarize([rank(1000, 1.0, 3.0, cuda=20.0), rank(1000, 1.0, 3.2, cuda=22.0)],
-                    peak=989.0, on_cuda=True)
+    fig = summarize([rank(1000, 1.0, 3.0, cuda=20.0), rank(1000, 1.0, 3.2, cuda=22.0)], peak=989.0, on_cuda=True)
     achieved = 2000 * 128 * 5e8 / 2 / 1e12
     assert fig.tflops_per_device == round(achieved, 3) and fig.mfu == round(achieved / 989.0, 4)
     assert fig.peak_memory_source == "cuda_max_allocated"
@@ -57,12 +74,22 @@ def test_rank_figures_travel_as_rows_by_field_name() -> None:
     assert back.baseline_rss_gib == 0.25 and (back.compile_s, back.compiled_graphs) == (12.5, 2.0)
 
 
-@pytest.mark.parametrize(("name", "precision", "peak"), [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.0), ("NVIDIA H100 PCIe", "bf16", 756.0),
-    ("NVIDIA H100 NVL", "fp16", 835.0), ("NVIDIA H200", "bf16", 989.0), ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
-    ("NVIDIA A10G", "bf16", 125.0), ("NVIDIA L40S", "bf16", 362.0), ("NVIDIA L4", "bf16", 121.0),
-    ("NVIDIA H100 80GB HBM3", "no", None), ("cpu", "bf16", None), ("Some Future GPU", "bf16", None),
-])
+@pytest.mark.parametrize(
+    ("name", "precision", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.0),
+        ("NVIDIA H100 PCIe", "bf16", 756.0),
+        ("NVIDIA H100 NVL", "fp16", 835.0),
+        ("NVIDIA H200", "bf16", 989.0),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+        ("NVIDIA A10G", "bf16", 125.0),
+        ("NVIDIA L40S", "bf16", 362.0),
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA H100 80GB HBM3", "no", None),
+        ("cpu", "bf16", None),
+        ("Some Future GPU", "bf16", None),
+    ],
+)
 def test_peak_tflops_per_device_and_precision(name: str, precision: str, peak: float | None) -> None:
     assert peak_tflops(name, precision) == peak
 
@@ -74,8 +101,14 @@ def test_a_batchs_flops_at_its_padded_width_match_torch_flop_counter(width: int)
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import BertConfig, BertForQuestionAnswering
 
-    config = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                        intermediate_size=160, max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=500,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=160,
+        max_position_embeddings=128,
+    )
     model = BertForQuestionAnswering._from_config(config, attn_implementation="eager")
     batch = 2
     ids = torch.randint(0, 500, (batch, width))
@@ -96,12 +129,21 @@ def test_flops_per_token_bert_base_by_hand() -> None:
 
 
 def test_schema_reads_what_it_writes_and_names_what_is_missing(tmp_path) -> None:
-    m = RunMetrics(exact_match=80.0, f1=88.0, peak_memory_gb=PerRank([1.0], 1.0, 1.0), world_size=1,
-                   strategy="single", train_samples_per_second=10.0, args={"run_name": "r"})
+    m = RunMetrics(
+        exact_match=80.0,
+        f1=88.0,
+        peak_memory_gb=PerRank([1.0], 1.0, 1.0),
+        world_size=1,
+        strategy="single",
+        train_samples_per_second=10.0,
+        args={"run_name": "r"},
+    )
     payload = m.to_json()
     assert list(payload)[:2] == ["exact_match", "f1"]
     assert set(payload) == {f.name for f in dataclasses.fields(RunMetrics)}
-    assert {f.name for f in dataclasses.fields(TrainFigures)} | {f.name for f in dataclasses.fields(Scores)} < set(payload)
+    assert {f.name for f in dataclasses.fields(TrainFigures)} | {f.name for f in dataclasses.fields(Scores)} < set(
+        payload
+    )
     assert RunMetrics.from_json({**payload, "from_a_newer_version": 1}) == m
     with pytest.raises(MetricsFileError, match="some/run: metrics.json lacks strategy"):
         RunMetrics.from_json({"world_size": 1, "train_samples_per_second": 1.0}, "some/run")
@@ -115,7 +157,7 @@ def test_every_schema_field_is_documented() -> None:
     import ast
     import inspect
 
-    from qa_train import schema
+    from qa_train.observe import schema
 
     tree = ast.parse(inspect.getsource(schema))
     for node in tree.body:
@@ -124,13 +166,14 @@ def test_every_schema_field_is_documented() -> None:
             for i, item in enumerate(body):
                 if isinstance(item, ast.AnnAssign):
                     doc = body[i + 1] if i + 1 < len(body) else None
-                    assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), \
+                    assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), (
                         f"{node.name}.{item.target.id} has no docstring"
+                    )
 
 
 def test_a_run_no_longer_than_its_warm_up_is_timed_whole() -> None:
     """Two steps with a warm-up of two used to report 0 samples/s: nothing was counted after the warm-up."""
-    from qa_train.metrics import ThroughputMeter
+    from qa_train.observe.metrics import ThroughputMeter
 
     meter = ThroughputMeter(warmup_steps=2)
     meter.start()
@@ -156,10 +199,11 @@ def test_no_timed_step_means_no_throughput_not_zero() -> None:
 
 @pytest.mark.parametrize(("warmup", "steps"), [(0, 4), (2, 2)])
 def test_evaluation_during_training_is_left_out_of_the_clock_with_any_warm_up(
-        warmup: int, steps: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    warmup: int, steps: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With --throughput_warmup_steps 0, or a run no longer than its warm-up, the clock runs from the first step;
     evaluations in the loop used to count in it (a 1 s step with a 10 s evaluation after each read as 11 s)."""
-    from qa_train import metrics
+    from qa_train.observe import metrics
 
     now = [100.0]
     monkeypatch.setattr(metrics.time, "perf_counter", lambda: now[0])
@@ -179,7 +223,7 @@ def test_evaluation_during_training_is_left_out_of_the_clock_with_any_warm_up(
 def test_an_evaluation_before_training_starts_is_not_taken_off_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """A resumed run's owed evaluation runs before the clock's start: excluding it again from a run timed from its
     start (no more steps than warm-up) took 10 s off 2 s of steps."""
-    from qa_train import metrics
+    from qa_train.observe import metrics
 
     now = [100.0]
     monkeypatch.setattr(metrics.time, "perf_counter", lambda: now[0])
@@ -196,8 +240,9 @@ def test_an_evaluation_before_training_starts_is_not_taken_off_its_time(monkeypa
 
 
 def test_compile_time_is_the_slowest_ranks_and_absent_without_compiling() -> None:
-    compiled = summarize([rank(10, 1.0, 1.0, compile_s=41.2, graphs=2), rank(10, 1.0, 1.0, compile_s=52.7, graphs=3)],
-                         None, False)
+    compiled = summarize(
+        [rank(10, 1.0, 1.0, compile_s=41.2, graphs=2), rank(10, 1.0, 1.0, compile_s=52.7, graphs=3)], None, False
+    )
     assert (compiled.compile_time_s, compiled.compiled_graphs) == (52.7, 3), "the others wait for the slowest"
     eager = summarize([rank(10, 1.0, 1.0), rank(10, 1.0, 1.0)], None, False)
     assert eager.compile_time_s is None and eager.compiled_graphs is None, "not 0 s: nothing was compiled"

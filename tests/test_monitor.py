@@ -1,4 +1,4 @@
-"""qa_train.monitor: per-interval figures reduced across ranks, peaks reset per interval, evaluation left out."""
+"""qa_train.observe.monitor: per-interval figures reduced across ranks, peaks reset per interval, evaluation left out."""
 
 from __future__ import annotations
 
@@ -9,21 +9,45 @@ import types
 import pytest
 import torch
 
-from qa_train.hostmem import GIB, HostMemory
-from qa_train.metrics import BatchCount, DeviceMemory
-from qa_train.monitor import COLUMNS, IntervalMonitor, ModelCost, interval_log, reduce_ranks
+from qa_train.observe.hostmem import GIB, HostMemory
+from qa_train.observe.metrics import BatchCount, DeviceMemory
+from qa_train.observe.monitor import COLUMNS, IntervalMonitor, ModelCost, interval_log, reduce_ranks
 
 
 def rank(**values: float) -> dict[str, float]:
-    return {**dict.fromkeys(COLUMNS, 0.0), "elapsed_s": 1.0, "cuda_allocated_gib": math.nan,
-            "cuda_reserved_gib": math.nan, **values}
+    return {
+        **dict.fromkeys(COLUMNS, 0.0),
+        "elapsed_s": 1.0,
+        "cuda_allocated_gib": math.nan,
+        "cuda_reserved_gib": math.nan,
+        **values,
+    }
 
 
 def test_ranks_combine_mean_loss_global_throughput_and_max_memory() -> None:
-    a = rank(loss_sum=6.0, micro_batches=2, samples=16, tokens=1000, flops=1200.0, elapsed_s=2.0,
-             grad_norm_sum=3.0, norms=2, host_rss_gib=1.5)
-    b = rank(loss_sum=2.0, micro_batches=2, samples=16, tokens=800, flops=1200.0, elapsed_s=4.0,
-             grad_norm_sum=3.0, norms=2, host_rss_gib=2.5, stop=1)
+    a = rank(
+        loss_sum=6.0,
+        micro_batches=2,
+        samples=16,
+        tokens=1000,
+        flops=1200.0,
+        elapsed_s=2.0,
+        grad_norm_sum=3.0,
+        norms=2,
+        host_rss_gib=1.5,
+    )
+    b = rank(
+        loss_sum=2.0,
+        micro_batches=2,
+        samples=16,
+        tokens=800,
+        flops=1200.0,
+        elapsed_s=4.0,
+        grad_norm_sum=3.0,
+        norms=2,
+        host_rss_gib=2.5,
+        stop=1,
+    )
     f = reduce_ranks([a, b])
     assert f.loss == 2.0  # (6 + 2) / 4 micro-batches: not the mean of the ranks' means when they differ in count
     assert f.grad_norm == 1.5  # the global norm (the same on every rank), averaged over the interval's updates
@@ -43,10 +67,20 @@ def test_non_finite_norms_are_counted_and_left_out_of_the_mean() -> None:
 def test_cpu_intervals_log_host_memory_and_gpu_intervals_add_cuda_memory_and_mfu() -> None:
     cpu = reduce_ranks([rank(loss_sum=1.0, micro_batches=1, norms=1, grad_norm_sum=0.5, host_rss_gib=1.0)])
     assert list(interval_log(cpu, ModelCost(1e9, 0.0, None), lr=1e-3, epoch=0.25)) == [
-        "train/loss", "train/lr", "train/epoch", "train/grad_norm", "throughput/samples_per_second",
-        "throughput/tokens_per_second", "memory/host_rss_gib"]
-    gpu = reduce_ranks([rank(micro_batches=1, flops=4e14, cuda_allocated_gib=3.0, cuda_reserved_gib=4.0),
-                        rank(micro_batches=1, flops=4e14, cuda_allocated_gib=5.0, cuda_reserved_gib=6.0)])
+        "train/loss",
+        "train/lr",
+        "train/epoch",
+        "train/grad_norm",
+        "throughput/samples_per_second",
+        "throughput/tokens_per_second",
+        "memory/host_rss_gib",
+    ]
+    gpu = reduce_ranks(
+        [
+            rank(micro_batches=1, flops=4e14, cuda_allocated_gib=3.0, cuda_reserved_gib=4.0),
+            rank(micro_batches=1, flops=4e14, cuda_allocated_gib=5.0, cuda_reserved_gib=6.0),
+        ]
+    )
     values = interval_log(gpu, ModelCost(1e9, 0.0, 989.0), lr=1e-3, epoch=1.0)
     assert values["memory/peak_allocated_gib"] == 5.0 and values["memory/peak_reserved_gib"] == 6.0
     assert values["throughput/mfu"] == round(4e14 / 1e12 / 989.0, 4)
@@ -87,8 +121,9 @@ def test_host_peak_is_per_interval_and_evaluation_is_left_out() -> None:
 def test_the_first_interval_is_timed_from_the_start_of_training() -> None:
     """The monitor is built before --eval_on_start's evaluation; timed from then, the first interval's samples/s
     counted that evaluation (measured: 3.4 samples/s at step 5 against 19 after it, with a 5 s evaluation)."""
-    monitor = IntervalMonitor(OneRank(), DeviceMemory(torch.device("cpu")), HostMemory(trim=False),
-                              ModelCost(1.0, 0.0, None))
+    monitor = IntervalMonitor(
+        OneRank(), DeviceMemory(torch.device("cpu")), HostMemory(trim=False), ModelCost(1.0, 0.0, None)
+    )
     monitor.micro_batch(torch.tensor(7.0), BatchCount(4, 10, 12, 12.0))  # anything counted before training is forgotten
     time.sleep(0.3)  # the evaluation before training
     monitor.start()
@@ -125,10 +160,10 @@ import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
 from accelerate.utils import DistributedType
-from qa_train.distributed import global_grad_norm, nonfinite_tensors
-from qa_train.hostmem import HostMemory
-from qa_train.metrics import BatchCount, DeviceMemory
-from qa_train.monitor import IntervalMonitor, ModelCost
+from qa_train.strategy.sharded import global_grad_norm, nonfinite_tensors
+from qa_train.observe.hostmem import HostMemory
+from qa_train.observe.metrics import BatchCount, DeviceMemory
+from qa_train.observe.monitor import IntervalMonitor, ModelCost
 
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 try:
@@ -157,7 +192,8 @@ def test_fsdp2_dtensors_reach_the_interval_log_and_the_weight_check(tmp_path) ->
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", FSDP2_NORM, str(tmp_path / "store")], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", FSDP2_NORM, str(tmp_path / "store")], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "grad_norm 5.0" in proc.stdout and "nonfinite 1" in proc.stdout

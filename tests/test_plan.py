@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from conftest import PY, ROOT, TINY, base_env, run_ok, tiny_flags
-from qa_train import memplan, plan
-from qa_train.memplan import GIB, Setup
-from qa_train.plan_check import check_run
+
+from qa_train.studies import memory_model as memplan
+from qa_train.studies import plan_command, planner
+from qa_train.studies.memory_model import GIB, Setup
+from qa_train.studies.planner_check import check_run
 
 BERT_BASE_SHAPE = ROOT / "qa_train" / "assets" / "bert-base-shape"
 
@@ -32,8 +33,8 @@ def write_config(folder: Path, **sizes: object) -> Path:
 def shape_and_model(config_dir: str | Path):
     from transformers import AutoModelForQuestionAnswering
 
-    config = plan.load_config(None, str(config_dir))
-    return plan.model_shape(config), AutoModelForQuestionAnswering.from_config(config)
+    config = planner.load_config(None, str(config_dir))
+    return planner.model_shape(config), AutoModelForQuestionAnswering.from_config(config)
 
 
 @pytest.mark.parametrize(("gpus", "nodes"), [(1, 1), (8, 1), (16, 2)])
@@ -50,10 +51,12 @@ def test_model_states_agree_with_deepspeeds_estimators(gpus: int, nodes: int) ->
     expected = {
         "zero2": estimate_zero2_model_states_mem_needs(total, per_node, nodes, cpu_offload=False),
         "zero2_offload": estimate_zero2_model_states_mem_needs(total, per_node, nodes, cpu_offload=True),
-        "zero3": estimate_zero3_model_states_mem_needs(total, largest, per_node, nodes, cpu_offload=False,
-                                                       zero_init=False)[:2],
-        "zero3_offload": estimate_zero3_model_states_mem_needs(total, largest, per_node, nodes, cpu_offload=True,
-                                                               cpu_offload_params=True, zero_init=False)[:2],
+        "zero3": estimate_zero3_model_states_mem_needs(
+            total, largest, per_node, nodes, cpu_offload=False, zero_init=False
+        )[:2],
+        "zero3_offload": estimate_zero3_model_states_mem_needs(
+            total, largest, per_node, nodes, cpu_offload=True, cpu_offload_params=True, zero_init=False
+        )[:2],
     }
     for config, (cpu_bytes, gpu_bytes) in expected.items():
         gpu, _, host = memplan.model_states(config, shape, setup)
@@ -77,8 +80,17 @@ def test_our_zero3_configs_build_the_model_whole_as_the_planner_assumes() -> Non
 
 
 def test_the_zero_papers_yardsticks_and_communication_volumes() -> None:
-    shape = memplan.ModelShape(12, 768, 12, 3072, num_parameters=1_000_000, largest_layer_params=100_000,
-                               matmul_params=800_000, hidden_dropout=0.1, attention_dropout=0.1)
+    shape = memplan.ModelShape(
+        12,
+        768,
+        12,
+        3072,
+        num_parameters=1_000_000,
+        largest_layer_params=100_000,
+        matmul_params=800_000,
+        hidden_dropout=0.1,
+        attention_dropout=0.1,
+    )
     p, n = 1_000_000, 8
     setup = Setup(n, 1, 8, 128)
     states = {c: memplan.model_states(c, shape, setup)[0] for c in memplan.CONFIGS}
@@ -106,29 +118,56 @@ def autograd_saved_bytes(model, batch: int, seq: int, precision: str = "no") -> 
 
     ids = torch.randint(5, 3000, (batch, seq))
     mask = torch.ones_like(ids)
-    mask[:, seq * 3 // 4:] = 0  # padding, as QA batches have
+    mask[:, seq * 3 // 4 :] = 0  # padding, as QA batches have
     label = torch.zeros(batch, dtype=torch.long)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), start_positions=label,
-              end_positions=label)
+        model(
+            input_ids=ids,
+            attention_mask=mask,
+            token_type_ids=torch.zeros_like(ids),
+            start_positions=label,
+            end_positions=label,
+        )
     return sum(saved.values())
 
 
-@pytest.mark.parametrize(("sizes", "attention", "precision"), [
-    ({}, "sdpa", "no"),                                                       # the tiny BERT, no dropout: flash
-    ({"num_hidden_layers": 3, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024,
-      "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}, "sdpa", "no"),  # dropout: math kernel
-    ({"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}, "eager", "no"),
-    ({"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}, "sdpa", "bf16"),
-])
-def test_activation_count_matches_what_autograd_saves(sizes: dict, attention: str, precision: str,
-                                                      tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sizes", "attention", "precision"),
+    [
+        ({}, "sdpa", "no"),  # the tiny BERT, no dropout: flash
+        (
+            {
+                "num_hidden_layers": 3,
+                "hidden_size": 256,
+                "num_attention_heads": 4,
+                "intermediate_size": 1024,
+                "hidden_dropout_prob": 0.1,
+                "attention_probs_dropout_prob": 0.1,
+            },
+            "sdpa",
+            "no",
+        ),  # dropout: math kernel
+        (
+            {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024},
+            "eager",
+            "no",
+        ),
+        (
+            {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024},
+            "sdpa",
+            "bf16",
+        ),
+    ],
+)
+def test_activation_count_matches_what_autograd_saves(
+    sizes: dict, attention: str, precision: str, tmp_path: Path
+) -> None:
     from transformers import AutoModelForQuestionAnswering
 
-    config = plan.load_config(None, str(write_config(tmp_path / "model", **sizes)))
-    shape = plan.model_shape(config)
+    config = planner.load_config(None, str(write_config(tmp_path / "model", **sizes)))
+    shape = planner.model_shape(config)
     model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=attention)
     batch, seq = 4, 128
     measured = autograd_saved_bytes(model, batch, seq, precision)
@@ -140,15 +179,28 @@ def test_activation_count_matches_what_autograd_saves(sizes: dict, attention: st
     assert counted == pytest.approx(measured, rel=0.05)
 
 
-@pytest.mark.parametrize(("sizes", "attention", "precision"), [
-    ({}, "sdpa", "no"),
-    ({"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024, "hidden_dropout_prob": 0.1,
-      "attention_probs_dropout_prob": 0.1}, "sdpa", "no"),
-    ({"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}, "eager", "no"),
-    ({"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}, "sdpa", "bf16"),
-])
-def test_checkpointed_count_matches_what_autograd_keeps_and_recomputes(sizes: dict, attention: str, precision: str,
-                                                                       tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sizes", "attention", "precision"),
+    [
+        ({}, "sdpa", "no"),
+        (
+            {
+                "hidden_size": 256,
+                "num_attention_heads": 4,
+                "intermediate_size": 1024,
+                "hidden_dropout_prob": 0.1,
+                "attention_probs_dropout_prob": 0.1,
+            },
+            "sdpa",
+            "no",
+        ),
+        ({"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}, "eager", "no"),
+        ({"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}, "sdpa", "bf16"),
+    ],
+)
+def test_checkpointed_count_matches_what_autograd_keeps_and_recomputes(
+    sizes: dict, attention: str, precision: str, tmp_path: Path
+) -> None:
     """With --gradient_checkpointing the saved_tensors_hooks probe sees what checkpointing keeps: each layer's inputs
     (torch.utils.checkpoint saves them through autograd, outside its own hooks), and the embeddings' and QA head's
     tensors; what a layer saves inside the checkpoint goes to the checkpoint's hooks and is recomputed. The
@@ -156,23 +208,26 @@ def test_checkpointed_count_matches_what_autograd_keeps_and_recomputes(sizes: di
     what a third layer adds to a two-layer model. The planner's peak is the two together."""
     from transformers import AutoModelForQuestionAnswering
 
-    from qa_train.modeling import enable_checkpointing
+    from qa_train.model.modeling import enable_checkpointing
 
     batch, seq = 4, 128
     saved = {}
     for layers in (2, 3):
-        config = plan.load_config(None, str(write_config(tmp_path / f"l{layers}", num_hidden_layers=layers, **sizes)))
+        config = planner.load_config(
+            None, str(write_config(tmp_path / f"l{layers}", num_hidden_layers=layers, **sizes))
+        )
         model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=attention)
         saved[layers] = autograd_saved_bytes(model, batch, seq, precision)
         if layers == 2:
-            shape = plan.model_shape(config)
+            shape = planner.model_shape(config)
             enable_checkpointing(model)
             kept = autograd_saved_bytes(model, batch, seq, precision)
     one_layer = saved[3] - saved[2]
     if precision == "bf16":  # autocast's 16-bit copies of the layer's weights: model states in the plan ("+ 2M")
         one_layer -= 2 * (4 * shape.hidden**2 + 2 * shape.hidden * shape.intermediate)
-    setup = Setup(1, 1, batch, seq, precision, attention, "cpu" if precision == "no" else "cuda",
-                  gradient_checkpointing=True)
+    setup = Setup(
+        1, 1, batch, seq, precision, attention, "cpu" if precision == "no" else "cuda", gradient_checkpointing=True
+    )
     counted_kept, counted_recompute = memplan.checkpointed_bytes(shape, setup, autocast=precision == "bf16")
     assert counted_kept == pytest.approx(kept, rel=0.05)
     assert kept < saved[2] / 3  # two layers' inputs instead of two layers' tensors
@@ -190,14 +245,28 @@ def test_checkpointing_plans_less_by_the_layers_it_recomputes(tmp_path: Path, ca
     assert kept == pytest.approx(12 * 4 * 4 * 384 * 768 + once, rel=0.01)  # 12 fp32 layer inputs, then as before
     assert recompute >= per_layer
     cal = memplan.CPU_CALIBRATION
-    saved = cal.activation_scale * (memplan.saved_activation_bytes(shape, plain)
-                                    - memplan.saved_activation_bytes(shape, recomputed))
+    saved = cal.activation_scale * (
+        memplan.saved_activation_bytes(shape, plain) - memplan.saved_activation_bytes(shape, recomputed)
+    )
     before, after = memplan.estimate("single", shape, plain), memplan.estimate("single", shape, recomputed)
     assert after.model_states == before.model_states
     assert before.activations - after.activations == pytest.approx(saved)
     assert after.activations < before.activations / 4
-    cpu = ["--config_name", str(BERT_BASE_SHAPE), "--device", "cpu", "--num_gpus", "1", "--gpu_memory_gib", "64",
-           "--per_device_train_batch_size", "4", "--max_seq_length", "384", "--json"]
+    cpu = [
+        "--config_name",
+        str(BERT_BASE_SHAPE),
+        "--device",
+        "cpu",
+        "--num_gpus",
+        "1",
+        "--gpu_memory_gib",
+        "64",
+        "--per_device_train_batch_size",
+        "4",
+        "--max_seq_length",
+        "384",
+        "--json",
+    ]
     for flags, expected in (([], before), (["--gradient_checkpointing"], after)):
         code, out, _ = run_plan([*cpu, *flags], capsys)
         payload = json.loads(out)
@@ -216,20 +285,22 @@ def test_check_plans_a_run_with_the_checkpointing_it_trained_with(tmp_path: Path
 
     estimates = {}
     for flag in (False, True):
-        run = rewrite(fake_metrics(tmp_path / f"gc-{flag}", "single", 1, 40.0, 0.9),
-                      {"config_name": str(TINY), "tokenizer_name": str(TINY), "gradient_checkpointing": flag},
-                      host_rss_baseline_gb={"per_rank": [0.4], "max": 0.4, "mean": 0.4})
+        run = rewrite(
+            fake_metrics(tmp_path / f"gc-{flag}", "single", 1, 40.0, 0.9),
+            {"config_name": str(TINY), "tokenizer_name": str(TINY), "gradient_checkpointing": flag},
+            host_rss_baseline_gb={"per_rank": [0.4], "max": 0.4, "mean": 0.4},
+        )
         estimates[flag] = check_run(run).estimate_gib
-    shape = plan.model_shape(plan.load_config(None, str(TINY)))
+    shape = planner.model_shape(planner.load_config(None, str(TINY)))
     setups = [Setup(1, 1, 8, 192, "no", "sdpa", "cpu", flag) for flag in (False, True)]  # fake_metrics' batch
     planned = [memplan.estimate("single", shape, s).total / GIB for s in setups]
     assert planned[1] < planned[0] and [estimates[False], estimates[True]] == pytest.approx(planned)
 
 
 def run_plan(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    """qa_train.plan's main in this process (the subprocess test below covers the real command line)."""
+    """qa_train.studies.planner's main in this process (the subprocess test below covers the real command line)."""
     try:
-        code = plan.main(argv)
+        code = plan_command.main(argv)
     except SystemExit as stop:  # argparse's refusals
         code = int(stop.code or 0)
     out = capsys.readouterr()
@@ -241,8 +312,20 @@ FLAGS = ["--num_gpus", "8", "--per_device_train_batch_size", "32", "--max_seq_le
 
 def test_cli_plans_bert_large_offline(tmp_path: Path) -> None:
     env = {**base_env(tmp_path), "HF_HOME": str(tmp_path / "empty-hf-home")}  # nothing cached: built-in shapes only
-    large = run_ok([PY, "-m", "qa_train.plan", "--model_name_or_path", "bert-large-uncased", "--gpu_memory_gib", "80",
-                    *FLAGS], env).stdout
+    large = run_ok(
+        [
+            PY,
+            "-m",
+            "qa_train.cli",
+            "plan",
+            "--model_name_or_path",
+            "bert-large-uncased",
+            "--gpu_memory_gib",
+            "80",
+            *FLAGS,
+        ],
+        env,
+    ).stdout
     assert "334.1M parameters" in large and "recommended: ddp" in large
     for config in memplan.CONFIGS:
         assert f"| {config} |" in large
@@ -252,8 +335,9 @@ def test_recommends_the_first_config_that_fits_in_the_stated_order(capsys: pytes
     code, out, _ = run_plan(["--model_name_or_path", "bert-base-uncased", "--gpu_memory_gib", "80", *FLAGS], capsys)
     assert code == 0 and "108.9M parameters" in out and "recommended: ddp" in out
     # At 16 GiB the DDP replica (model states + activations) no longer fits BERT-large; ZeRO-1 is next in the order.
-    code, out, _ = run_plan(["--model_name_or_path", "bert-large-uncased", "--gpu_memory_gib", "16", *FLAGS, "--json"],
-                            capsys)
+    code, out, _ = run_plan(
+        ["--model_name_or_path", "bert-large-uncased", "--gpu_memory_gib", "16", *FLAGS, "--json"], capsys
+    )
     payload = json.loads(out)
     totals = {e["config"]: e["model_states"] + e["activations"] for e in payload["estimates"]}
     assert totals["ddp"] > 16 * 0.9 * GIB >= totals["zero1"] and payload["recommended"] == "zero1"
@@ -261,18 +345,38 @@ def test_recommends_the_first_config_that_fits_in_the_stated_order(capsys: pytes
     assert "nothing fits in 3.6 GiB per device" in out
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--model_name_or_path", "bert-base-uncased", "--num_gpus", "0"], "--num_gpus must be positive, got 0"),
-    (["--model_name_or_path", "bert-base-uncased", "--num_gpus", "6", "--num_nodes", "4"],
-     "--num_gpus 6 does not split evenly over --num_nodes 4"),
-    (["--num_gpus", "8"], "give exactly one of --model_name_or_path and --config_name"),
-    (["--model_name_or_path", "some-org/unknown-model", "--num_gpus", "8"],
-     "--model_name_or_path some-org/unknown-model: no config for it on this machine"),
-    (["--model_name_or_path", "bert-base-uncased", "--num_gpus", "8", "--max_seq_length", "1024"],
-     "--max_seq_length 1024: the model has 512 position embeddings"),
-    (["--model_name_or_path", "bert-base-uncased", "--num_gpus", "2", "--device", "cpu", "--mixed_precision", "bf16"],
-     "--mixed_precision bf16: CPU training here is fp32"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--model_name_or_path", "bert-base-uncased", "--num_gpus", "0"], "--num_gpus must be positive, got 0"),
+        (
+            ["--model_name_or_path", "bert-base-uncased", "--num_gpus", "6", "--num_nodes", "4"],
+            "--num_gpus 6 does not split evenly over --num_nodes 4",
+        ),
+        (["--num_gpus", "8"], "give exactly one of --model_name_or_path and --config_name"),
+        (
+            ["--model_name_or_path", "some-org/unknown-model", "--num_gpus", "8"],
+            "--model_name_or_path some-org/unknown-model: no config for it on this machine",
+        ),
+        (
+            ["--model_name_or_path", "bert-base-uncased", "--num_gpus", "8", "--max_seq_length", "1024"],
+            "--max_seq_length 1024: the model has 512 position embeddings",
+        ),
+        (
+            [
+                "--model_name_or_path",
+                "bert-base-uncased",
+                "--num_gpus",
+                "2",
+                "--device",
+                "cpu",
+                "--mixed_precision",
+                "bf16",
+            ],
+            "--mixed_precision bf16: CPU training here is fp32",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_flag(flags: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
     code, _, err = run_plan([*flags, "--gpu_memory_gib", "80", "--per_device_train_batch_size", "8"], capsys)
     assert code == 2 and message in err and "Traceback" not in err
@@ -283,13 +387,27 @@ def test_estimate_is_within_20_percent_of_measured_cpu_peaks_for_two_model_sizes
     """Two real trainings (4 x 256 and 4 x 512 BERT shapes, every batch padded to the full length), then the
     planner's estimate of training memory against the host RSS each rank took above its idle baseline."""
     env = {**base_env(tmp_path), "OMP_NUM_THREADS": "2"}
-    sizes = {"mini": {"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024},
-             "small": {"hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 2048}}
+    sizes = {
+        "mini": {"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024},
+        "small": {"hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 2048},
+    }
     for name, shape in sizes.items():
         config = write_config(tmp_path / name, num_hidden_layers=4, **shape)
-        flags = tiny_flags(tmp_path / f"run-{name}", "--max_train_steps", "5", "--no_eval", "--pad_to_max_length",
-                           "--max_train_samples", "200",
-                           "--max_seq_length", "192", "--save_final_model", "false", "--run_name", name)
+        flags = tiny_flags(
+            tmp_path / f"run-{name}",
+            "--max_train_steps",
+            "5",
+            "--no_eval",
+            "--pad_to_max_length",
+            "--max_train_samples",
+            "200",
+            "--max_seq_length",
+            "192",
+            "--save_final_model",
+            "false",
+            "--run_name",
+            name,
+        )
         flags[flags.index("--config_name") + 1] = str(config)
         run_ok([PY, "-m", "qa_train", *flags], env)
         check = check_run(tmp_path / f"run-{name}")
@@ -303,13 +421,16 @@ def test_check_says_why_a_run_has_no_estimate_or_measurement(tmp_path: Path) -> 
     table (a strategy without a formula used to end in a ValueError traceback)."""
     from test_report import fake_metrics, rewrite
 
-    from qa_train.plan_check import check_runs
-    from qa_train.sweep import Point
+    from qa_train.studies.planner_check import check_runs
+    from qa_train.studies.sweep import Point
 
     root = tmp_path / "runs"
     tiny = {"config_name": str(TINY)}
-    rewrite(fake_metrics(root / "cpu-now", "ddp", 2, 40.0, 0.9), tiny,
-            host_rss_baseline_gb={"per_rank": [0.4, 0.5], "max": 0.5, "mean": 0.45})
+    rewrite(
+        fake_metrics(root / "cpu-now", "ddp", 2, 40.0, 0.9),
+        tiny,
+        host_rss_baseline_gb={"per_rank": [0.4, 0.5], "max": 0.5, "mean": 0.45},
+    )
     rewrite(fake_metrics(root / "cpu-old", "ddp", 2, 40.0, 0.9), tiny)  # from before the baseline was written
     rewrite(fake_metrics(root / "gpu", "zero2", 2, 40.0, 0.9, gpu=1.5), tiny)
     rewrite(fake_metrics(root / "zero3-opt", "zero3", 2, 40.0, 0.9, offload="optimizer"), tiny)
@@ -319,7 +440,10 @@ def test_check_says_why_a_run_has_no_estimate_or_measurement(tmp_path: Path) -> 
     Point("ddp", "ddp", 2).write(failed)  # a sweep's failed run: no metrics.json
     rows = {r[0]: r for r in (line.strip("|").split(" | ") for line in check_runs([root]).splitlines()[2:])}
     rows = {name.strip(): [c.strip() for c in cells] for name, *cells in rows.values()}
-    assert rows["cpu-now"][3] == "0.500" and rows["cpu-now"][5] == "planned at full length; dynamic padding ran shorter batches"
+    assert (
+        rows["cpu-now"][3] == "0.500"
+        and rows["cpu-now"][5] == "planned at full length; dynamic padding ran shorter batches"
+    )
     assert rows["cpu-old"][3:5] == ["—", "—"] and "no idle host-RSS baseline" in rows["cpu-old"][5]
     assert rows["gpu"][3] == "1.500" and rows["gpu"][4] != "—"  # CUDA's peak needs no baseline
     assert rows["zero3-opt"][2] == "—" and "no formula for zero3+offload(optimizer)" in rows["zero3-opt"][5]
@@ -327,8 +451,13 @@ def test_check_says_why_a_run_has_no_estimate_or_measurement(tmp_path: Path) -> 
     assert rows["ddp-p2-r1"][1:5] == ["—"] * 4 and "no metrics.json" in rows["ddp-p2-r1"][5]
 
 
-@pytest.mark.parametrize(("memory", "message"), [("nan", "--gpu_memory_gib must be positive, got nan"),
-                                                 ("inf", "--gpu_memory_gib must be a finite number of GiB, got inf")])
+@pytest.mark.parametrize(
+    ("memory", "message"),
+    [
+        ("nan", "--gpu_memory_gib must be positive, got nan"),
+        ("inf", "--gpu_memory_gib must be a finite number of GiB, got inf"),
+    ],
+)
 def test_a_gpu_memory_that_is_no_number_is_refused(memory: str, message: str, capsys: pytest.CaptureFixture) -> None:
     """nan used to plan "nothing fits in nan GiB" and inf to make every config fit in "inf of inf GiB"."""
     code, _, err = run_plan(["--model_name_or_path", "bert-base-uncased", "--gpu_memory_gib", memory, *FLAGS], capsys)
@@ -346,9 +475,14 @@ def test_a_model_training_refuses_is_one_line_not_a_plan(tmp_path: Path, capsys:
     memory = ["--gpu_memory_gib", "80", "--num_gpus", "2", "--per_device_train_batch_size", "8"]
     for flags, message in [
         (["--config_name", str(clip)], "model type 'clip' has no question-answering head"),
-        (["--config_name", str(roberta), "--max_seq_length", "513"], "--max_seq_length 513: the model has 512 position"),
-        (["--config_name", str(deberta), "--max_seq_length", "128", "--attn_implementation", "sdpa"],
-         "--attn_implementation sdpa: DebertaV2ForQuestionAnswering does not support"),
+        (
+            ["--config_name", str(roberta), "--max_seq_length", "513"],
+            "--max_seq_length 513: the model has 512 position",
+        ),
+        (
+            ["--config_name", str(deberta), "--max_seq_length", "128", "--attn_implementation", "sdpa"],
+            "--attn_implementation sdpa: DebertaV2ForQuestionAnswering does not support",
+        ),
     ]:
         code, _, err = run_plan([*flags, *memory], capsys)
         assert code == 2 and message in err and "Traceback" not in err, flags
@@ -362,19 +496,39 @@ def test_attention_is_what_training_resolves_auto_to(tmp_path: Path, capsys: pyt
     0.34 GiB here)."""
     from test_report import fake_metrics, rewrite
 
-    deberta = write_config(tmp_path / "deberta", model_type="deberta-v2", hidden_dropout_prob=0.1,
-                           attention_probs_dropout_prob=0.1)
-    code, out, _ = run_plan(["--config_name", str(deberta), "--gpu_memory_gib", "80", "--num_gpus", "1",
-                             "--per_device_train_batch_size", "32", "--max_seq_length", "384", "--json"], capsys)
+    deberta = write_config(
+        tmp_path / "deberta", model_type="deberta-v2", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1
+    )
+    code, out, _ = run_plan(
+        [
+            "--config_name",
+            str(deberta),
+            "--gpu_memory_gib",
+            "80",
+            "--num_gpus",
+            "1",
+            "--per_device_train_batch_size",
+            "32",
+            "--max_seq_length",
+            "384",
+            "--json",
+        ],
+        capsys,
+    )
     payload = json.loads(out)
     assert code == 0 and payload["setup"]["attention"] == "eager"
-    shape = plan.model_shape(plan.load_config(None, str(deberta)))
+    shape = planner.model_shape(planner.load_config(None, str(deberta)))
     eager = memplan.estimate("single", shape, Setup(1, 1, 32, 384, "bf16", "eager")).total
     sdpa = memplan.estimate("single", shape, Setup(1, 1, 32, 384, "bf16", "sdpa")).total
     assert eager > 1.5 * sdpa
-    run = rewrite(fake_metrics(tmp_path / "runs" / "deberta", "single", 1, 40.0, 0.9, gpu=1.0),
-                  {"config_name": str(deberta), "attn_implementation": "auto"}, device="cuda", mixed_precision="bf16",
-                  per_device_train_batch_size=32, max_seq_length=384)
+    run = rewrite(
+        fake_metrics(tmp_path / "runs" / "deberta", "single", 1, 40.0, 0.9, gpu=1.0),
+        {"config_name": str(deberta), "attn_implementation": "auto"},
+        device="cuda",
+        mixed_precision="bf16",
+        per_device_train_batch_size=32,
+        max_seq_length=384,
+    )
     assert check_run(run).estimate_gib == pytest.approx(eager / GIB)
 
 
@@ -383,14 +537,25 @@ def test_on_cpu_offload_is_not_planned(tmp_path: Path, capsys: pytest.CaptureFix
     host column said 2.43 GiB of that same memory. FSDP runs on CPU processes and is planned there."""
     from test_report import fake_metrics, rewrite
 
-    cpu = ["--model_name_or_path", "bert-base-uncased", "--device", "cpu", "--per_device_train_batch_size", "4",
-           "--max_seq_length", "128"]
+    cpu = [
+        "--model_name_or_path",
+        "bert-base-uncased",
+        "--device",
+        "cpu",
+        "--per_device_train_batch_size",
+        "4",
+        "--max_seq_length",
+        "128",
+    ]
     code, out, _ = run_plan([*cpu, "--num_gpus", "1", "--gpu_memory_gib", "1.5"], capsys)
     assert code == 0 and "nothing fits in 1.35 GiB" in out and "offload" not in out
     code, out, _ = run_plan([*cpu, "--num_gpus", "2", "--gpu_memory_gib", "80", "--json"], capsys)
     assert [e["config"] for e in json.loads(out)["estimates"]] == ["ddp", "zero1", "zero2", "fsdp", "zero3"]
-    run = rewrite(fake_metrics(tmp_path / "zero2-offload", "zero2", 2, 40.0, 0.9, offload="optimizer"),
-                  {"config_name": str(TINY)}, host_rss_baseline_gb={"per_rank": [0.4, 0.5], "max": 0.5, "mean": 0.45})
+    run = rewrite(
+        fake_metrics(tmp_path / "zero2-offload", "zero2", 2, 40.0, 0.9, offload="optimizer"),
+        {"config_name": str(TINY)},
+        host_rss_baseline_gb={"per_rank": [0.4, 0.5], "max": 0.5, "mean": 0.45},
+    )
     check = check_run(run)
     assert check.estimate_gib is None and check.measured_gib == pytest.approx(0.5)
     assert "offloading to the host frees nothing" in check.why
@@ -406,13 +571,17 @@ def test_calibration_tool_reads_the_measured_figure(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("calibrate_planner", ROOT / "tools" / "calibrate_planner.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    run = rewrite(fake_metrics(tmp_path / "tiny-b8-s192", "single", 1, 40.0, 0.9),
-                  {"config_name": str(TINY), "attn_implementation": "sdpa"},
-                  host_rss_baseline_gb={"per_rank": [0.4], "max": 0.4, "mean": 0.4})
+    run = rewrite(
+        fake_metrics(tmp_path / "tiny-b8-s192", "single", 1, 40.0, 0.9),
+        {"config_name": str(TINY), "attn_implementation": "sdpa"},
+        host_rss_baseline_gb={"per_rank": [0.4], "max": 0.4, "mean": 0.4},
+    )
     states, tensors, measured, _ = tool.terms(run)
     assert measured == pytest.approx(0.5 * GIB) and states > 0 and tensors > 0
-    old = rewrite(fake_metrics(tmp_path / "old", "single", 1, 40.0, 0.9),
-                  {"config_name": str(TINY), "attn_implementation": "sdpa"})
+    old = rewrite(
+        fake_metrics(tmp_path / "old", "single", 1, 40.0, 0.9),
+        {"config_name": str(TINY), "attn_implementation": "sdpa"},
+    )
     with pytest.raises(SystemExit, match="no idle host-RSS baseline"):
         tool.terms(old)
 
@@ -425,8 +594,10 @@ def test_check_counts_the_vocabulary_a_from_scratch_run_grew_to(tmp_path: Path) 
     small = write_config(tmp_path / "small-vocab", vocab_size=1000)
     estimates = {}
     for name, config in (("small-vocab", small), ("tiny", TINY)):
-        run = rewrite(fake_metrics(tmp_path / "runs" / name, "single", 1, 40.0, 0.9),
-                      {"config_name": str(config), "tokenizer_name": str(TINY)},
-                      host_rss_baseline_gb={"per_rank": [0.4], "max": 0.4, "mean": 0.4})
+        run = rewrite(
+            fake_metrics(tmp_path / "runs" / name, "single", 1, 40.0, 0.9),
+            {"config_name": str(config), "tokenizer_name": str(TINY)},
+            host_rss_baseline_gb={"per_rank": [0.4], "max": 0.4, "mean": 0.4},
+        )
         estimates[name] = check_run(run).estimate_gib
     assert estimates["small-vocab"] == pytest.approx(estimates["tiny"])

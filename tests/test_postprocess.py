@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qa_train.postprocess import NO_SPAN_ODDS, Questions, SpanRules, answer_questions, postprocess_predictions
 from qa_train.predict import best_entry
+from qa_train.squad.postprocess import NO_SPAN_ODDS, Questions, SpanRules, answer_questions, postprocess_predictions
 
 CONTEXT = "Super Bowl 50 was played at Levi's Stadium in Santa Clara California"
 WORDS = CONTEXT.split()  # 12 words; "Santa" is word 9, "Clara" word 10
@@ -219,7 +219,11 @@ def test_matches_slow_reference(integer_logits: bool) -> None:
         max_answer_length = int(rng.integers(1, 10))
         start, end, offsets, fei, ids, contexts = batch
         preds, nbest = postprocess_predictions(
-            start, end, offsets, Questions(fei, ids, contexts), SpanRules(n_best_size, max_answer_length),
+            start,
+            end,
+            offsets,
+            Questions(fei, ids, contexts),
+            SpanRules(n_best_size, max_answer_length),
             return_nbest=True,
         )
         want_preds, want_nbest = _reference(*batch, n_best_size, max_answer_length)
@@ -233,8 +237,9 @@ def test_matches_slow_reference(integer_logits: bool) -> None:
 
 def _v2(start, end, offsets, null_index, **rules):
     questions = Questions(np.zeros(len(offsets), dtype=np.int64), ["q"], [CONTEXT], np.asarray(null_index))
-    return answer_questions(np.asarray(start, dtype=np.float32), np.asarray(end, dtype=np.float32), offsets,
-                            questions, SpanRules(**rules))
+    return answer_questions(
+        np.asarray(start, dtype=np.float32), np.asarray(end, dtype=np.float32), offsets, questions, SpanRules(**rules)
+    )
 
 
 def _cls_window() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -263,8 +268,13 @@ def test_null_score_is_the_lowest_over_the_windows() -> None:
     start, end, offsets = _cls_window()
     start2, end2 = start.copy(), end.copy()
     start2[0, 0], end2[0, 0] = 0.25, 0.5  # the second window's null: 0.75
-    answers = _v2(np.concatenate([start, start2]), np.concatenate([end, end2]), np.concatenate([offsets, offsets]),
-                  [0, 0], null_score_diff_threshold=0.0)
+    answers = _v2(
+        np.concatenate([start, start2]),
+        np.concatenate([end, end2]),
+        np.concatenate([offsets, offsets]),
+        [0, 0],
+        null_score_diff_threshold=0.0,
+    )
     assert answers.null_odds == {"q": 0.75 - 6}
     null = next(e for e in answers.nbest["q"] if e["text"] == "")
     assert (null["score"], null["start_logit"], null["end_logit"]) == (0.75, 0.25, 0.5)

@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import DEMO_DEV, DEMO_TRAIN, PY, TINY, base_env, high_padding_model, port, run_ok
+
 from qa_train import predict
-from qa_train.data import Examples, load_file
-from qa_train.modeling import loading
-from qa_train.postprocess import Answers
+from qa_train.data.load import Examples, load_file
+from qa_train.model.modeling import loading
+from qa_train.squad.postprocess import Answers
 
 
 def _unlabelled(path: Path) -> Path:
@@ -32,13 +32,48 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two DDP processes, eval batch 8 per process, no training: evaluation and prediction of the same weights."""
     tmp = tmp_path_factory.mktemp("ddp-predict")
     paths = {"model": high_padding_model(tmp / "model"), "test": _unlabelled(tmp / "test.json"), "out": tmp / "run"}
-    run_ok([PY, "-m", "qa_train.launch", "--cpu", "--config_file", "accelerate_configs/ddp.yaml", "--num_processes",
-            "2", "--main_process_port", str(port(29711)), "--", "--model_name_or_path", str(paths["model"]),
-            "--train_file", str(DEMO_TRAIN), "--validation_file", str(DEMO_DEV), "--max_train_samples", "32",
-            "--max_seq_length", "192", "--doc_stride", "64", "--max_train_steps", "0",
-            "--per_device_eval_batch_size", "8", "--do_predict", "--test_file", str(paths["test"]),
-            "--report_to", "none", "--save_final_model", "false", "--output_dir", str(paths["out"])],
-           base_env(tmp))
+    run_ok(
+        [
+            PY,
+            "-m",
+            "qa_train.cli",
+            "launch",
+            "--cpu",
+            "--config_file",
+            "accelerate_configs/ddp.yaml",
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            str(port(29711)),
+            "--",
+            "--model_name_or_path",
+            str(paths["model"]),
+            "--train_file",
+            str(DEMO_TRAIN),
+            "--validation_file",
+            str(DEMO_DEV),
+            "--max_train_samples",
+            "32",
+            "--max_seq_length",
+            "192",
+            "--doc_stride",
+            "64",
+            "--max_train_steps",
+            "0",
+            "--per_device_eval_batch_size",
+            "8",
+            "--do_predict",
+            "--test_file",
+            str(paths["test"]),
+            "--report_to",
+            "none",
+            "--save_final_model",
+            "false",
+            "--output_dir",
+            str(paths["out"]),
+        ],
+        base_env(tmp),
+    )
     return paths
 
 
@@ -64,9 +99,26 @@ def test_answers_do_not_depend_on_world_size_or_entry_point(ddp_run: dict[str, P
     """One process, batch 64, through qa_train.predict's file mode: the DDP run's answers, for evaluation
     (the same questions, labelled) and prediction alike."""
     out = tmp_path / "single"
-    run_ok([PY, "-m", "qa_train.predict", str(ddp_run["model"]), "--test_file", str(ddp_run["test"]),
-            "--max_seq_length", "192", "--doc_stride", "64", "--per_device_eval_batch_size", "64", "--output_dir",
-            str(out)], base_env(tmp_path))
+    run_ok(
+        [
+            PY,
+            "-m",
+            "qa_train.cli",
+            "predict",
+            str(ddp_run["model"]),
+            "--test_file",
+            str(ddp_run["test"]),
+            "--max_seq_length",
+            "192",
+            "--doc_stride",
+            "64",
+            "--per_device_eval_batch_size",
+            "64",
+            "--output_dir",
+            str(out),
+        ],
+        base_env(tmp_path),
+    )
     single = json.loads((out / "predict_predictions.json").read_text())
     assert single == json.loads((ddp_run["out"] / "predict_predictions.json").read_text())
     assert single == json.loads((ddp_run["out"] / "eval_predictions.json").read_text())
@@ -75,7 +127,8 @@ def test_answers_do_not_depend_on_world_size_or_entry_point(ddp_run: dict[str, P
     theirs = json.loads((ddp_run["out"] / "predict_nbest_predictions.json").read_text())
     for qid, entries in ours.items():
         assert [(e["text"], e["start"], e["end"]) for e in entries] == [
-            (e["text"], e["start"], e["end"]) for e in theirs[qid]], qid
+            (e["text"], e["start"], e["end"]) for e in theirs[qid]
+        ], qid
         assert [e["score"] for e in entries] == pytest.approx([e["score"] for e in theirs[qid]], abs=1e-4)
 
 
@@ -85,15 +138,32 @@ def test_predict_cli_answers_one_question_and_refuses_bad_input(ddp_run: dict[st
 
     article = json.loads(DEMO_DEV.read_text())["data"][0]["paragraphs"][0]
     env = base_env(tmp_path)
-    proc = run_ok([PY, "-m", "qa_train.predict", str(ddp_run["model"]), "-q", article["qas"][0]["question"],
-                   "-c", article["context"], "--max_seq_length", "192", "--doc_stride", "64"], env)
+    proc = run_ok(
+        [
+            PY,
+            "-m",
+            "qa_train.cli",
+            "predict",
+            str(ddp_run["model"]),
+            "-q",
+            article["qas"][0]["question"],
+            "-c",
+            article["context"],
+            "--max_seq_length",
+            "192",
+            "--doc_stride",
+            "64",
+        ],
+        env,
+    )
     one = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert article["context"][one["start"]:one["end"]] == one["answer"] != ""
-    assert one["answer"] == json.loads((ddp_run["out"] / "predict_predictions.json").read_text())[
-        article["qas"][0]["id"]]
+    assert article["context"][one["start"] : one["end"]] == one["answer"] != ""
+    assert (
+        one["answer"] == json.loads((ddp_run["out"] / "predict_predictions.json").read_text())[article["qas"][0]["id"]]
+    )
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"id": "x1", "context": "Some text.", "question": "  "}) + "\n")
-    proc = run_cmd([PY, "-m", "qa_train.predict", str(ddp_run["model"]), "--test_file", str(bad)], env)
+    proc = run_cmd([PY, "-m", "qa_train.cli", "predict", str(ddp_run["model"]), "--test_file", str(bad)], env)
     assert proc.returncode == 2 and f"{bad}: line 1: question x1: empty question" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -106,11 +176,11 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     still print their own notices)."""
     code = predict.main(argv)
     out, err = capsys.readouterr()
-    lines = [line for line in err.splitlines() if line.startswith("qa_train.predict")]
+    lines = [line for line in err.splitlines() if line.startswith("qa-train predict")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in out + err, (code, out, err)
     assert not [line for line in out.splitlines() if line.startswith(("{", "/"))], out
-    assert lines[0].startswith("qa_train.predict: error: ")
-    return lines[0][len("qa_train.predict: error: "):]
+    assert lines[0].startswith("qa-train predict: error: ")
+    return lines[0][len("qa-train predict: error: ") :]
 
 
 def a_run(tmp_path: Path) -> Path:
@@ -125,19 +195,32 @@ def a_run(tmp_path: Path) -> Path:
     return run
 
 
-@pytest.mark.parametrize(("model_dir", "says"), [
-    ("empty", "empty: no config.json, so not an exported model (a run's final/ holds config.json, the weights and "
-              "the tokenizer)"),
-    ("nope/x", "nope/x: no such directory"),
-    ("run/final/config.json", "config.json: is a file, not a model directory"),
-    ("run/checkpoints/step_00000010", "step_00000010: is a training checkpoint (weights and optimizer state, "
-                                      "without the model config and tokenizer), not an exported model: use {final}"),
-    ("run", "run: is a run directory, not a model: use {final}"),
-    ("config_only", "config_only: no tokenizer (tokenizer.json, vocab.txt, ...): a run's final/ holds the "
-                    "tokenizer it trained with"),
-])
+@pytest.mark.parametrize(
+    ("model_dir", "says"),
+    [
+        (
+            "empty",
+            "empty: no config.json, so not an exported model (a run's final/ holds config.json, the weights and "
+            "the tokenizer)",
+        ),
+        ("nope/x", "nope/x: no such directory"),
+        ("run/final/config.json", "config.json: is a file, not a model directory"),
+        (
+            "run/checkpoints/step_00000010",
+            "step_00000010: is a training checkpoint (weights and optimizer state, "
+            "without the model config and tokenizer), not an exported model: use {final}",
+        ),
+        ("run", "run: is a run directory, not a model: use {final}"),
+        (
+            "config_only",
+            "config_only: no tokenizer (tokenizer.json, vocab.txt, ...): a run's final/ holds the "
+            "tokenizer it trained with",
+        ),
+    ],
+)
 def test_a_model_dir_that_is_not_an_exported_model_is_refused_in_one_line(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], model_dir: str, says: str) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], model_dir: str, says: str
+) -> None:
     """Each was a transformers traceback (exit 1); a checkpoint or run folder now says which final/ to use."""
     run = a_run(tmp_path)
     (tmp_path / "empty").mkdir()
@@ -148,7 +231,8 @@ def test_a_model_dir_that_is_not_an_exported_model_is_refused_in_one_line(
 
 
 def test_a_mistyped_relative_model_dir_is_no_such_directory_not_a_hub_id(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`runs/x` reads like a hub id (org/name): it was sent to the hub, and the line said the hub could not be
     reached. Its first part is a folder here, so it is a local path that does not exist."""
     a_run(tmp_path)
@@ -165,7 +249,8 @@ def test_a_model_dir_transformers_cannot_load_is_refused_in_one_line(capsys: pyt
 
 
 def test_a_tokenizer_transformers_cannot_read_is_refused_as_model_dirs_fault(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """predict has no --model_name_or_path: its refusal names MODEL_DIR, not the training flag."""
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -177,17 +262,27 @@ def test_a_tokenizer_transformers_cannot_read_is_refused_as_model_dirs_fault(
 
 def test_a_hub_id_transformers_cannot_fetch_is_refused_in_one_line() -> None:
     predict.check_model_dir("org/model")  # no such folder here, but a hub id: left to transformers
-    with pytest.raises(predict.ConfigError, match=r"^MODEL_DIR org/model: cannot load the model \(OSError: "
-                                                  r"We couldn't connect\)$"):
+    with pytest.raises(
+        predict.ConfigError,
+        match=r"^MODEL_DIR org/model: cannot load the model \(OSError: "
+        r"We couldn't connect\)$",
+    ):
         with loading("MODEL_DIR", "org/model", "the model"):
             raise OSError("We couldn't connect\nto the hub")
 
 
-@pytest.mark.parametrize(("question", "context", "says"), [
-    ("Who?", "", "empty context"), ("Who?", "  \u200b", "empty context (only invisible characters: U+200B)"),
-    ("", "Somebody did it.", "empty question"), ("   ", "Somebody did it.", "empty question")])
-def test_an_empty_question_or_context_is_refused(capsys: pytest.CaptureFixture[str], question: str, context: str,
-                                                 says: str) -> None:
+@pytest.mark.parametrize(
+    ("question", "context", "says"),
+    [
+        ("Who?", "", "empty context"),
+        ("Who?", "  \u200b", "empty context (only invisible characters: U+200B)"),
+        ("", "Somebody did it.", "empty question"),
+        ("   ", "Somebody did it.", "empty question"),
+    ],
+)
+def test_an_empty_question_or_context_is_refused(
+    capsys: pytest.CaptureFixture[str], question: str, context: str, says: str
+) -> None:
     """A file's empty question is refused; -q/-c answered it: "" with score NaN (not JSON), or a span of a
     context for an empty question."""
     message = refused([str(TINY), "-q", question, "-c", context], capsys)
@@ -196,38 +291,42 @@ def test_an_empty_question_or_context_is_refused(capsys: pytest.CaptureFixture[s
 
 @pytest.mark.parametrize("inside", [False, True])
 def test_an_output_dir_that_is_a_file_is_refused_before_the_model_loads(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], inside: bool) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], inside: bool
+) -> None:
     """It was a FileExistsError / NotADirectoryError traceback after every question had been answered."""
     file = tmp_path / "preds"
     file.write_text("not a folder")
     target = file / "sub" if inside else file
-    message = refused([str(tmp_path / "no-model"), "--test_file", str(DEMO_DEV), "--output_dir", str(target)],
-                      capsys)
-    assert message == (f"--output_dir {target}: {file} is a file, not a directory" if inside
-                       else f"--output_dir {target}: is a file, not a directory")
+    message = refused([str(tmp_path / "no-model"), "--test_file", str(DEMO_DEV), "--output_dir", str(target)], capsys)
+    assert message == (
+        f"--output_dir {target}: {file} is a file, not a directory"
+        if inside
+        else f"--output_dir {target}: is a file, not a directory"
+    )
 
 
 def test_an_output_dir_that_cannot_be_written_is_refused_before_the_model_loads(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """os.access says yes to root under /sys, where nothing can be made: that was a FileNotFoundError traceback
     (exit 1) after every question had been answered. The same folder training refuses (test_faults.py)."""
     target = Path("/sys/qa_train_test_predict_out")
-    message = refused([str(tmp_path / "no-model"), "--test_file", str(DEMO_DEV), "--output_dir", str(target)],
-                      capsys)
+    message = refused([str(tmp_path / "no-model"), "--test_file", str(DEMO_DEV), "--output_dir", str(target)], capsys)
     assert message.startswith(f"--output_dir {target}: /sys is not writable"), message
 
 
-def test_data_refused_while_windowing_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_data_refused_while_windowing_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Windowing refuses some questions (a text the tokenizer turns into nothing, flags that leave a question no
     room): that was a traceback (exit 1) from Predictor.predict."""
-    import qa_train.features
+    import qa_train.data.features
 
     def refuse(examples: Examples, *args: object, **kwargs: object) -> None:
         raise predict.DataError(f"{examples.source}: question q: the context tokenises to nothing")
 
     model = high_padding_model(tmp_path / "model")
-    monkeypatch.setattr(qa_train.features, "featurize", refuse)
+    monkeypatch.setattr(qa_train.data.features, "featurize", refuse)
     message = refused([str(model), "-q", "Who?", "-c", "\ufffd", "--device", "cpu"], capsys)
     assert message == "<command line>: question q: the context tokenises to nothing"
 
@@ -235,8 +334,13 @@ def test_data_refused_while_windowing_is_one_line(tmp_path: Path, capsys: pytest
 def test_no_answer_at_all_prints_json_not_nan() -> None:
     """No window held a valid span: the score was NaN, which json.dumps writes and JSON readers refuse."""
     entry = predict.best_entry(Answers({"q": ""}, {"q": []}), "q")
-    assert json.loads(json.dumps(entry, allow_nan=False)) == {"answer": "", "score": None, "probability": 0.0,
-                                                              "start": 0, "end": 0}
+    assert json.loads(json.dumps(entry, allow_nan=False)) == {
+        "answer": "",
+        "score": None,
+        "probability": 0.0,
+        "start": 0,
+        "end": 0,
+    }
 
 
 def test_v2_data_without_version_2_with_negative_gets_a_note() -> None:
@@ -246,7 +350,8 @@ def test_v2_data_without_version_2_with_negative_gets_a_note() -> None:
     assert 0 < unanswered < len(v2)
     assert predict.v2_note(v2, v2=False) == (
         f"note: {v2.source}: {unanswered} of {len(v2)} questions have no answer (SQuAD v2.0 data?); without "
-        "--version_2_with_negative every question gets a span, never \"\"")
+        '--version_2_with_negative every question gets a span, never ""'
+    )
     assert predict.v2_note(v2, v2=True) is None
     assert predict.v2_note(load_file(DEMO_DEV, "optional"), v2=False) is None  # v1.1: every question answered
     unlabelled = Examples("questions.jsonl")
@@ -256,6 +361,17 @@ def test_v2_data_without_version_2_with_negative_gets_a_note() -> None:
 
 def test_a_nan_null_threshold_is_refused_as_training_refuses_it(capsys: pytest.CaptureFixture[str]) -> None:
     """Every comparison with nan is false: the null answer could never win, and every question got a span."""
-    message = refused([str(TINY), "-q", "Who?", "-c", "Somebody did it.", "--version_2_with_negative",
-                       "--null_score_diff_threshold", "nan"], capsys)
+    message = refused(
+        [
+            str(TINY),
+            "-q",
+            "Who?",
+            "-c",
+            "Somebody did it.",
+            "--version_2_with_negative",
+            "--null_score_diff_threshold",
+            "nan",
+        ],
+        capsys,
+    )
     assert message == "--null_score_diff_threshold: must be a number, got nan"

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from qa_train.config import ConfigError, ModelArgs, OutputArgs
-from qa_train.modeling import check_positions, load_config, load_model, load_tokenizer
-from qa_train.outputdir import claim, clear_previous_run
 from conftest import ASSETS, TINY, tiny_flags
+
+from qa_train.config.outputdir import claim, clear_previous_run
+from qa_train.config.settings import ConfigError, ModelArgs, OutputArgs
+from qa_train.model.modeling import check_positions, load_config, load_model, load_tokenizer
 
 
 def finished_run(out: Path) -> Path:
@@ -56,18 +56,50 @@ def test_overwrite_removes_every_file_a_real_run_writes(tmp_path: Path, monkeypa
     """A short real run with everything that writes to output_dir switched on (v2.0's null odds, prediction, the
     profiler, TensorBoard): whatever it left there must count as a run and go with --overwrite_output_dir, so
     RUN_FILES cannot fall behind what runs write."""
-    from qa_train.flags import parse_args
+    from qa_train.config.flags import parse_args
     from qa_train.run import run
 
     monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
     v2_dev = str(ASSETS / "demo-v2" / "dev.json")
-    run(parse_args(tiny_flags(
-        out, "--train_file", str(ASSETS / "demo-v2" / "train.json"), "--validation_file", v2_dev,
-        "--version_2_with_negative", "--do_predict", "--test_file", v2_dev, "--max_train_samples", "64",
-        "--max_eval_samples", "16", "--max_predict_samples", "16", "--max_train_steps", "6", "--logging_steps", "2",
-        "--eval_strategy", "steps", "--eval_steps", "3", "--save_best", "--checkpointing_steps", "3", "--profile",
-        "--throughput_warmup_steps", "0", "--report_to", "tensorboard", "--disable_tqdm")))
+    run(
+        parse_args(
+            tiny_flags(
+                out,
+                "--train_file",
+                str(ASSETS / "demo-v2" / "train.json"),
+                "--validation_file",
+                v2_dev,
+                "--version_2_with_negative",
+                "--do_predict",
+                "--test_file",
+                v2_dev,
+                "--max_train_samples",
+                "64",
+                "--max_eval_samples",
+                "16",
+                "--max_predict_samples",
+                "16",
+                "--max_train_steps",
+                "6",
+                "--logging_steps",
+                "2",
+                "--eval_strategy",
+                "steps",
+                "--eval_steps",
+                "3",
+                "--save_best",
+                "--checkpointing_steps",
+                "3",
+                "--profile",
+                "--throughput_warmup_steps",
+                "0",
+                "--report_to",
+                "tensorboard",
+                "--disable_tqdm",
+            )
+        )
+    )
     written = sorted(p.name for p in out.iterdir())
     assert {"predict_predictions.json", "predict_null_odds.json", "profile", "tensorboard"} <= set(written)
     with pytest.raises(ConfigError, match="holds a run"):
@@ -156,17 +188,19 @@ def test_a_doc_stride_that_leaves_no_room_for_the_question_is_refused_before_any
     config = SimpleNamespace(max_position_embeddings=512, model_type="bert", _name_or_path="tiny")
     check_positions(config, tokenizer, 64)  # without a stride: positions only, as before
     check_positions(config, tokenizer, 64, doc_stride=59)  # [CLS] q [SEP] c [SEP]: one question token, 60 context
-    with pytest.raises(ConfigError, match=r"^--doc_stride 60: with --max_seq_length 64 and this tokenizer's 3 special "
-                                          r"tokens a window has no room for the question; use --doc_stride at most 59$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--doc_stride 60: with --max_seq_length 64 and this tokenizer's 3 special "
+        r"tokens a window has no room for the question; use --doc_stride at most 59$",
+    ):
         check_positions(config, tokenizer, 64, doc_stride=60)
 
 
 def _xlnet_tokenizer(out: Path) -> str:
     """A tiny XLNet tokenizer trained offline: pair encoding `q <sep> c <sep> <cls>`, <cls> last; right padding
     (XLNet's own is left), so that only the classifier token's place is wrong."""
-    from transformers import XLNetTokenizer
-
     from families import _unigram, corpus
+    from transformers import XLNetTokenizer
 
     vocab = _unigram(corpus(200), ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"])
     XLNetTokenizer(vocab=vocab, unk_id=0, padding_side="right").save_pretrained(out)
@@ -221,19 +255,23 @@ def test_the_default_model_is_bert_base_unless_a_config_stands_alone() -> None:
     assert scratch.tokenizer_source == "bert-base-uncased"  # a config folder need not hold a tokenizer
 
 
-@pytest.mark.parametrize(("flag", "name"), [
-    ("--model_name_or_path", "runs/fnal"),   # beside --config_name: nothing loaded it before the weights
-    ("--model_name_or_path", "./nothing"),
-    ("--tokenizer_name", "runs/tok"),
-    ("--config_name", "runs/cfg"),
-])
+@pytest.mark.parametrize(
+    ("flag", "name"),
+    [
+        ("--model_name_or_path", "runs/fnal"),  # beside --config_name: nothing loaded it before the weights
+        ("--model_name_or_path", "./nothing"),
+        ("--tokenizer_name", "runs/tok"),
+        ("--config_name", "runs/cfg"),
+    ],
+)
 def test_a_mistyped_local_folder_is_no_such_directory_before_any_data(
-        flag: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    flag: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`runs/x` reads like a hub id (org/name), so it went to the hub: a folder given beside --config_name was a
     traceback after the data was read, the others said the hub could not be reached. `runs` is a folder here, so
     it is a local path that does not exist."""
     from qa_train import trainer
-    from qa_train.flags import parse_args
+    from qa_train.config.flags import parse_args
 
     def no_data(*args: object) -> None:
         raise AssertionError("the data was read before the refusal")
@@ -265,14 +303,15 @@ def hub_cache_with(root: Path, hub_id: str, files: list[Path]) -> Path:
 
 @pytest.mark.parametrize("with_weights", [False, True])
 def test_offline_a_hub_id_without_cached_weights_is_refused_before_any_data(
-        with_weights: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with_weights: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On a compute node without a network (HF_HUB_OFFLINE), a hub id whose config and tokenizer were cached
     (AutoConfig, AutoTokenizer) but not its weights loaded everything, read and windowed the data, and only then
     failed in from_pretrained."""
     from huggingface_hub import constants
 
     from qa_train import trainer
-    from qa_train.flags import parse_args
+    from qa_train.config.flags import parse_args
 
     files = [p for p in TINY.iterdir() if p.is_file()]
     if with_weights:
@@ -290,20 +329,22 @@ def test_offline_a_hub_id_without_cached_weights_is_refused_before_any_data(
     monkeypatch.setattr(trainer, "load_splits", past_the_preflight)
     flags = tiny_flags(tmp_path / "out", "--no_eval")
     for flag in ("--config_name", "--tokenizer_name"):
-        del flags[flags.index(flag):flags.index(flag) + 2]
+        del flags[flags.index(flag) : flags.index(flag) + 2]
     flags += ["--model_name_or_path", "someorg/tiny-qa"]
     with pytest.raises((ConfigError, RuntimeError)) as stopped:
         trainer.Trainer(parse_args(flags))
     if with_weights:
         assert str(stopped.value) == "past the preflight"
     else:
-        assert str(stopped.value).startswith("--model_name_or_path someorg/tiny-qa: HF_HUB_OFFLINE is set and its "
-                                             f"weights are not in the hub cache ({cache})")
+        assert str(stopped.value).startswith(
+            "--model_name_or_path someorg/tiny-qa: HF_HUB_OFFLINE is set and its "
+            f"weights are not in the hub cache ({cache})"
+        )
 
 
 def test_a_model_folder_under_home_is_checked_where_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`~/m` names the folder under $HOME: its weights are looked for there, not in a folder called `~`."""
-    from qa_train.modeling import check_weights
+    from qa_train.model.modeling import check_weights
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)

@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import PY, ROOT, tiny_flags
-from qa_train.progress import Progress
+
+from qa_train.observe.progress import Progress
 
 
 class Terminal(io.StringIO):
@@ -64,9 +64,21 @@ def test_disabled_progress_says_nothing(caplog: pytest.LogCaptureFixture) -> Non
 
 @pytest.mark.distributed
 def test_a_run_logged_to_a_file_shows_train_and_eval_progress(tmp_path: Path, env: dict[str, str]) -> None:
-    proc = subprocess.run([PY, "-m", "qa_train", *tiny_flags(tmp_path / "out", "--max_train_steps", "6",
-                                                             "--logging_steps", "3", "--progress_interval_s", "0")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            PY,
+            "-m",
+            "qa_train",
+            *tiny_flags(
+                tmp_path / "out", "--max_train_steps", "6", "--logging_steps", "3", "--progress_interval_s", "0"
+            ),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     train = re.findall(r"train (\d)/6 steps \(\d+%\), [\d.]+ samples/s(.*?), elapsed", proc.stderr)
     assert [int(step) for step, _ in train] == [1, 2, 3, 4, 5, 6]
@@ -88,10 +100,14 @@ def test_a_run_on_a_terminal_draws_train_and_eval_bars(tmp_path: Path, env: dict
 
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    proc = subprocess.Popen([PY, "-m", "qa_train", *tiny_flags(tmp_path / "out", "--max_train_steps", "6",
-                                                                "--logging_steps", "3")],
-                            cwd=ROOT, env=env, stdin=follower, stdout=follower,
-                            stderr=follower)
+    proc = subprocess.Popen(
+        [PY, "-m", "qa_train", *tiny_flags(tmp_path / "out", "--max_train_steps", "6", "--logging_steps", "3")],
+        cwd=ROOT,
+        env=env,
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+    )
     os.close(follower)
     screen = b""
     while True:
@@ -120,8 +136,10 @@ def setup_logging(monkeypatch: pytest.MonkeyPatch):
     from qa_train import trainer
 
     monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: None)  # leave pytest's handlers alone
-    levels = {name: logging.getLogger(name).level
-              for name in ("transformers", "datasets", "accelerate", "DeepSpeed", "torch.distributed")}
+    levels = {
+        name: logging.getLogger(name).level
+        for name in ("transformers", "datasets", "accelerate", "DeepSpeed", "torch.distributed")
+    }
     yield trainer.setup_logging
     hf_logging.enable_progress_bar()
     for name, level in levels.items():
@@ -151,9 +169,15 @@ def test_deepspeeds_use_of_a_deprecated_collective_is_not_shown(setup_logging) -
     with warnings.catch_warnings(record=True) as seen:  # restores the filters afterwards
         warnings.simplefilter("always")
         setup_logging(is_main=True, bars=True)
-        warnings.warn("`torch.distributed.all_gather_into_tensor` is deprecated. Please use "
-                      "`torch.distributed.all_gather_single` instead.", FutureWarning)
-        warnings.warn("`torch.distributed.reduce_scatter_tensor` is deprecated. Please use "
-                      "`torch.distributed.reduce_scatter_single` instead.", FutureWarning)
+        warnings.warn(
+            "`torch.distributed.all_gather_into_tensor` is deprecated. Please use "
+            "`torch.distributed.all_gather_single` instead.",
+            FutureWarning,
+        )
+        warnings.warn(
+            "`torch.distributed.reduce_scatter_tensor` is deprecated. Please use "
+            "`torch.distributed.reduce_scatter_single` instead.",
+            FutureWarning,
+        )
         warnings.warn("`torch.distributed.something_else` is deprecated.", FutureWarning)
     assert [str(w.message) for w in seen] == ["`torch.distributed.something_else` is deprecated."]

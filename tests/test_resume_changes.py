@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import tiny_flags
-from qa_train.checkpoint import read_state
-from qa_train.flags import parse_args
+
+from qa_train.config.flags import parse_args
 from qa_train.run import Preempted, run
+from qa_train.strategy.checkpoint import read_state
 from qa_train.trainer import Trainer
 
 pytestmark = pytest.mark.distributed  # real training runs
@@ -44,10 +44,24 @@ def _no_nan(constant: str) -> None:
 
 
 def test_a_resumed_run_takes_its_learning_rate_from_the_flags_and_owes_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "run"
-    flags = tiny_flags(out, "--max_train_steps", "12", "--logging_steps", "4", "--eval_strategy", "steps",
-                       "--eval_steps", "2", "--checkpointing_steps", "4", "--max_eval_samples", "16")
+    flags = tiny_flags(
+        out,
+        "--max_train_steps",
+        "12",
+        "--logging_steps",
+        "4",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "2",
+        "--checkpointing_steps",
+        "4",
+        "--max_eval_samples",
+        "16",
+    )
     steps = scripted_f1(monkeypatch, [50.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0], preempt_at=2)
     with pytest.raises(Preempted):
         run(parse_args(flags))

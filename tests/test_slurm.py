@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import PY, ROOT, base_env, port, read_metrics, run_cmd, run_ok, tiny_flags
 
 pytestmark = pytest.mark.distributed
@@ -19,20 +18,29 @@ FAKE = Path(__file__).resolve().parent / "fake_slurm"
 
 def cluster_env(tmp_path: Path, job_id: str, config: str, base_port: int) -> dict[str, str]:
     env = base_env(tmp_path)
-    env.update({
-        "PATH": f"{FAKE}:{Path(PY).parent}:{env['PATH']}", "FAKE_SLURM_DIR": str(tmp_path / "slurm-state"),
-        "FAKE_SLURM_JOB_ID": job_id, "FAKE_SLURM_PYTHON": PY, "QA_TRAIN_CPU": "1", "PROCS_PER_NODE": "1",
-        "CONFIG": f"accelerate_configs/{config}.yaml", "OUTPUT_DIR": str(tmp_path / "out"),
-        "LOG_DIR": str(tmp_path / "logs"), "MAIN_PORT": str(port(base_port)), "CHECKPOINTING_STEPS": "4",
-        "OMP_NUM_THREADS": "1",  # two "nodes" share two cores
-    })
+    env.update(
+        {
+            "PATH": f"{FAKE}:{Path(PY).parent}:{env['PATH']}",
+            "FAKE_SLURM_DIR": str(tmp_path / "slurm-state"),
+            "FAKE_SLURM_JOB_ID": job_id,
+            "FAKE_SLURM_PYTHON": PY,
+            "QA_TRAIN_CPU": "1",
+            "PROCS_PER_NODE": "1",
+            "CONFIG": f"accelerate_configs/{config}.yaml",
+            "OUTPUT_DIR": str(tmp_path / "out"),
+            "LOG_DIR": str(tmp_path / "logs"),
+            "MAIN_PORT": str(port(base_port)),
+            "CHECKPOINTING_STEPS": "4",
+            "OMP_NUM_THREADS": "1",  # two "nodes" share two cores
+        }
+    )
     return env
 
 
 def train_flags(steps: int) -> list[str]:
     flags = tiny_flags(Path("unused"), "--max_train_steps", str(steps), "--logging_steps", "1", "--no_eval")
     i = flags.index("--output_dir")
-    return flags[:i] + flags[i + 2:]  # the batch script sets --output_dir from OUTPUT_DIR
+    return flags[:i] + flags[i + 2 :]  # the batch script sets --output_dir from OUTPUT_DIR
 
 
 @pytest.mark.parametrize(("config", "strategy", "base_port"), [("ddp", "ddp", 29721), ("zero2", "zero2", 29722)])
@@ -80,8 +88,7 @@ def test_a_warning_signal_after_the_training_loop_does_not_requeue_the_finished_
     the script's CHECKPOINTING_STEPS default (4 here), which used to drop it."""
     env = cluster_env(tmp_path, "7311", "ddp", 29751)
     env["FAKE_SLURM_SIGNAL_WHEN"] = str(tmp_path / "out" / "metrics.json")
-    proc = run_ok(["sbatch", "--nodes", "1", "slurm/train.sbatch", *train_flags(6), "--checkpointing_steps", "2"],
-                  env)
+    proc = run_ok(["sbatch", "--nodes", "1", "slurm/train.sbatch", *train_flags(6), "--checkpointing_steps", "2"], env)
     assert "warning signal" in proc.stdout and "not requeued" in proc.stdout, proc.stdout
     assert "start 1" not in proc.stdout and "job requeued" not in proc.stdout
     node0 = (tmp_path / "logs" / "node0.log").read_text()
@@ -89,17 +96,23 @@ def test_a_warning_signal_after_the_training_loop_does_not_requeue_the_finished_
     assert read_metrics(tmp_path / "out")["train_steps"] == 6
     assert not (tmp_path / "out" / "PREEMPT").exists()
     assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == [
-        "step_00000002", "step_00000004", "step_00000006"]
+        "step_00000002",
+        "step_00000004",
+        "step_00000006",
+    ]
 
 
 def gpu_node_env(tmp_path: Path, job_id: str) -> dict[str, str]:
     """The fake cluster as a GPU partition seen from a CPU machine: `nvidia-smi -L` lists no GPU, and the
-    accelerate launch (through qa_train.agent) records its command line in the node's log instead of starting
+    accelerate launch (through qa_train.strategy.agent) records its command line in the node's log instead of starting
     processes; any other `python` is the real one."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    agent = ('[ "$1 $2 $3" = "-m qa_train.agent accelerate" ] && shift 3 && echo "accelerate launch $*" && '
-             'exit "${FAKE_RANKS_CODE:-0}"\n' f'exec {PY} "$@"')
+    agent = (
+        '[ "$1 $2 $3" = "-m qa_train.strategy.agent accelerate" ] && shift 3 && echo "accelerate launch $*" && '
+        'exit "${FAKE_RANKS_CODE:-0}"\n'
+        f'exec {PY} "$@"'
+    )
     for name, body in (("nvidia-smi", "exit 0"), ("python", agent)):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
@@ -146,22 +159,72 @@ def test_a_gpu_job_without_gpus_is_refused_in_one_line_before_launching(tmp_path
 def test_a_gpu_node_sweep_asks_each_job_for_its_gpus(tmp_path: Path) -> None:
     env = gpu_node_env(tmp_path, "7351")
     out = tmp_path / "sweep"
-    run_ok([PY, "-m", "qa_train.bench", "--slurm", "--nodes", "2", "--procs_per_node", "4", "--configs", "ddp",
-            "--max_train_steps", "4", "--output_dir", str(out)], env)
+    run_ok(
+        [
+            PY,
+            "-m",
+            "qa_train.cli",
+            "bench",
+            "--slurm",
+            "--nodes",
+            "2",
+            "--procs_per_node",
+            "4",
+            "--configs",
+            "ddp",
+            "--max_train_steps",
+            "4",
+            "--output_dir",
+            str(out),
+        ],
+        env,
+    )
     log = (out / "ddp-n2-r1" / "sbatch.log").read_text()
     assert "sbatch --nodes 2 --gpus-per-node 4 " in log and "2 nodes x 4 = 8 processes" in log
 
 
 def test_node_sweep_submits_one_job_per_point_and_reports_speedup_against_one_node(tmp_path: Path) -> None:
-    """`qa_train.bench --slurm --nodes 1 2` on the fake cluster: one sbatch per point, each into its own run dir
-    through the real slurm/train.sbatch; then qa_train.report over the sweep's directory gives the same table."""
+    """`qa_train.studies.bench --slurm --nodes 1 2` on the fake cluster: one sbatch per point, each into its own run dir
+    through the real slurm/train.sbatch; then qa_train.studies.report over the sweep's directory gives the same table."""
     env = base_env(tmp_path)
-    env.update({"PATH": f"{FAKE}:{Path(PY).parent}:{env['PATH']}", "FAKE_SLURM_DIR": str(tmp_path / "slurm-state"),
-                "FAKE_SLURM_PYTHON": PY, "MAIN_PORT": str(port(29741)), "OMP_NUM_THREADS": "1"})
+    env.update(
+        {
+            "PATH": f"{FAKE}:{Path(PY).parent}:{env['PATH']}",
+            "FAKE_SLURM_DIR": str(tmp_path / "slurm-state"),
+            "FAKE_SLURM_PYTHON": PY,
+            "MAIN_PORT": str(port(29741)),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     out = tmp_path / "sweep"
-    proc = run_ok([PY, "-m", "qa_train.bench", "--slurm", "--cpu", "--nodes", "1", "2", "--procs_per_node", "1",
-                   "--configs", "ddp", "--max_train_steps", "4", "--output_dir", str(out), "--", "--no_eval",
-                   "--logging_steps", "2", "--max_train_samples", "300"], env)
+    proc = run_ok(
+        [
+            PY,
+            "-m",
+            "qa_train.cli",
+            "bench",
+            "--slurm",
+            "--cpu",
+            "--nodes",
+            "1",
+            "2",
+            "--procs_per_node",
+            "1",
+            "--configs",
+            "ddp",
+            "--max_train_steps",
+            "4",
+            "--output_dir",
+            str(out),
+            "--",
+            "--no_eval",
+            "--logging_steps",
+            "2",
+            "--max_train_samples",
+            "300",
+        ],
+        env,
+    )
     assert "submitted 2 of 2 jobs" in proc.stdout
     for nodes in (1, 2):
         run = out / f"ddp-n{nodes}-r1"
@@ -175,14 +238,14 @@ def test_node_sweep_submits_one_job_per_point_and_reports_speedup_against_one_no
     assert (one["nodes"], one["processes"], two["nodes"], two["processes"]) == (1, 1, 2, 2)
     rate = [read_metrics(out / f"ddp-n{n}-r1")["train_samples_per_second"] for n in (1, 2)]
     assert two["speedup"]["median"] == pytest.approx(rate[1] / rate[0]) and one["speedup"]["median"] == 1.0
-    again = run_ok([PY, "-m", "qa_train.report", str(out), "--output", str(tmp_path / "report")], env)
+    again = run_ok([PY, "-m", "qa_train.cli", "report", str(out), "--output", str(tmp_path / "report")], env)
     assert json.loads((tmp_path / "report" / "report.json").read_text())["table"] == saved["table"]
     assert "| ddp | ddp | 2 | 2 | 1 |" in again.stdout
 
 
 def test_a_bench_rerun_clears_the_old_run_and_its_stale_stop_request(tmp_path: Path) -> None:
     """A PREEMPT left by a killed run would stop the rerun at its first logging step."""
-    from qa_train.slurm_sweep import clear_run_dir
+    from qa_train.studies.slurm_sweep import clear_run_dir
 
     for name in ("metrics.json", "PREEMPT", "notes.txt"):
         (tmp_path / name).write_text("x")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from qa_train.squad_eval import exact_match, f1, normalize_answer, score
-from qa_train.squad_files import load_references
+from qa_train.squad.files import load_references
+from qa_train.squad.scoring import exact_match, f1, normalize_answer, score
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -217,7 +217,7 @@ def test_load_references_rejects_duplicate_ids_and_empty_answers(tmp_path: Path)
 
 def _run_cli(*args: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "qa_train.squad_eval", *map(str, args)],
+        [sys.executable, "-m", "qa_train.cli", "score", *map(str, args)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from qa_train.squad_eval import f1, f1_v2, score, score_v2
-from qa_train.squad_files import load_references
+from qa_train.squad.files import load_references
+from qa_train.squad.scoring import f1, f1_v2, score, score_v2
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONTEXT = "Super Bowl 50 was played at Levi's Stadium in Santa Clara, California, in 1990."
@@ -39,8 +39,17 @@ def test_f1_when_either_side_is_empty() -> None:
 def test_scores_without_no_answer_probabilities() -> None:
     # per question EM / F1: q1 1/1 ("the Broncos"), q2 0/0.8, q3 1/1, q4 0/0, q5 1/1 (gold -> ""), q6 0/0
     result = score_v2(GOLD, PREDICTIONS)
-    assert list(result) == ["exact", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total",
-                            "NoAns_exact", "NoAns_f1", "NoAns_total"]
+    assert list(result) == [
+        "exact",
+        "f1",
+        "total",
+        "HasAns_exact",
+        "HasAns_f1",
+        "HasAns_total",
+        "NoAns_exact",
+        "NoAns_f1",
+        "NoAns_total",
+    ]
     assert result["exact"] == pytest.approx(100 * 3 / 6) and result["f1"] == pytest.approx(100 * 3.8 / 6)
     assert result["total"] == 6
     # answerable: q1, q2, q5, q6
@@ -96,17 +105,31 @@ def test_refusals() -> None:
 
 
 def _v2_file(tmp_path: Path) -> Path:
-    qas = [{"id": qid, "question": f"Question {qid}?", "is_impossible": not golds,
-            "answers": [{"text": g, "answer_start": 0} for g in golds]} for qid, golds in GOLD.items()]
+    qas = [
+        {
+            "id": qid,
+            "question": f"Question {qid}?",
+            "is_impossible": not golds,
+            "answers": [{"text": g, "answer_start": 0} for g in golds],
+        }
+        for qid, golds in GOLD.items()
+    ]
     path = tmp_path / "dev-v2.0.json"
-    path.write_text(json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": [
-        {"context": CONTEXT, "qas": qas}]}]}), encoding="utf-8")
+    path.write_text(
+        json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": [{"context": CONTEXT, "qas": qas}]}]}),
+        encoding="utf-8",
+    )
     return path
 
 
 def _cli(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qa_train.squad_eval", *map(str, args)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "qa_train.cli", "score", *map(str, args)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_cli_has_the_official_v2_interface(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The `evaluate` SQuAD metric gives exactly qa_train.squad_eval's numbers, offline."""
+"""The `evaluate` SQuAD metric gives exactly qa_train.squad.scoring's numbers, offline."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from types import ModuleType
 
 import pytest
 
-from qa_train.squad_eval import score
-from qa_train.squad_files import load_references
+from qa_train.squad.files import load_references
+from qa_train.squad.scoring import score
 
 DEMO_DEV = Path(__file__).resolve().parents[1] / "qa_train" / "assets" / "demo" / "dev.json"
 
@@ -38,8 +38,9 @@ HAND = {"exact_match": 100 * 2 / 4, "f1": 100 * (1 + 1 + 2 / 3 + 0) / 4}
 
 
 def squad_eval_numbers(predictions: list[dict], references: list[dict]) -> dict[str, float]:
-    result = score({r["id"]: r["answers"]["text"] for r in references},
-                   {p["id"]: p["prediction_text"] for p in predictions})
+    result = score(
+        {r["id"]: r["answers"]["text"] for r in references}, {p["id"]: p["prediction_text"] for p in predictions}
+    )
     return {"exact_match": result["exact_match"], "f1": result["f1"]}
 
 
@@ -54,10 +55,13 @@ def _drop_loaded_metric_modules() -> None:
 
 @pytest.fixture(scope="module")
 def squad_metric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
-    """qa_train.squad_metric with every Hugging Face cache under tmp and no network."""
+    """qa_train.squad.metric with every Hugging Face cache under tmp and no network."""
     home = tmp_path_factory.mktemp("hf_home")
-    caches = {"HF_MODULES_CACHE": home / "modules", "HF_METRICS_CACHE": home / "metrics",
-              "HF_EVALUATE_CACHE": home / "evaluate"}
+    caches = {
+        "HF_MODULES_CACHE": home / "modules",
+        "HF_METRICS_CACHE": home / "metrics",
+        "HF_EVALUATE_CACHE": home / "evaluate",
+    }
     with pytest.MonkeyPatch.context() as mp:
         # evaluate reads these once, at import, so they must be set before the first import...
         mp.setenv("HF_HOME", str(home))
@@ -74,7 +78,7 @@ def squad_metric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleTyp
         mp.setattr(socket.socket, "connect", _no_network)
         mp.setattr(sys, "path", list(sys.path))  # evaluate.load appends its modules cache
         _drop_loaded_metric_modules()  # a package imported from another cache would shadow ours
-        from qa_train import squad_metric
+        from qa_train.squad import metric as squad_metric
 
         yield squad_metric
         _drop_loaded_metric_modules()
@@ -91,9 +95,7 @@ def test_evaluate_load_of_the_script_gives_the_same_numbers(squad_metric: Module
 
     metric = evaluate.load(squad_metric.SCRIPT)
     assert metric.name == "squad"  # the hub metric's name, so combine() keys read the same
-    assert metric.compute(predictions=PREDICTIONS, references=REFERENCES) == squad_eval_numbers(
-        PREDICTIONS, REFERENCES
-    )
+    assert metric.compute(predictions=PREDICTIONS, references=REFERENCES) == squad_eval_numbers(PREDICTIONS, REFERENCES)
 
 
 def test_add_batch_combine_and_row_order(squad_metric: ModuleType) -> None:
@@ -107,9 +109,7 @@ def test_add_batch_combine_and_row_order(squad_metric: ModuleType) -> None:
     # Scored by id, as the hub metric does, not by row position.
     shuffled = squad_metric.Squad().compute(predictions=PREDICTIONS[::-1], references=REFERENCES)
     assert shuffled == expected
-    assert evaluate.combine([squad_metric.Squad()]).compute(
-        predictions=PREDICTIONS, references=REFERENCES
-    ) == expected
+    assert evaluate.combine([squad_metric.Squad()]).compute(predictions=PREDICTIONS, references=REFERENCES) == expected
 
 
 def test_demo_dev_set_matches_the_squad_eval_loader(squad_metric: ModuleType) -> None:
@@ -118,13 +118,20 @@ def test_demo_dev_set_matches_the_squad_eval_loader(squad_metric: ModuleType) ->
     for article in json.loads(DEMO_DEV.read_text(encoding="utf-8"))["data"]:
         for para in article["paragraphs"]:
             for qa in para["qas"]:
-                answers = {"text": [a["text"] for a in qa["answers"]],
-                           "answer_start": [a["answer_start"] for a in qa["answers"]]}
+                answers = {
+                    "text": [a["text"] for a in qa["answers"]],
+                    "answer_start": [a["answer_start"] for a in qa["answers"]],
+                }
                 references.append({"id": qa["id"], "answers": answers})
     # Every third prediction exact, the rest the first answer's last word only: EM and F1 both
     # land strictly between 0 and 100, so a wrong normalisation or averaging would show.
-    predictions = [{"id": r["id"], "prediction_text": r["answers"]["text"][0] if i % 3 == 0
-                    else r["answers"]["text"][0].split()[-1]} for i, r in enumerate(references)]
+    predictions = [
+        {
+            "id": r["id"],
+            "prediction_text": r["answers"]["text"][0] if i % 3 == 0 else r["answers"]["text"][0].split()[-1],
+        }
+        for i, r in enumerate(references)
+    ]
     got = squad_metric.Squad().compute(predictions=predictions, references=references)
     result = score(load_references(DEMO_DEV), {p["id"]: p["prediction_text"] for p in predictions})
     assert got == {"exact_match": result["exact_match"], "f1": result["f1"]}
@@ -135,8 +142,9 @@ def test_duplicate_ids_are_refused_and_unmatched_ids_warned(squad_metric: Module
     # In memory: a compute that raises keeps its cache-file lock, and the next metric would
     # wait a second for it before picking another file.
     with pytest.raises(ValueError, match="references: question wrong: id appears more than once"):
-        squad_metric.Squad(keep_in_memory=True).compute(predictions=PREDICTIONS + PREDICTIONS[-1:],
-                                                        references=REFERENCES + REFERENCES[-1:])
+        squad_metric.Squad(keep_in_memory=True).compute(
+            predictions=PREDICTIONS + PREDICTIONS[-1:], references=REFERENCES + REFERENCES[-1:]
+        )
     renamed = PREDICTIONS[:-1] + [{"id": "typo", "prediction_text": "Paris"}]
     with pytest.warns(UserWarning, match="1 of 4 reference ids have no prediction and score 0: wrong"):
         got = squad_metric.Squad().compute(predictions=renamed, references=REFERENCES)
@@ -144,18 +152,24 @@ def test_duplicate_ids_are_refused_and_unmatched_ids_warned(squad_metric: Module
 
 
 def test_qa_train_does_not_import_evaluate() -> None:
-    """Only qa_train.squad_metric pays for evaluate's import; the CLI must start fast."""
-    code = ("import sys, qa_train, qa_train.__main__, qa_train.squad_eval; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'evaluate'))")
+    """Only qa_train.squad.metric pays for evaluate's import; the CLI must start fast."""
+    code = (
+        "import sys, qa_train, qa_train.__main__, qa_train.squad.scoring; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'evaluate'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
-V2_REFERENCES = [*REFERENCES, {"id": "none1", "answers": {"text": [], "answer_start": []}},
-                 {"id": "none2", "answers": {"text": [], "answer_start": []}}]
+V2_REFERENCES = [
+    *REFERENCES,
+    {"id": "none1", "answers": {"text": [], "answer_start": []}},
+    {"id": "none2", "answers": {"text": [], "answer_start": []}},
+]
 V2_PREDICTIONS = [{**p, "no_answer_probability": prob} for p, prob in zip(PREDICTIONS, (0.1, 0.2, 0.9, 0.3))] + [
     {"id": "none1", "prediction_text": "", "no_answer_probability": 0.8},
-    {"id": "none2", "prediction_text": "Rome", "no_answer_probability": 0.6}]
+    {"id": "none2", "prediction_text": "Rome", "no_answer_probability": 0.6},
+]
 
 
 def test_v2_metric_gives_the_official_v2_numbers_offline(squad_metric: ModuleType) -> None:
@@ -163,16 +177,19 @@ def test_v2_metric_gives_the_official_v2_numbers_offline(squad_metric: ModuleTyp
     scored by squad_eval.score_v2; a threshold turns confident no-answers into ""."""
     import evaluate
 
-    from qa_train import squad_v2_metric
-    from qa_train.squad_eval import score_v2
+    from qa_train.squad import metric_v2 as squad_v2_metric
+    from qa_train.squad.scoring import score_v2
 
     metric = evaluate.load(squad_v2_metric.SCRIPT)
     assert metric.name == "squad_v2"
     for threshold in (1.0, 0.5):
         got = metric.compute(predictions=V2_PREDICTIONS, references=V2_REFERENCES, no_answer_threshold=threshold)
-        expected = score_v2({r["id"]: r["answers"]["text"] for r in V2_REFERENCES},
-                            {p["id"]: p["prediction_text"] for p in V2_PREDICTIONS},
-                            {p["id"]: p["no_answer_probability"] for p in V2_PREDICTIONS}, threshold)
+        expected = score_v2(
+            {r["id"]: r["answers"]["text"] for r in V2_REFERENCES},
+            {p["id"]: p["prediction_text"] for p in V2_PREDICTIONS},
+            {p["id"]: p["no_answer_probability"] for p in V2_PREDICTIONS},
+            threshold,
+        )
         assert got == pytest.approx(expected)
         assert (got["total"], got["HasAns_total"], got["NoAns_total"]) == (6, 4, 2)
     # At 1.0 nothing is thresholded: none1 ("" for no answer) is right, none2 ("Rome") wrong.

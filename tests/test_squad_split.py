@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import DEMO_TRAIN, ROOT
 
-from qa_train.data import load_file
+from qa_train.data.load import load_file
 
 SPLIT = ROOT / "tools" / "squad_split.py"
 
@@ -20,10 +20,16 @@ def test_last_articles_become_validation_and_no_question_is_lost(tmp_path: Path)
     source = tmp_path / "train.json.xz"
     with lzma.open(source, "wt", encoding="utf-8") as f:
         json.dump(doc, f)
-    proc = subprocess.run([sys.executable, str(SPLIT), str(source), "--holdout_articles", "2", "--out_dir",
-                           str(tmp_path / "out")], capture_output=True, text=True, check=True)
-    train, dev = load_file(str(tmp_path / "out" / "train.json"), "required"), load_file(
-        str(tmp_path / "out" / "dev.json"), "required")
+    proc = subprocess.run(
+        [sys.executable, str(SPLIT), str(source), "--holdout_articles", "2", "--out_dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    train, dev = (
+        load_file(str(tmp_path / "out" / "train.json"), "required"),
+        load_file(str(tmp_path / "out" / "dev.json"), "required"),
+    )
     everything = load_file(str(DEMO_TRAIN), "required")
     assert sorted(train.ids + dev.ids) == sorted(everything.ids) and not set(train.ids) & set(dev.ids)
     held_out = {p["context"] for a in doc["data"][-2:] for p in a["paragraphs"]}
@@ -33,7 +39,18 @@ def test_last_articles_become_validation_and_no_question_is_lost(tmp_path: Path)
 
 def test_a_holdout_as_large_as_the_file_is_refused(tmp_path: Path) -> None:
     articles = len(json.loads(DEMO_TRAIN.read_text())["data"])
-    proc = subprocess.run([sys.executable, str(SPLIT), str(DEMO_TRAIN), "--holdout_articles", str(articles),
-                           "--out_dir", str(tmp_path / "out")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SPLIT),
+            str(DEMO_TRAIN),
+            "--holdout_articles",
+            str(articles),
+            "--out_dir",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0 and f"--holdout_articles {articles}" in proc.stderr
     assert not (tmp_path / "out").exists()

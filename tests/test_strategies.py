@@ -15,11 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from conftest import PY, ROOT, base_env, error_lines, port, read_metrics, run_ok, tiny_flags
 from safetensors.torch import load_file
 
-from qa_train.launch import runs_module
-
-from conftest import PY, ROOT, base_env, error_lines, port, read_metrics, run_ok, tiny_flags
+from qa_train.strategy.supervise import runs_module
 
 pytestmark = pytest.mark.distributed
 STEPS = 8
@@ -27,10 +26,31 @@ PORTS = iter(range(port(29620), port(29700)))
 
 
 def launch_cmd(config: str, out: Path, *extra: str) -> list[str]:
-    return [PY, "-m", "qa_train.launch", "--cpu", "--config_file", f"accelerate_configs/{config}.yaml",
-            "--num_processes", "2", "--main_process_port", str(next(PORTS)), "--",
-            *tiny_flags(out, "--max_train_steps", str(STEPS), "--logging_steps", "1", "--no_eval",
-                        "--checkpointing_steps", "4", *extra)]
+    return [
+        PY,
+        "-m",
+        "qa_train.cli",
+        "launch",
+        "--cpu",
+        "--config_file",
+        f"accelerate_configs/{config}.yaml",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(next(PORTS)),
+        "--",
+        *tiny_flags(
+            out,
+            "--max_train_steps",
+            str(STEPS),
+            "--logging_steps",
+            "1",
+            "--no_eval",
+            "--checkpointing_steps",
+            "4",
+            *extra,
+        ),
+    ]
 
 
 def step_log(out: Path) -> dict[int, dict]:
@@ -100,11 +120,18 @@ def test_ddp_reference_run(ddp_run: Path) -> None:
 
 @pytest.mark.parametrize(
     ("config", "stage", "offload"),
-    [("zero1", 1, "none"), ("zero2", 2, "none"), ("zero3", 3, "none"),
-     ("zero2_offload", 2, "optimizer"), ("zero3_offload", 3, "optimizer+params"), ("fsdp", None, "none")],
+    [
+        ("zero1", 1, "none"),
+        ("zero2", 2, "none"),
+        ("zero3", 3, "none"),
+        ("zero2_offload", 2, "optimizer"),
+        ("zero3_offload", 3, "optimizer+params"),
+        ("fsdp", None, "none"),
+    ],
 )
-def test_sharded_strategies_match_ddp(config: str, stage: int | None, offload: str, ddp_run: Path,
-                                      uninterrupted: Callable[[str], Path]) -> None:
+def test_sharded_strategies_match_ddp(
+    config: str, stage: int | None, offload: str, ddp_run: Path, uninterrupted: Callable[[str], Path]
+) -> None:
     """FSDP too: accelerate leaves it out on CPU, qa_train applies FSDP2 there (gloo), sharded per layer."""
     out = uninterrupted(config)
     m = read_metrics(out)
@@ -130,8 +157,9 @@ def test_sharded_strategies_match_ddp(config: str, stage: int | None, offload: s
 
 
 @pytest.mark.parametrize("config", ["zero3", "fsdp"])
-def test_sharded_weights_with_gradient_checkpointing_train_as_without(config: str, uninterrupted: Callable[[str], Path],
-                                                                      tmp_path: Path) -> None:
+def test_sharded_weights_with_gradient_checkpointing_train_as_without(
+    config: str, uninterrupted: Callable[[str], Path], tmp_path: Path
+) -> None:
     """ZeRO-3 and FSDP gather each layer's sharded weights in hooks; the recompute in the backward pass must gather
     them again (non-reentrant checkpointing does): the same losses and exported weights as without it."""
     plain = uninterrupted(config)
@@ -171,12 +199,26 @@ def test_the_deepspeed_export_holds_every_tensor_in_fp32(stage: int, tmp_path: P
     the buffers must be there too, all in fp32, with integer buffers kept as integers."""
     saved = tmp_path / "export.pt"
     env = {**base_env(tmp_path), "ACCELERATE_USE_DEEPSPEED": "true", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    run_ok([PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(next(PORTS)),
-            str(ROOT / "tests" / "deepspeed_export_probe.py"), str(stage), str(saved)], env)
+    run_ok(
+        [
+            PY,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(next(PORTS)),
+            str(ROOT / "tests" / "deepspeed_export_probe.py"),
+            str(stage),
+            str(saved),
+        ],
+        env,
+    )
     state = torch.load(saved)
     assert sorted(state) == ["emb.weight", "frozen.bias", "frozen.weight", "out.weight", "scale", "steps"]
     assert {name: t.dtype for name, t in state.items() if name != "steps"} == dict.fromkeys(
-        ["emb.weight", "frozen.bias", "frozen.weight", "out.weight", "scale"], torch.float32)
+        ["emb.weight", "frozen.bias", "frozen.weight", "out.weight", "scale"], torch.float32
+    )
     assert state["steps"].tolist() == [0, 1, 2, 3]
     torch.manual_seed(0)
     torch.nn.Embedding(16, 8)
@@ -221,8 +263,9 @@ def _alive(p: psutil.Process) -> bool:
 def kill_after_checkpoint(cmd: list[str], env: dict[str, str], out: Path, ranks: int = 2) -> None:
     """SIGKILL the run once every rank holds after step 6: past the step-4 checkpoint, so the resume must redo steps."""
     env = {**env, "QA_TRAIN_TEST_HOLD_AT_STEP": "6"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.monotonic() + 400
     try:
         while not all((out / f"HOLDING-rank{r}").exists() for r in range(ranks)):
@@ -238,8 +281,9 @@ def kill_after_checkpoint(cmd: list[str], env: dict[str, str], out: Path, ranks:
 
 
 @pytest.mark.parametrize(("config", "tol"), [("ddp", 0.0), ("zero2", 1e-5), ("fsdp", 1e-5)])
-def test_kill_and_resume_matches_uninterrupted(config: str, tol: float, uninterrupted: Callable[[str], Path],
-                                               tmp_path: Path) -> None:
+def test_kill_and_resume_matches_uninterrupted(
+    config: str, tol: float, uninterrupted: Callable[[str], Path], tmp_path: Path
+) -> None:
     env = base_env(tmp_path)
     out = tmp_path / "killed"
     cmd = launch_cmd(config, out)
@@ -262,8 +306,9 @@ def test_a_full_state_dict_checkpoint_damaged_at_its_own_size_is_refused_by_ever
     wait in its broadcast: damage that kept the file's size made rank 0 fail there and the others hang until the
     process group's timeout. The manifest's CRC32s refuse it on every rank before anything is loaded."""
     config = tmp_path / "fsdp_full.yaml"
-    config.write_text((ROOT / "accelerate_configs" / "fsdp.yaml").read_text()
-                      .replace("SHARDED_STATE_DICT", "FULL_STATE_DICT"))
+    config.write_text(
+        (ROOT / "accelerate_configs" / "fsdp.yaml").read_text().replace("SHARDED_STATE_DICT", "FULL_STATE_DICT")
+    )
     env, out = base_env(tmp_path), tmp_path / "run"
     cmd = [str(config) if part == "accelerate_configs/fsdp.yaml" else part for part in launch_cmd("fsdp", out)]
     run_ok([*cmd, "--max_train_steps", "4"], env)
@@ -272,8 +317,14 @@ def test_a_full_state_dict_checkpoint_damaged_at_its_own_size_is_refused_by_ever
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
-    proc = subprocess.run([*cmd, "--max_train_steps", "8", "--resume_from_checkpoint", str(checkpoint)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [*cmd, "--max_train_steps", "8", "--resume_from_checkpoint", str(checkpoint)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     [line] = error_lines(proc.stderr)
     assert str(checkpoint) in line and f"{weights.name}: its contents differ from the manifest's CRC32" in line
@@ -288,8 +339,14 @@ def test_a_stop_request_is_said_once_and_only_the_main_process_draws_library_bar
     out.mkdir()
     (out / "PREEMPT").touch()  # a stop requested before the run: it stops at its first step
     model = high_padding_model(tmp_path / "model")
-    proc = subprocess.run([*launch_cmd("ddp", out), "--model_name_or_path", str(model)], cwd=ROOT,
-                          env=base_env(tmp_path), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [*launch_cmd("ddp", out), "--model_name_or_path", str(model)],
+        cwd=ROOT,
+        env=base_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 75, proc.stderr[-3000:]
     said = proc.stdout + proc.stderr
     assert said.count("stop requested: checkpoint saved at step 1") == 1, said[-3000:]

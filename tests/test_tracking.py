@@ -1,4 +1,4 @@
-"""qa_train.tracking: W&B failures never stop training; metrics.json, the step log and the summary table."""
+"""qa_train.observe.recorder: W&B failures never stop training; metrics.json, the step log and the summary table."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from qa_train import trackers, tracking
-from qa_train.config import TRACKERS, ConfigError, OutputArgs
-from qa_train.schema import PerRank, RunMetrics
-from qa_train.trackers import Guarded, build_trackers
-from qa_train.tracking import Tracker, summary_table
+from qa_train.config.settings import TRACKERS, ConfigError, OutputArgs
+from qa_train.observe import recorder as tracking
+from qa_train.observe import trackers
+from qa_train.observe.recorder import Tracker, summary_table
+from qa_train.observe.schema import PerRank, RunMetrics
+from qa_train.observe.trackers import Guarded, build_trackers
 
 
 class FakeRun:
@@ -54,8 +55,9 @@ class FakeSettings(types.SimpleNamespace):
 class FakeWandb(types.ModuleType):
     Settings = FakeSettings
 
-    def __init__(self, run: FakeRun | None = None, init_error: Exception | None = None,
-                 online_error: Exception | None = None) -> None:
+    def __init__(
+        self, run: FakeRun | None = None, init_error: Exception | None = None, online_error: Exception | None = None
+    ) -> None:
         super().__init__("wandb")
         self.run, self.init_error, self.online_error = run or FakeRun(), init_error, online_error
         self.inits: list[dict[str, Any]] = []
@@ -75,8 +77,14 @@ class FakeWandb(types.ModuleType):
 
 @pytest.fixture
 def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "WANDB_RUN_GROUP", "WANDB_RUN_ID",
-                "WANDB_INIT_TIMEOUT"):
+    for var in (
+        "WANDB_API_KEY",
+        "WANDB_MODE",
+        "WANDB_BASE_URL",
+        "WANDB_RUN_GROUP",
+        "WANDB_RUN_ID",
+        "WANDB_INIT_TIMEOUT",
+    ):
         monkeypatch.delenv(var, raising=False)
     netrc = tmp_path_factory.mktemp("home") / "empty.netrc"  # outside tmp_path, which tests list
     netrc.write_text("")
@@ -89,10 +97,21 @@ def install(monkeypatch: pytest.MonkeyPatch, fake: FakeWandb) -> FakeWandb:
 
 
 def metrics(**kw: Any) -> RunMetrics:
-    base = dict(strategy="zero2", zero_stage=2, offload="none", world_size=2, mixed_precision="bf16",
-                exact_match=81.25, f1=88.5, train_steps=30, global_batch_size=16, train_samples_per_second=12.5,
-                peak_memory_gb=PerRank.of([1.5, 2.5]), train_loss_per_rank=[0.5, 0.5],
-                args={"learning_rate": 3e-5, "output_dir": "out"})
+    base = dict(
+        strategy="zero2",
+        zero_stage=2,
+        offload="none",
+        world_size=2,
+        mixed_precision="bf16",
+        exact_match=81.25,
+        f1=88.5,
+        train_steps=30,
+        global_batch_size=16,
+        train_samples_per_second=12.5,
+        peak_memory_gb=PerRank.of([1.5, 2.5]),
+        train_loss_per_rank=[0.5, 0.5],
+        args={"learning_rate": 3e-5, "output_dir": "out"},
+    )
     return RunMetrics(**{**base, **kw})
 
 
@@ -145,8 +164,7 @@ def recorder(out: Path, trackers: list[Guarded], resumed_at: int = 0) -> Tracker
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_start_failure_warns_once_and_files_are_still_written(monkeypatch: pytest.MonkeyPatch,
-                                                              tmp_path: Path) -> None:
+def test_start_failure_warns_once_and_files_are_still_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = install(monkeypatch, FakeWandb(init_error=PermissionError("no api key")))
     out = tmp_path / "run"
     with pytest.warns(UserWarning, match="wandb start failed, continuing without it: no api key"):
@@ -163,8 +181,9 @@ def test_start_failure_warns_once_and_files_are_still_written(monkeypatch: pytes
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_log_failure_disables_the_tracker_and_keeps_the_step_log(monkeypatch: pytest.MonkeyPatch,
-                                                                 tmp_path: Path) -> None:
+def test_log_failure_disables_the_tracker_and_keeps_the_step_log(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     fake = install(monkeypatch, FakeWandb(FakeRun(fail_log_on=2)))
     out = tmp_path / "run"
     tracker = recorder(out, [wandb_tracker(out)])
@@ -181,8 +200,7 @@ def test_log_failure_disables_the_tracker_and_keeps_the_step_log(monkeypatch: py
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_summary_failure_warns_and_the_run_still_logs_and_ends(monkeypatch: pytest.MonkeyPatch,
-                                                               tmp_path: Path) -> None:
+def test_summary_failure_warns_and_the_run_still_logs_and_ends(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = install(monkeypatch, FakeWandb(FakeRun(fail_summary=True)))
     out = tmp_path / "run"
     tracker = recorder(out, [wandb_tracker(out)])
@@ -212,11 +230,13 @@ def test_summary_is_flat_and_leaves_out_args_and_lists(monkeypatch: pytest.Monke
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_config_goes_to_the_run_and_a_config_failure_is_not_fatal(monkeypatch: pytest.MonkeyPatch,
-                                                                  tmp_path: Path) -> None:
+def test_config_goes_to_the_run_and_a_config_failure_is_not_fatal(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     fake = install(monkeypatch, FakeWandb())
-    fake.run.config = types.SimpleNamespace(update=lambda values, allow_val_change: (_ for _ in ()).throw(
-        TypeError("bad value")))
+    fake.run.config = types.SimpleNamespace(
+        update=lambda values, allow_val_change: (_ for _ in ()).throw(TypeError("bad value"))
+    )
     with pytest.warns(UserWarning, match="wandb config failed: bad value"):
         tracker = recorder(tmp_path, [wandb_tracker(tmp_path)])
     run_steps(tracker, 1)
@@ -230,8 +250,17 @@ def test_config_goes_to_the_run_and_a_config_failure_is_not_fatal(monkeypatch: p
 def test_offline_without_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = install(monkeypatch, FakeWandb())
     started(tmp_path, name="r1", group=None, resume=None, id=None)
-    assert fake.inits == [{"project": "qa", "name": "r1", "mode": "offline", "dir": str(tmp_path), "group": None,
-                           "resume": None, "id": None}]
+    assert fake.inits == [
+        {
+            "project": "qa",
+            "name": "r1",
+            "mode": "offline",
+            "dir": str(tmp_path),
+            "group": None,
+            "resume": None,
+            "id": None,
+        }
+    ]
 
 
 @pytest.mark.usefixtures("no_credentials")
@@ -252,11 +281,14 @@ class CommError(Exception):
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_unreachable_server_falls_back_to_offline_with_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_unreachable_server_falls_back_to_offline_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
-    fake = install(monkeypatch, FakeWandb(online_error=CommError("Run initialization has timed out after 5.0 sec.\n"
-                                                                 "Please try again.")))
+    fake = install(
+        monkeypatch,
+        FakeWandb(online_error=CommError("Run initialization has timed out after 5.0 sec.\nPlease try again.")),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the fallback is not a failure: one log line, no warning
         tracker = recorder(tmp_path, [wandb_tracker(tmp_path, name="r1", id="abc123", resume="allow")])
@@ -264,7 +296,8 @@ def test_unreachable_server_falls_back_to_offline_with_one_line(monkeypatch: pyt
     assert online["mode"] == "online" and offline["mode"] == "offline"
     # The same run: project, name, id and resume carry over to the offline one `wandb sync` uploads later.
     assert {k: v for k, v in online.items() if k not in ("mode", "settings")} == {
-        k: v for k, v in offline.items() if k != "mode"}
+        k: v for k, v in offline.items() if k != "mode"
+    }
     assert offline["id"] == "abc123" and offline["resume"] == "allow"
     (line,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert line.startswith("W&B online run did not start (CommError: Run initialization has timed out after 5.0 sec.;")
@@ -333,11 +366,15 @@ def test_report_to_none_never_imports_wandb(monkeypatch: pytest.MonkeyPatch, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "train_log.jsonl"]
 
 
-def test_a_tracker_that_is_not_installed_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch,
-                                                                tmp_path: Path) -> None:
+def test_a_tracker_that_is_not_installed_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr("accelerate.tracking.get_available_trackers", lambda: ["wandb", "tensorboard"])
-    with pytest.raises(ConfigError, match=r"^--report_to: mlflow not installed here \(installed: tensorboard, "
-                                          r"wandb\); pip install it or leave it out$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--report_to: mlflow not installed here \(installed: tensorboard, "
+        r"wandb\); pip install it or leave it out$",
+    ):
         build_trackers(["wandb", "mlflow"], tmp_path, "qa", {})
 
 
@@ -347,14 +384,23 @@ def test_config_names_every_accelerate_tracker() -> None:
     assert set(TRACKERS) == set(LOGGER_TYPE_TO_CLASS)
 
 
-@pytest.mark.parametrize(("flag", "trackers_"), [("wandb", ["wandb"]), ("all", ["wandb", "tensorboard"]),
-                                                 ("none", []), ("tensorboard, wandb", ["tensorboard", "wandb"])])
+@pytest.mark.parametrize(
+    ("flag", "trackers_"),
+    [
+        ("wandb", ["wandb"]),
+        ("all", ["wandb", "tensorboard"]),
+        ("none", []),
+        ("tensorboard, wandb", ["tensorboard", "wandb"]),
+    ],
+)
 def test_report_to_names(flag: str, trackers_: list[str]) -> None:
     assert OutputArgs(report_to=flag).trackers == trackers_
 
 
-@pytest.mark.parametrize(("flag", "problem"), [("wandb,bogus", "bogus is not a tracker"),
-                                               ("all,wandb", "all and none stand alone"), ("", "empty")])
+@pytest.mark.parametrize(
+    ("flag", "problem"),
+    [("wandb,bogus", "bogus is not a tracker"), ("all,wandb", "all and none stand alone"), ("", "empty")],
+)
 def test_report_to_refuses(flag: str, problem: str) -> None:
     with pytest.raises(ConfigError, match=f"^--report_to: .*{problem}"):
         OutputArgs(report_to=flag)
@@ -393,8 +439,9 @@ def test_step_log_is_reset_unless_resuming(tmp_path: Path, resumed_at: int) -> N
     assert step_lines(tmp_path) == expected  # the interrupted run's step 3 is gone, not logged twice
 
 
-def test_a_torn_last_line_is_dropped_on_resume_with_one_warning(tmp_path: Path,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_a_torn_last_line_is_dropped_on_resume_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A crash in the middle of a write leaves half a line: the resume drops it and goes on."""
     log = tmp_path / "train_log.jsonl"
     log.write_text('{"step": 1, "train/loss": 9.0}\n{"step": 2, "train/loss": 8.0}\n{"step": 3, "train/lo')
@@ -406,7 +453,8 @@ def test_a_torn_last_line_is_dropped_on_resume_with_one_warning(tmp_path: Path,
 
 
 def test_read_step_log_skips_a_torn_last_line_and_refuses_a_bad_middle_one(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The one reader of train_log.jsonl for a run that may still be writing (the dashboard's)."""
     log = tmp_path / "train_log.jsonl"
     log.write_text('{"step": 1, "train/loss": 9.0}\n\n{"step": 2, "train/loss": 8.0}\n[3]\n')
@@ -428,8 +476,9 @@ def test_start_creates_the_output_dir(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_wandb_gets_the_config_nested_and_tensorboard_as_scalars(monkeypatch: pytest.MonkeyPatch,
-                                                                 tmp_path: Path) -> None:
+def test_wandb_gets_the_config_nested_and_tensorboard_as_scalars(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     fake = install(monkeypatch, FakeWandb())
     updates: list[dict] = []
     fake.run.config = types.SimpleNamespace(update=lambda values, allow_val_change: updates.append(values))
@@ -482,7 +531,7 @@ def test_metrics_json_is_to_json_written_atomically(monkeypatch: pytest.MonkeyPa
 
 def row(table: str, label: str) -> str:
     (line,) = [ln for ln in table.splitlines() if ln.startswith(label)]
-    return line[len(label):].strip()
+    return line[len(label) :].strip()
 
 
 def test_summary_table_shows_strategy_and_scores() -> None:
@@ -512,7 +561,7 @@ PROBE = """
 import json, logging, sys, time
 from pathlib import Path
 logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-from qa_train.trackers import build_trackers
+from qa_train.observe.trackers import build_trackers
 (tracker,) = build_trackers(["wandb"], Path(sys.argv[1]), "qa-test", {"name": "down"})
 t0 = time.monotonic()
 tracker.start()
@@ -534,14 +583,22 @@ def test_real_wandb_with_a_key_and_no_server_goes_offline_in_seconds(tmp_path: P
     """wandb's own service, a fake key, a closed port (about 7 s). Measured before the timeout (2 cores): start()
     blocked 101 s and then turned W&B off altogether; now about 6.5 s, and the run is kept offline."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}  # WANDB_MODE unset, not silent
-    env.update({"WANDB_API_KEY": "k" * 40, "WANDB_BASE_URL": f"http://127.0.0.1:{_closed_port()}",
-                "WANDB_CONFIG_DIR": str(tmp_path / "config"), "WANDB_CACHE_DIR": str(tmp_path / "cache"),
-                "WANDB_DATA_DIR": str(tmp_path / "data"), "NETRC": str(tmp_path / "netrc"),
-                "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    env.update(
+        {
+            "WANDB_API_KEY": "k" * 40,
+            "WANDB_BASE_URL": f"http://127.0.0.1:{_closed_port()}",
+            "WANDB_CONFIG_DIR": str(tmp_path / "config"),
+            "WANDB_CACHE_DIR": str(tmp_path / "cache"),
+            "WANDB_DATA_DIR": str(tmp_path / "data"),
+            "NETRC": str(tmp_path / "netrc"),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        }
+    )
     out = tmp_path / "run"
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(out)], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, str(out)], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-3000:]
     # wandb prints its run summary to stdout too
@@ -581,15 +638,19 @@ def board_steps(out: Path, key: str) -> list[int]:
 
 @pytest.mark.usefixtures("no_credentials")
 def test_a_resumed_run_sends_its_wandb_run_no_step_that_run_already_holds(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """WANDB_RUN_ID across a SLURM requeue: the killed run logged up to step 15, its checkpoint is at 10. W&B
     drops a step below its run's last (a warning each, and the value is lost); before, the resumed run sent
     steps 10 and 15 again."""
     out = tmp_path / "run"
     fake = install(monkeypatch, FakeWandb(interrupted(out, "job-42", [5, 10, 15])))
     fake.Table = lambda columns, data: ("table", columns, data)
-    tracker = recorder(out, [wandb_tracker(out, id="job-42", resume="allow"),
-                             build_trackers(["tensorboard"], out, "qa", {})[0]], resumed_at=10)
+    tracker = recorder(
+        out,
+        [wandb_tracker(out, id="job-42", resume="allow"), build_trackers(["tensorboard"], out, "qa", {})[0]],
+        resumed_at=10,
+    )
     tracker.log_step(10, {"eval/f1": 50.0})  # the evaluation the checkpoint owed
     for step in (15, 20):
         tracker.log_step(step, {"train/loss": 0.5})
@@ -598,16 +659,21 @@ def test_a_resumed_run_sends_its_wandb_run_no_step_that_run_already_holds(
     assert [step for _, step in fake.run.logged] == [20, 20]  # the step and the table, nothing backwards
     assert board_steps(out, "train/loss") == [15, 20] and board_steps(out, "eval/f1") == [10]
     assert [(r["step"], sorted(r)) for r in step_lines(out)] == [
-        (5, ["step", "train/loss"]), (10, ["step", "train/loss"]), (10, ["eval/f1", "step"]),
-        (15, ["step", "train/loss"]), (20, ["step", "train/loss"])]
+        (5, ["step", "train/loss"]),
+        (10, ["step", "train/loss"]),
+        (10, ["eval/f1", "step"]),
+        (15, ["step", "train/loss"]),
+        (20, ["step", "train/loss"]),
+    ]
     (line,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert line.startswith("W&B run job-42 already holds steps up to 15 (logged by the interrupted run with this id)")
     assert "resumed at step 10, sends W&B only its steps after 15" in line
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_a_resumed_run_under_a_new_wandb_id_sends_every_step(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_a_resumed_run_under_a_new_wandb_id_sends_every_step(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """No WANDB_RUN_ID: the resumed run is a new W&B run, whose steps start at the checkpoint's."""
     out = tmp_path / "run"
     run = interrupted(out, "first", [5, 10, 15])
@@ -621,8 +687,9 @@ def test_a_resumed_run_under_a_new_wandb_id_sends_every_step(monkeypatch: pytest
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_an_online_resumed_wandb_run_takes_steps_from_where_wandb_says_it_is(monkeypatch: pytest.MonkeyPatch,
-                                                                             tmp_path: Path) -> None:
+def test_an_online_resumed_wandb_run_takes_steps_from_where_wandb_says_it_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Online, W&B itself says where the run it resumed stands, also without its folder here."""
     run = FakeRun()
     run.id, run.resumed, run.starting_step = "job-42", True, 13
@@ -633,8 +700,9 @@ def test_an_online_resumed_wandb_run_takes_steps_from_where_wandb_says_it_is(mon
     assert [step for _, step in fake.run.logged] == [13, 14]
 
 
-def test_a_fresh_run_sends_every_step_even_beside_an_old_wandb_folder(monkeypatch: pytest.MonkeyPatch,
-                                                                      tmp_path: Path) -> None:
+def test_a_fresh_run_sends_every_step_even_beside_an_old_wandb_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     install(monkeypatch, FakeWandb(interrupted(tmp_path / "run", "job-42", [5, 10])))
     tracker = recorder(tmp_path / "run", [wandb_tracker(tmp_path / "run", id="job-42")], resumed_at=0)
     assert tracker.wandb_floor == 0
@@ -651,8 +719,8 @@ RESUME_PROBE = """
 import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
-from qa_train.trackers import build_trackers
-from qa_train.tracking import Tracker
+from qa_train.observe.trackers import build_trackers
+from qa_train.observe.recorder import Tracker
 from test_tracking import Stand
 
 out, resumed_at, steps = Path(sys.argv[1]), int(sys.argv[3]), json.loads(sys.argv[4])
@@ -670,14 +738,34 @@ def test_real_offline_wandb_resumed_under_the_same_id_logs_no_step_backwards(tmp
     import wandb_records as w
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "config"),
-                "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data"),
-                "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    env.update(
+        {
+            "WANDB_MODE": "offline",
+            "WANDB_SILENT": "true",
+            "WANDB_CONFIG_DIR": str(tmp_path / "config"),
+            "WANDB_CACHE_DIR": str(tmp_path / "cache"),
+            "WANDB_DATA_DIR": str(tmp_path / "data"),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        }
+    )
     out = tmp_path / "run"
     for resumed_at, steps in ((0, [5, 10, 15]), (10, [15, 20])):
-        proc = subprocess.run([sys.executable, "-c", RESUME_PROBE, str(out), str(Path(__file__).parent),
-                               str(resumed_at), json.dumps(steps)], env=env, capture_output=True, text=True,
-                              timeout=120, cwd=tmp_path)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                RESUME_PROBE,
+                str(out),
+                str(Path(__file__).parent),
+                str(resumed_at),
+                json.dumps(steps),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     first, second = sorted((out / "wandb").glob("offline-run-*-job-42/run-job-42.wandb"))
     assert [h["_step"] for h in w.history(w.records(first))] == [5, 10, 15]
@@ -697,10 +785,12 @@ class FakeArtifact:
 
 
 @pytest.mark.usefixtures("no_credentials")
-@pytest.mark.parametrize(("exported", "scores"), [(30, {"exact_match": 81.25, "f1": 88.5}),
-                                                  (20, {"exact_match": 84.0, "f1": 90.0})])
-def test_model_artifact_has_a_valid_name_and_says_which_model_it_is(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                                    exported: int, scores: dict) -> None:
+@pytest.mark.parametrize(
+    ("exported", "scores"), [(30, {"exact_match": 81.25, "f1": 88.5}), (20, {"exact_match": 84.0, "f1": 90.0})]
+)
+def test_model_artifact_has_a_valid_name_and_says_which_model_it_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, exported: int, scores: dict
+) -> None:
     """--run_name (by default the output dir's name) may hold characters W&B refuses in an artifact name: the
     artifact was lost with a warning. With --save_best the export may be an earlier step's model."""
     fake = install(monkeypatch, FakeWandb())
@@ -730,8 +820,9 @@ def test_artifact_names_pass_wandbs_own_check() -> None:
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_summary_has_the_same_keys_with_and_without_per_rank_figures(monkeypatch: pytest.MonkeyPatch,
-                                                                     tmp_path: Path) -> None:
+def test_summary_has_the_same_keys_with_and_without_per_rank_figures(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """On CPU peak_memory_reserved_gb has no per_rank list (None): it was logged then, and left out on a GPU."""
     fake = install(monkeypatch, FakeWandb())
     tracker = recorder(tmp_path, [wandb_tracker(tmp_path)])
@@ -754,17 +845,19 @@ def test_summary_table_shows_every_missing_value_as_na() -> None:
 
 def test_summary_table_units_step_time_and_mfu() -> None:
     """A 4 ms step read "0.00 s"; MFU is a fraction in metrics.json and a percentage on screen."""
-    table = summary_table(metrics(train_step_time_s_mean=0.00412, mfu=0.4123, num_train_features=88000,
-                                  max_seq_length=384))
+    table = summary_table(
+        metrics(train_step_time_s_mean=0.00412, mfu=0.4123, num_train_features=88000, max_seq_length=384)
+    )
     assert row(table, "step time") == "0.0041 s, MFU 41.2%"
     assert row(table, "train steps") == "30 x global batch 16 (88,000 windows of 384 max)"
     width = len("exact match / F1")  # the longest label
     rows = table.splitlines()[1:-1]
-    assert all(line[width:width + 2] == "  " and line[width + 2] != " " for line in rows), "values in one column"
+    assert all(line[width : width + 2] == "  " and line[width + 2] != " " for line in rows), "values in one column"
 
 
 def test_summary_table_says_how_much_of_training_was_checkpoint_saves() -> None:
     assert row(summary_table(metrics(train_runtime_s=120.0, total_runtime_s=150.0)), "runtime") == (
-        "120.00 s training, 150.00 s total")
+        "120.00 s training, 150.00 s total"
+    )
     table = summary_table(metrics(train_runtime_s=120.0, checkpoint_runtime_s=9.5, total_runtime_s=150.0))
     assert row(table, "runtime") == "120.00 s training (9.50 s of it checkpoints), 150.00 s total"

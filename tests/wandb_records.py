@@ -29,11 +29,11 @@ def raw_records(path: Path) -> list[bytes]:
         if left_in_block < CHUNK_HEADER:
             pos += left_in_block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + CHUNK_HEADER])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + CHUNK_HEADER])
         if length == 0 and kind == 0:  # zero padding at the end of a block, or the unwritten end of the file
             pos += left_in_block
             continue
-        body = data[pos + CHUNK_HEADER:pos + CHUNK_HEADER + length]
+        body = data[pos + CHUNK_HEADER : pos + CHUNK_HEADER + length]
         pos += CHUNK_HEADER + length
         if kind == FULL:
             records.append(body)

@@ -33,10 +33,16 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5, fused=cuda)
     schedule = get_linear_schedule_with_warmup(optimizer, 0, opts.steps + opts.warmup)
     shape = (opts.batch, opts.length)
-    batches = [{"input_ids": torch.randint(5, config.vocab_size, shape), "attention_mask": torch.ones(shape, dtype=torch.long),
-                "token_type_ids": torch.zeros(shape, dtype=torch.long),
-                "start_positions": torch.randint(0, opts.length, shape[:1]),
-                "end_positions": torch.randint(0, opts.length, shape[:1])} for _ in range(16)]
+    batches = [
+        {
+            "input_ids": torch.randint(5, config.vocab_size, shape),
+            "attention_mask": torch.ones(shape, dtype=torch.long),
+            "token_type_ids": torch.zeros(shape, dtype=torch.long),
+            "start_positions": torch.randint(0, opts.length, shape[:1]),
+            "end_positions": torch.randint(0, opts.length, shape[:1]),
+        }
+        for _ in range(16)
+    ]
     batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
     t0 = 0.0
     for i in range(opts.warmup + opts.steps):
@@ -54,8 +60,10 @@ def main() -> None:
     if cuda:
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    print(f"bare loop on {device.type}: {opts.steps / dt:.1f} steps/s, {1000 * dt / opts.steps:.2f} ms/step, "
-          f"{opts.batch * opts.steps / dt:.1f} samples/s")
+    print(
+        f"bare loop on {device.type}: {opts.steps / dt:.1f} steps/s, {1000 * dt / opts.steps:.2f} ms/step, "
+        f"{opts.batch * opts.steps / dt:.1f} samples/s"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Time featurisation, post-processing and start-up on SQuAD-sized inputs; prints the figures.
 
-    python -m qa_train.bench_data [--train_file train-v1.1.json --validation_file dev-v1.1.json]
+    python tools/bench_data.py [--train_file train-v1.1.json --validation_file dev-v1.1.json]
                                   [--tokenizer_name bert-base-uncased]
 
 Without files it writes synthetic SQuAD-shaped data of the real size (87,599 training questions
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qa_train.config import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
+from qa_train.config.settings import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
 
 
 def synthetic_squad(path: Path, paragraphs: int, questions: int, seed: int, tokenizer) -> None:
@@ -30,9 +30,15 @@ def synthetic_squad(path: Path, paragraphs: int, questions: int, seed: int, toke
     cuts real SQuAD text), a tail long enough that ~1-2% of questions need a second 384/128 window,
     ~10-word questions, 1-3-word answers, every paragraph with at least one question."""
     rng = random.Random(seed)
-    words = sorted({w for f in (DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE)
-                    for a in json.loads(f.read_text())["data"] for p in a["paragraphs"]
-                    for w in p["context"].split()})
+    words = sorted(
+        {
+            w
+            for f in (DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE)
+            for a in json.loads(f.read_text())["data"]
+            for p in a["paragraphs"]
+            for w in p["context"].split()
+        }
+    )
     pieces = [len(ids) for ids in tokenizer(words, add_special_tokens=False)["input_ids"]]
     one = [w for w, n in zip(words, pieces) if n == 1]
     two = [w for w, n in zip(words, pieces) if n == 2]
@@ -45,7 +51,7 @@ def synthetic_squad(path: Path, paragraphs: int, questions: int, seed: int, toke
         qas = []
         for _ in range(per_para[p]):
             k = rng.randrange(len(tokens) - 3)
-            answer = " ".join(tokens[k:k + rng.randint(1, 3)])
+            answer = " ".join(tokens[k : k + rng.randint(1, 3)])
             start = len(" ".join(tokens[:k])) + (1 if k else 0)
             question = " ".join(rng.choice(one) for _ in range(rng.randint(6, 14))) + "?"
             qas.append({"id": f"q{qid}", "question": question, "answers": [{"text": answer, "answer_start": start}]})
@@ -61,9 +67,9 @@ def timed(fn, *args, **kwargs):
 
 
 def bench_features(train_file: Path, dev_file: Path, tok, max_len: int, stride: int) -> dict:
-    from qa_train.data import load_file
-    from qa_train.features import featurize, window_offsets
-    from qa_train.postprocess import Questions, postprocess_predictions
+    from qa_train.data.features import featurize, window_offsets
+    from qa_train.data.load import load_file
+    from qa_train.squad.postprocess import Questions, postprocess_predictions
 
     train, t_load = timed(load_file, train_file)
     feats, t_train = timed(featurize, train, tok, max_len, stride)
@@ -75,16 +81,37 @@ def bench_features(train_file: Path, dev_file: Path, tok, max_len: int, stride: 
     end = rng.standard_normal((len(dev_feats), max_len)).astype(np.float32)
     questions = Questions(dev_feats.example_index, dev.ids, dev.contexts)
     _, t_post = timed(postprocess_predictions, start, end, offsets, questions)
-    return {"train_questions": len(train), "train_features": len(feats), "load_validate_train_s": t_load,
-            "featurize_train_s": t_train, "dev_questions": len(dev), "dev_features": len(dev_feats),
-            "featurize_dev_s": t_dev, "dev_offsets_s": t_off, "postprocess_dev_s": t_post,
-            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
+    return {
+        "train_questions": len(train),
+        "train_features": len(feats),
+        "load_validate_train_s": t_load,
+        "featurize_train_s": t_train,
+        "dev_questions": len(dev),
+        "dev_features": len(dev_feats),
+        "featurize_dev_s": t_dev,
+        "dev_offsets_s": t_off,
+        "postprocess_dev_s": t_post,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
+    }
 
 
 def bench_startup(workdir: Path) -> float:
     """Seconds from `python -m qa_train` to its first log line."""
-    cmd = [sys.executable, "-m", "qa_train", "--offline_demo", "--max_train_steps", "1", "--no_eval",
-           "--report_to", "none", "--save_final_model", "false", "--output_dir", str(workdir / "startup")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qa_train",
+        "--offline_demo",
+        "--max_train_steps",
+        "1",
+        "--no_eval",
+        "--report_to",
+        "none",
+        "--save_final_model",
+        "false",
+        "--output_dir",
+        str(workdir / "startup"),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     first = None
@@ -103,8 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max_seq_length", type=int, default=384)
     p.add_argument("--doc_stride", type=int, default=128)
     p.add_argument("--skip_startup", action="store_true")
-    p.add_argument("--keep_data", type=Path, metavar="DIR",
-                   help="write the synthetic train.json/dev.json here and keep them (e.g. for a full-size training run)")
+    p.add_argument(
+        "--keep_data",
+        type=Path,
+        metavar="DIR",
+        help="write the synthetic train.json/dev.json here and keep them (e.g. for a full-size training run)",
+    )
     args = p.parse_args(argv)
     from transformers import AutoTokenizer
 

@@ -103,14 +103,14 @@ part_strategies() {
   data
   cpu_adam
   # shellcheck disable=SC2086 # STRATEGIES: a space-separated subset of the configs, to rerun some
-  $PY -m qa_train.bench "${cpu[@]}" --configs ${STRATEGIES:-single ddp fsdp zero1 zero2 zero3 zero2_offload zero3_offload} \
+  $PY -m qa_train.cli bench "${cpu[@]}" --configs ${STRATEGIES:-single ddp fsdp zero1 zero2 zero3 zero2_offload zero3_offload} \
     --timeout_s 240 --num_processes 1 --max_train_steps $strategy_steps --output_dir "$RUNS/strategies" -- \
     --config_name $BASE --tokenizer_name $MINILM --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" \
     --max_train_samples 3000 --no_eval --max_seq_length 384 --doc_stride 128 --pad_to_max_length \
     --per_device_train_batch_size 32 --learning_rate 3e-5 --mixed_precision bf16 --throughput_warmup_steps 20 \
     "${bench_small[@]}" 2>&1 | tail -n 30 || true
   cp "$RUNS/strategies/report/report.md" "$OUT_DIR/strategies-report.md" 2>/dev/null || true
-  $PY -m qa_train.plan --check "$RUNS"/strategies/*-p1-r1 2>&1 | tee "$OUT_DIR/plan-check.txt" | tail -n 20 || true
+  $PY -m qa_train.cli plan --check "$RUNS"/strategies/*-p1-r1 2>&1 | tee "$OUT_DIR/plan-check.txt" | tail -n 20 || true
 }
 
 speed_flags=(--config_name $BASE --tokenizer_name $MINILM --max_seq_length 384 --doc_stride 128
@@ -119,7 +119,7 @@ speed_flags=(--config_name $BASE --tokenizer_name $MINILM --max_seq_length 384 -
 
 single() {  # one single-GPU BERT-base run into $RUNS/$1, its figures appended to speed.txt
   local name=$1; shift
-  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- "${speed_flags[@]}" "$@" \
+  $PY -m qa_train.cli launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- "${speed_flags[@]}" "$@" \
     --output_dir "$RUNS/$name" "${small[@]}" > "$OUT_DIR/$name.log" 2>&1 || true
   tail -n 5 "$OUT_DIR/$name.log"
   keep "$name"
@@ -164,7 +164,7 @@ profile_run() {  # $1 the config, $2 the batch, $3 a name suffix, the rest more 
   local config=$1 batch=$2 name="profile-$1-$2${3:-}"; shift 3 || shift $#  # BERT-base step, into $name.txt
   log "profile: $config, fixed length, BERT-base shape, batch $batch $*"
   data
-  $PY -m qa_train.launch "${cpu[@]}" --config_file "accelerate_configs/$config.yaml" --num_processes 1 -- \
+  $PY -m qa_train.cli launch "${cpu[@]}" --config_file "accelerate_configs/$config.yaml" --num_processes 1 -- \
     "${speed_flags[@]}" --train_file "$DATA/train.json" --max_train_samples 8000 --no_eval --pad_to_max_length \
     --per_device_train_batch_size "$batch" --max_train_steps 30 --throughput_warmup_steps 10 --profile "$@" \
     --output_dir "$RUNS/$name" "${small[@]}" 2>&1 | tail -n 90 | tee "$OUT_DIR/$name.txt"
@@ -207,7 +207,7 @@ part_overhead() {  # qa_train's step against the bare step (tools/bare_loop.py),
   [[ ${DRY:-0} == 1 ]] && steps=3 batch=2 length=128 warmup=1
   $PY tools/bare_loop.py --model $MINILM --batch $batch --length $length --steps $steps --warmup $warmup 2>&1 \
     | tee -a "$OUT_DIR/overhead.txt"
-  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --model_name_or_path $MINILM \
+  $PY -m qa_train.cli launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --model_name_or_path $MINILM \
     --train_file "$DATA/train.json" --max_train_samples 12000 --no_eval --pad_to_max_length \
     --max_seq_length $length --doc_stride $((length / 4)) --per_device_train_batch_size $batch \
     --max_train_steps $((steps + warmup)) --throughput_warmup_steps $warmup --mixed_precision bf16 --report_to none \
@@ -220,7 +220,7 @@ part_ablation() {  # ~11 min with two repeats: a 540 s deadline leaves the last 
   data
   # 384 tokens: at the ablation's own 192 every shuffled batch of 32 pads to 192, so dynamic padding changed
   # nothing (2026-11-26). Repeats, interleaved: that session's single runs of identical work were 0.69x apart.
-  $PY -m qa_train.bench "${cpu[@]}" --ablation --timeout_s 180 --max_train_steps $ablation_steps \
+  $PY -m qa_train.cli bench "${cpu[@]}" --ablation --timeout_s 180 --max_train_steps $ablation_steps \
     --repeats $ablation_repeats --output_dir "$RUNS/ablation" -- \
     --config_name $BASE --tokenizer_name $MINILM --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" \
     --max_train_samples 20000 --no_eval --max_seq_length 384 --doc_stride 128 --per_device_train_batch_size 32 \
@@ -235,7 +235,7 @@ ACC_HP=(--max_seq_length 384 --doc_stride 128 --per_device_train_batch_size 32 -
 part_accuracy() {
   log "accuracy: MiniLM, 2 epochs, last 40 articles held out"
   data
-  $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --model_name_or_path $MINILM \
+  $PY -m qa_train.cli launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --model_name_or_path $MINILM \
     --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" "${ACC_HP[@]}" --max_grad_norm 0 \
     --mixed_precision bf16 --eval_strategy epoch --report_to tensorboard --logging_steps 100 --disable_tqdm \
     --per_device_eval_batch_size 64 --overwrite_output_dir --output_dir "$RUNS/minilm" "${small[@]}" 2>&1 | tail -n 8
@@ -301,7 +301,7 @@ part_vshf() {  # transformers' example and qa_train on the same work, one after 
     fi
     log "vshf $i: qa_train with its defaults"
     local t0=$EPOCHREALTIME
-    $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --train_file "$DATA/train.json" \
+    $PY -m qa_train.cli launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --train_file "$DATA/train.json" \
       --validation_file "$DATA/dev.json" "${hp[@]}" "${qa_extra[@]}" --report_to none --output_dir "$RUNS/vs-qa-$i" --overwrite_output_dir \
       > "$OUT_DIR/vs-qa-$i.log" 2>&1 || log "vs-qa-$i failed"
     awk -v s="$t0" -v e="$EPOCHREALTIME" 'BEGIN { printf "qa_train: wall_s=%.1f\n", e - s }' | tee -a "$OUT_DIR/vshf.txt"
@@ -310,7 +310,7 @@ part_vshf() {  # transformers' example and qa_train on the same work, one after 
     [[ -n ${VS_QA2_FLAGS:-} ]] || continue
     log "vshf $i: qa_train $VS_QA2_FLAGS"  # what the speed flags add over the defaults, on the same work
     t0=$EPOCHREALTIME
-    $PY -m qa_train.launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --train_file "$DATA/train.json" \
+    $PY -m qa_train.cli launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --train_file "$DATA/train.json" \
       --validation_file "$DATA/dev.json" "${hp[@]}" "${qa_extra[@]}" --report_to none $VS_QA2_FLAGS \
       --output_dir "$RUNS/vs-qa2-$i" --overwrite_output_dir > "$OUT_DIR/vs-qa2-$i.log" 2>&1 || log "vs-qa2-$i failed"
     awk -v s="$t0" -v e="$EPOCHREALTIME" 'BEGIN { printf "qa_train (2): wall_s=%.1f\n", e - s }' | tee -a "$OUT_DIR/vshf.txt"

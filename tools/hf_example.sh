@@ -30,7 +30,7 @@ if [[ "${1:-}" == "--flatten" ]]; then
 import json
 import sys
 
-from qa_train.data import load_file
+from qa_train.data.load import load_file
 
 # qa_train's own reader walks the nesting (a malformed file is a DataError naming the record); rows as the hub's
 # "squad" dataset has them, unanswerable questions with empty answer lists.

@@ -67,16 +67,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=12, help="the longest kernels to list")
     args = ap.parse_args(argv)
     events = load_trace(args.trace).get("traceEvents", [])
-    steps = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
-                   if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
+    steps = sorted(
+        (e["ts"], e["ts"] + e["dur"], e["name"])
+        for e in events
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+    )
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     if not kernels:
         sys.exit(f"kernel_breakdown: {args.trace}: the trace holds no GPU kernels (a CPU run?)")
     # A kernel belongs to the step its launch fell in; its execution may trail the host's step marker.
-    launch_ts = {e["args"].get("correlation"): e["ts"] for e in events
-                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    launch_ts = {
+        e["args"].get("correlation"): e["ts"]
+        for e in events
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
     for name_start, name_end, name in steps:
-        mine = [k for k in kernels if name_start <= launch_ts.get(k.get("args", {}).get("correlation"), k["ts"]) < name_end]
+        mine = [
+            k for k in kernels if name_start <= launch_ts.get(k.get("args", {}).get("correlation"), k["ts"]) < name_end
+        ]
         if not mine:
             continue
         first, last = min(k["ts"] for k in mine), max(k["ts"] + k["dur"] for k in mine)
@@ -86,9 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         for k in mine:
             by_kind[kind_of(k["name"])] += k["dur"]
         total = sum(by_kind.values())
-        print(f"{name}: wall {wall / 1e3:.1f} ms (host step {(name_end - name_start) / 1e3:.1f} ms), GPU busy "
-              f"{busy / 1e3:.1f} ms ({busy / wall:.0%}), {len(mine)} kernels, first kernel "
-              f"{(first - name_start) / 1e3:.1f} ms after the step began")
+        print(
+            f"{name}: wall {wall / 1e3:.1f} ms (host step {(name_end - name_start) / 1e3:.1f} ms), GPU busy "
+            f"{busy / 1e3:.1f} ms ({busy / wall:.0%}), {len(mine)} kernels, first kernel "
+            f"{(first - name_start) / 1e3:.1f} ms after the step began"
+        )
         for kind, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
             print(f"    {kind:<30} {us / 1e3:8.2f} ms  {us / total:6.1%}")
     per_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -96,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         per_name[k["name"]][0] += k["dur"]
         per_name[k["name"]][1] += 1
     print(f"longest kernels over all {len(steps)} profiled steps (total ms, calls, kind):")
-    for name, (us, n) in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:args.top]:
+    for name, (us, n) in sorted(per_name.items(), key=lambda kv: -kv[1][0])[: args.top]:
         print(f"    {us / 1e3:8.2f} ms {n:6d}  {kind_of(name):<14} {name[:110]}")
     return 0
 

@@ -192,20 +192,23 @@ ask fee: How much did members of the {name} Guild of {craft} pay each year? | Wh
 ask saint: Who was the patron saint of the {name} Guild of {craft}? | Which saint did the {name} Guild of {craft} honour?
 """
 
-CHOICES = {key: words.split("|") for key, words in {
-    "products": "wool|salt|glass|cheese|rope|paper|pottery|copper|leather|timber",
-    "fish": "trout|eels|salmon|perch|pike|carp",
-    "inventions": "tide clock|steam loom|brass compass|water pump|glass lantern|mechanical plough|rain gauge",
-    "cargo": "salt and timber|wine|grain|coal|wool|spices|copper ore|olive oil",
-    "months": "January|February|March|April|May|June|July|August|September|October|November|December",
-    "themes": "the barley harvest|the return of the swallows|the first snow|the end of winter|the spring lambs"
-              "|the grape harvest|the founding of the town",
-    "endings": "a torch parade|a boat race|a bonfire on the hill|a dance in the square|a great feast",
-    "discoveries": "a bright comet|a faint nebula|two small moons|a double star|a new planet",
-    "instruments": "violin|organ|harp|cello|flute|piano|oboe",
-    "crafts": "Weavers|Masons|Bakers|Coopers|Glaziers|Tanners|Dyers",
-    "works": "Suite|Variations|Nocturnes|Mass|Overture|Serenade",
-}.items()}
+CHOICES = {
+    key: words.split("|")
+    for key, words in {
+        "products": "wool|salt|glass|cheese|rope|paper|pottery|copper|leather|timber",
+        "fish": "trout|eels|salmon|perch|pike|carp",
+        "inventions": "tide clock|steam loom|brass compass|water pump|glass lantern|mechanical plough|rain gauge",
+        "cargo": "salt and timber|wine|grain|coal|wool|spices|copper ore|olive oil",
+        "months": "January|February|March|April|May|June|July|August|September|October|November|December",
+        "themes": "the barley harvest|the return of the swallows|the first snow|the end of winter|the spring lambs"
+        "|the grape harvest|the founding of the town",
+        "endings": "a torch parade|a boat race|a bonfire on the hill|a dance in the square|a great feast",
+        "discoveries": "a bright comet|a faint nebula|two small moons|a double star|a new planet",
+        "instruments": "violin|organ|harp|cello|flute|piano|oboe",
+        "crafts": "Weavers|Masons|Bakers|Coopers|Glaziers|Tanners|Dyers",
+        "works": "Suite|Variations|Nocturnes|Mass|Overture|Serenade",
+    }.items()
+}
 # Distractors: extra years, names and numbers the questions never ask about.
 FILLERS = [
     "A small museum in {c} keeps {n} old maps of the district.",
@@ -217,12 +220,16 @@ FILLERS = [
     "The region was known for its orchards long before {y}.",
     "A weekly coach linked the district with {c} from {y}.",
 ]
-SYLLABLES = ("ba bel bri ca cor da del dor el fa fen gal gor ha hel is ka kel lan lor ma mar mel "
-             "na nor o pel ra ren ri sa sel tal tor ul va vel wen yr za zen").split()
+SYLLABLES = (
+    "ba bel bri ca cor da del dor el fa fen gal gor ha hel is ka kel lan lor ma mar mel "
+    "na nor o pel ra ren ri sa sel tal tor ul va vel wen yr za zen"
+).split()
 ENDINGS = ("a an ar by dale el en ford ia in ith mere mor on or ra ric ton us wick yn").split()
 MAX_ANSWERS = 3
-NUMBER_WORDS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-                "sixteen seventeen eighteen nineteen twenty").split()
+NUMBER_WORDS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty"
+).split()
 
 
 @dataclass
@@ -273,7 +280,7 @@ class Namer:
 
 
 def spell(n: int) -> str:
-    """"seven", "twenty", "143", "12,400": words up to twenty also keep counts apart from years."""
+    """ "seven", "twenty", "143", "12,400": words up to twenty also keep counts apart from years."""
     return NUMBER_WORDS[n] if n < len(NUMBER_WORDS) else f"{n:,}"
 
 
@@ -299,10 +306,10 @@ def invent_slots(kind: Kind, namer: Namer, rng: random.Random) -> dict[str, str]
             values[slot] = fresh(lambda: str(rng.randint(1620, 1860)))
         elif typ == "after":  # after:SLOT:LO-HI, a year LO to HI years after SLOT's
             base, lo, hi = re.fullmatch(r"(\w+):(\d+)-(\d+)", arg).groups()
-            values[slot] = fresh(lambda: str(int(values[base]) + rng.randint(int(lo), int(hi))))
+            values[slot] = fresh(lambda base=base, lo=lo, hi=hi: str(int(values[base]) + rng.randint(int(lo), int(hi))))
         elif typ == "num":  # num:LO-HI[:unit]; small counts spelled out as in edited prose
             lo, hi, unit = re.fullmatch(r"(\d+)-(\d+):?(\w*)", arg).groups()
-            n = fresh(lambda: spell(rng.randint(int(lo), int(hi))))
+            n = fresh(lambda lo=lo, hi=hi: spell(rng.randint(int(lo), int(hi))))
             values[slot] = f"{n} {unit}" if unit else n
         elif typ == "pick":
             values[slot] = rng.choice(CHOICES[arg])
@@ -334,8 +341,9 @@ def filler(namer: Namer, rng: random.Random, values: dict[str, str]) -> str:
     return rng.choice(FILLERS).format(y=y, n=n, p=namer.person(), c=namer.word())
 
 
-def make_paragraph(kind: Kind, namer: Namer, rng: random.Random,
-                   fact_range: tuple[int, int] = FACTS_PER_PARAGRAPH) -> tuple[str, dict, dict[str, int]]:
+def make_paragraph(
+    kind: Kind, namer: Namer, rng: random.Random, fact_range: tuple[int, int] = FACTS_PER_PARAGRAPH
+) -> tuple[str, dict, dict[str, int]]:
     """One paragraph: the intro, `fact_range` fact sentences in random order, fillers; where each slot lands."""
     values = invent_slots(kind, namer, rng)
     facts = kind.groups[1:]
@@ -356,16 +364,16 @@ def answer_variants(context: str, start: int, text: str) -> list[tuple[str, int]
     """Other spans a human annotator might have marked for the same answer."""
     out: list[tuple[str, int]] = []
     for prefix in ("the ", "in ", "about ", "some "):
-        if context[max(0, start - len(prefix)):start].lower() == prefix:
-            out.append((context[start - len(prefix):start + len(text)], start - len(prefix)))
+        if context[max(0, start - len(prefix)) : start].lower() == prefix:
+            out.append((context[start - len(prefix) : start + len(text)], start - len(prefix)))
     words = text.split()
     if words[0].replace(",", "").isdigit() or words[0] in NUMBER_WORDS:
         if len(words) == 2:
             out.append((words[0], start))  # "212 metres" -> "212"
-        elif not re.fullmatch(r"1\d\d\d", text) and (m := re.match(r" [a-z]+s\b", context[start + len(text):])):
+        elif not re.fullmatch(r"1\d\d\d", text) and (m := re.match(r" [a-z]+s\b", context[start + len(text) :])):
             out.append((text + m.group(0), start))  # "seven" -> "seven arches", never "1843 by"
     elif words[0] in ("a", "the") and len(words) > 2:
-        out.append((text[len(words[0]) + 1:], start + len(words[0]) + 1))  # "the first snow" -> "first snow"
+        out.append((text[len(words[0]) + 1 :], start + len(words[0]) + 1))  # "the first snow" -> "first snow"
     elif len(words) == 2 and words[0][0].isupper():
         if words[1] == "River":
             out.append((words[0], start))  # "Oskel River" -> "Oskel"
@@ -381,17 +389,19 @@ def make_article(kinds: list[Kind], namer: Namer, rng: random.Random, dev: bool)
     qas = []
     for slot in rng.sample(asked, min(QUESTIONS_PER_PARAGRAPH, len(asked))):
         start, text = spans[slot], values[slot]
-        if context[start:start + len(text)] != text:
+        if context[start : start + len(text)] != text:
             raise AssertionError(f"make_assets: bad span for {slot!r} in {context!r}")
         answers = [(text, start)]
         if dev:  # like SQuAD dev: up to three annotators, sometimes marking a wider or narrower span
             extra = answer_variants(context, start, text)
             answers += rng.sample(extra, rng.randint(0, min(len(extra), MAX_ANSWERS - 1)))
-        qas.append({
-            "id": f"{rng.getrandbits(96):024x}",
-            "question": rng.choice(kind.asks[slot]).format(**values),
-            "answers": [{"text": t, "answer_start": s} for t, s in answers],
-        })
+        qas.append(
+            {
+                "id": f"{rng.getrandbits(96):024x}",
+                "question": rng.choice(kind.asks[slot]).format(**values),
+                "answers": [{"text": t, "answer_start": s} for t, s in answers],
+            }
+        )
     title = kind.title.format(**values).replace(" ", "_")
     return {"title": title, "paragraphs": [{"context": context, "qas": qas}]}
 
@@ -407,11 +417,15 @@ def make_datasets(seed: int = SEED) -> tuple[dict, dict]:
 
 def filler_corpus(rng: random.Random, n: int = 3000) -> list[str]:
     """Plain sentences so the vocab also knows everyday words our templates do not use."""
-    parts = [p.split("|") for p in (
-        "the old miller|a young sailor|the town council|her brother|the farmers|a travelling painter|the priest",
-        "visited|repaired|painted|described|sold|carried|watched|opened|closed|measured|crossed|bought|found",
-        "the harbour|a wooden boat|the north gate|the mill|an iron bell|the orchard|a long letter|the tower",
-        "in the spring|after the war|during the winter|before dawn|every summer|for many years|with great care")]
+    parts = [
+        p.split("|")
+        for p in (
+            "the old miller|a young sailor|the town council|her brother|the farmers|a travelling painter|the priest",
+            "visited|repaired|painted|described|sold|carried|watched|opened|closed|measured|crossed|bought|found",
+            "the harbour|a wooden boat|the north gate|the mill|an iron bell|the orchard|a long letter|the tower",
+            "in the spring|after the war|during the winter|before dawn|every summer|for many years|with great care",
+        )
+    ]
     return [" ".join(rng.choice(p) for p in parts).capitalize() + "." for _ in range(n)]
 
 
@@ -432,8 +446,9 @@ def build_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                                             show_progress=False))
+    tok.train_from_iterator(
+        texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
+    )
     # Numbers go digit by digit, "1843" -> 1 ##8 ##4 ##3: twenty well-trained tokens instead of
     # hundreds of rare number pieces, and "##" tells where a number starts. A from-scratch tiny
     # BERT found number answers far more often this way than with plain WordPiece number pieces.
@@ -442,8 +457,10 @@ def build_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
     keep += [str(d) for d in range(10)] + [f"##{d}" for d in range(10)]
     tok.model = models.WordPiece({t: i for i, t in enumerate(keep)}, unk_token="[UNK]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", keep.index("[CLS]")), ("[SEP]", keep.index("[SEP]"))])
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", keep.index("[CLS]")), ("[SEP]", keep.index("[SEP]"))],
+    )
     return tok
 
 
@@ -459,18 +476,34 @@ def write_tiny_bert(out: Path, texts: list[str], sample: tuple[str, str]) -> int
     # Trained from scratch for a few hundred steps, BERT's 0.02 init sits on a plateau where no
     # context token looks at the question (dev EM ~5 after 6 epochs); 0.1 leaves it within ~2
     # epochs. Dropout only slowed such short runs down.
-    BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-               intermediate_size=512, max_position_embeddings=512, initializer_range=0.1,
-               hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).save_pretrained(out)
+    BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=512,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    ).save_pretrained(out)
 
     reloaded, config = AutoTokenizer.from_pretrained(out), AutoConfig.from_pretrained(out)
     question, context = sample
-    enc = reloaded(question, context, truncation="only_second", max_length=64, stride=16,
-                   return_overflowing_tokens=True, return_offsets_mapping=True)
+    enc = reloaded(
+        question,
+        context,
+        truncation="only_second",
+        max_length=64,
+        stride=16,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+    )
     problems = [
         f"fast={reloaded.is_fast}" if not reloaded.is_fast else "",
         f"len {len(reloaded)}, config {config.vocab_size}, vocab {len(vocab)}"
-        if not len(reloaded) == config.vocab_size == len(vocab) else "",
+        if not len(reloaded) == config.vocab_size == len(vocab)
+        else "",
         f"[UNK] in {reloaded.tokenize(context)}" if reloaded.unk_token_id in reloaded(context)["input_ids"] else "",
         "no overflowing windows" if len(enc["input_ids"]) < 2 or "offset_mapping" not in enc else "",
     ]
@@ -487,8 +520,10 @@ def write_assets(out_dir: Path, seed: int = SEED, tokenizer: bool = True) -> dic
     for name, ds in (("train", train), ("dev", dev)):
         text = json.dumps(ds, ensure_ascii=False, indent=None, separators=(",", ":"))
         (out_dir / "demo" / f"{name}.json").write_text(text + "\n", encoding="utf-8")
-    stats = {f"{n}_questions": sum(len(p["qas"]) for a in ds["data"] for p in a["paragraphs"])
-             for n, ds in (("train", train), ("dev", dev))}
+    stats = {
+        f"{n}_questions": sum(len(p["qas"]) for a in ds["data"] for p in a["paragraphs"])
+        for n, ds in (("train", train), ("dev", dev))
+    }
     if tokenizer:
         (out_dir / "tiny-bert").mkdir(parents=True, exist_ok=True)
         para = max((p for a in dev["data"] for p in a["paragraphs"]), key=lambda p: len(p["context"]))

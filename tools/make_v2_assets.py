@@ -42,14 +42,22 @@ def answerable(kind: v1.Kind, slot: str, article: tuple[str, dict, dict], rng: r
     if dev:  # several annotators, sometimes marking a wider or narrower span
         extra = v1.answer_variants(context, start, text)
         answers += rng.sample(extra, rng.randint(0, min(len(extra), v1.MAX_ANSWERS - 1)))
-    return {"id": f"{rng.getrandbits(96):024x}", "question": rng.choice(kind.asks[slot]).format(**values),
-            "answers": [{"text": t, "answer_start": s} for t, s in answers], "is_impossible": False}
+    return {
+        "id": f"{rng.getrandbits(96):024x}",
+        "question": rng.choice(kind.asks[slot]).format(**values),
+        "answers": [{"text": t, "answer_start": s} for t, s in answers],
+        "is_impossible": False,
+    }
 
 
 def unstated(kind: v1.Kind, slot: str, values: dict, rng: random.Random) -> dict:
     """A fact of this kind of article that the paragraph leaves out."""
-    return {"id": f"{rng.getrandbits(96):024x}", "question": rng.choice(kind.asks[slot]).format(**values),
-            "answers": [], "is_impossible": True}
+    return {
+        "id": f"{rng.getrandbits(96):024x}",
+        "question": rng.choice(kind.asks[slot]).format(**values),
+        "answers": [],
+        "is_impossible": True,
+    }
 
 
 def make_article(kinds: list[v1.Kind], namer: v1.Namer, rng: random.Random, dev: bool) -> dict:

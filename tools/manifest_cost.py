@@ -1,5 +1,5 @@
 """What the checkpoint manifest's CRC32s cost a save: a BERT-base-sized DDP checkpoint (fp32 weights and AdamW's two
-moments, 1.32 GB) written with torch.save, then its manifest written as qa_train.saving does, and timed.
+moments, 1.32 GB) written with torch.save, then its manifest written as qa_train.strategy.saving does, and timed.
 
     python tools/manifest_cost.py [--params 110000000] [--dir /tmp/manifest-cost] [--repeats 3]
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from qa_train.saving import MANIFEST, _write_manifest
+from qa_train.strategy.saving import MANIFEST, _write_manifest
 
 
 def main() -> None:
@@ -27,8 +27,9 @@ def main() -> None:
     try:
         start = time.perf_counter()
         torch.save({"weights": torch.randn(args.params)}, args.dir / "model.bin")
-        torch.save({"exp_avg": torch.randn(args.params), "exp_avg_sq": torch.randn(args.params)},
-                   args.dir / "optimizer.bin")
+        torch.save(
+            {"exp_avg": torch.randn(args.params), "exp_avg_sq": torch.randn(args.params)}, args.dir / "optimizer.bin"
+        )
         written = time.perf_counter() - start
         size = sum(f.stat().st_size for f in args.dir.iterdir()) / 1e9
         print(f"checkpoint: {size:.2f} GB written by torch.save in {written:.2f} s")

@@ -15,11 +15,11 @@ import argparse
 import numpy as np
 from transformers import AutoConfig, AutoTokenizer
 
-from qa_train.batching import Collator, LengthGroupedSampler
-from qa_train.data import load_file
-from qa_train.features import featurize
-from qa_train.modeling import flop_coefficients
-from qa_train.monitor import ModelCost
+from qa_train.data.batching import Collator, LengthGroupedSampler
+from qa_train.data.features import featurize
+from qa_train.data.load import load_file
+from qa_train.model.modeling import flop_coefficients
+from qa_train.observe.monitor import ModelCost
 
 
 def main() -> None:
@@ -39,12 +39,15 @@ def main() -> None:
     cost = ModelCost(*flop_coefficients(AutoConfig.from_pretrained(a.config_name)), peak_tflops=None)
     lengths = featurize(load_file(a.train_file).head(a.max_samples), tokenizer, a.max_seq_length, a.doc_stride).lengths
     collator = Collator(tokenizer.pad_token_id, a.max_seq_length, pad_to_max_length=False)
-    order = (np.random.default_rng(a.seed).permutation(len(lengths)) if a.shuffled
-             else np.fromiter(iter(LengthGroupedSampler(lengths, a.batch, a.seed)), dtype=np.int64))
+    order = (
+        np.random.default_rng(a.seed).permutation(len(lengths))
+        if a.shuffled
+        else np.fromiter(iter(LengthGroupedSampler(lengths, a.batch, a.seed)), dtype=np.int64)
+    )
     padded = at_width = at_max = 0.0
     widths = []
     for start in range(0, len(order), a.batch):
-        batch = lengths[order[start:start + a.batch]]
+        batch = lengths[order[start : start + a.batch]]
         width = collator.width(int(batch.max()))
         widths.append(width)
         padded += len(batch) * width
@@ -53,11 +56,15 @@ def main() -> None:
     print(f"windows {len(lengths)}, mean length {lengths.mean():.1f}, mean padded width {padded / len(lengths):.1f}")
     # A GPU pays once for each new shape (kernel choices; a recompile when compiled): how many a run meets.
     full = sum(w == a.max_seq_length for w in widths)
-    print(f"batches {len(widths)}: {len(set(widths))} distinct widths, {full} ({full / len(widths):.1%}) at "
-          f"{a.max_seq_length}; distinct widths in the first 50 / 100 batches: {len(set(widths[:50]))} / "
-          f"{len(set(widths[:100]))}")
-    print(f"FLOPs an epoch: at each batch's width {at_width:.4e}, every batch at {a.max_seq_length} {at_max:.4e}: "
-          f"{at_max / at_width:.4f}x")
+    print(
+        f"batches {len(widths)}: {len(set(widths))} distinct widths, {full} ({full / len(widths):.1%}) at "
+        f"{a.max_seq_length}; distinct widths in the first 50 / 100 batches: {len(set(widths[:50]))} / "
+        f"{len(set(widths[:100]))}"
+    )
+    print(
+        f"FLOPs an epoch: at each batch's width {at_width:.4e}, every batch at {a.max_seq_length} {at_max:.4e}: "
+        f"{at_max / at_width:.4f}x"
+    )
 
 
 if __name__ == "__main__":

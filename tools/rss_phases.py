@@ -48,9 +48,13 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=384)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--gradient_checkpointing", action="store_true")
-    p.add_argument("--shard", choices=["none", "ddp", "fsdp"], default="none",
-                   help="Under torchrun: DDP, or FSDP2 with one unit per encoder layer, the input embeddings and "
-                        "the rest (the units accelerate makes), over gloo.")
+    p.add_argument(
+        "--shard",
+        choices=["none", "ddp", "fsdp"],
+        default="none",
+        help="Under torchrun: DDP, or FSDP2 with one unit per encoder layer, the input embeddings and "
+        "the rest (the units accelerate makes), over gloo.",
+    )
     opts = p.parse_args()
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(opts.config)
@@ -66,8 +70,10 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     params = sum(t.numel() for t in model.parameters())
     if show:
-        print(f"{params / 1e6:.1f}M parameters (16 B each: {16 * params / GIB:.3f} GiB); "
-              f"model built: {rss_and_peak()[0] - base:.3f} GiB")
+        print(
+            f"{params / 1e6:.1f}M parameters (16 B each: {16 * params / GIB:.3f} GiB); "
+            f"model built: {rss_and_peak()[0] - base:.3f} GiB"
+        )
     labels = torch.zeros(opts.batch, dtype=torch.long)
 
     def phase(step: int, name: str) -> None:
@@ -79,8 +85,9 @@ def main() -> None:
     for step in range(opts.steps):
         ids = torch.randint(0, config.vocab_size, (opts.batch, opts.seq))
         CLEAR_REFS.write_text("5")
-        loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), start_positions=labels,
-                     end_positions=labels).loss
+        loss = model(
+            input_ids=ids, attention_mask=torch.ones_like(ids), start_positions=labels, end_positions=labels
+        ).loss
         phase(step, "forward")
         loss.backward()
         phase(step, "backward")

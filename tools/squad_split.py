@@ -17,7 +17,7 @@ import lzma
 from pathlib import Path
 from typing import Any
 
-from qa_train.tracking import atomic_write_text
+from qa_train.observe.recorder import atomic_write_text
 
 
 def read_squad(path: Path) -> dict[str, Any]:
@@ -32,8 +32,10 @@ def read_squad(path: Path) -> dict[str, Any]:
 def split(doc: dict[str, Any], holdout: int) -> tuple[dict[str, Any], dict[str, Any]]:
     articles = doc["data"]
     if not 0 < holdout < len(articles):
-        raise SystemExit(f"--holdout_articles {holdout}: must be between 1 and {len(articles) - 1} "
-                         f"(the file has {len(articles)} articles)")
+        raise SystemExit(
+            f"--holdout_articles {holdout}: must be between 1 and {len(articles) - 1} "
+            f"(the file has {len(articles)} articles)"
+        )
     version = doc.get("version", "1.1")
     return ({"version": version, "data": articles[:-holdout]}, {"version": version, "data": articles[-holdout:]})
 

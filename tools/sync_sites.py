@@ -40,13 +40,19 @@ def main(argv: list[str]) -> None:
                 return method(self, *args, **kwargs)
             finally:
                 where["phase"] = before
+
         return wrapped
 
     # Inside an epoch, outside the step and the bookkeeping, the loop is fetching and placing the next batch. Not
     # fit: what it does once after the loop (the final weight check) stalls no step.
     # A checkpoint is the update's bookkeeping also where an epoch's end writes it, outside _after_update.
-    phases = {"_train_epoch": "loader", "_micro_step": "step", "_after_update": "after", "_save_checkpoint": "after",
-              "_evaluate_during_training": "eval"}
+    phases = {
+        "_train_epoch": "loader",
+        "_micro_step": "step",
+        "_after_update": "after",
+        "_save_checkpoint": "after",
+        "_evaluate_during_training": "eval",
+    }
     originals = {name: getattr(trainer.Trainer, name) for name in phases}
     for name, method in originals.items():
         setattr(trainer.Trainer, name, phase(phases[name], method))

@@ -1,4 +1,4 @@
-"""The command line: one flag per setting of qa_train.config's groups, refusals in one line that name the flag
+"""The command line: one flag per setting of qa_train.config.settings's groups, refusals in one line that name the flag
 (and, for Trainer's or the example's spellings, where to go instead)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from qa_train.config import DEMO_DEFAULTS, GROUPS, TrainArgs
+from qa_train.config.settings import DEMO_DEFAULTS, GROUPS, TrainArgs
 
 
 def _parse_bool(text: str) -> bool:
@@ -35,15 +35,16 @@ def _add_flag(parser: argparse._ActionsContainer, f: dataclasses.Field) -> None:
     names = [f"--{f.name}", *f.metadata.get("aliases", ())]
     if f.type in ("bool", bool):
         # `--flag` turns it on, `--flag false` or `--no_flag` turns it off.
-        parser.add_argument(*names, dest=f.name, type=_parse_bool, nargs="?", const=True, default=f.default,
-                            help=help_text)
+        parser.add_argument(
+            *names, dest=f.name, type=_parse_bool, nargs="?", const=True, default=f.default, help=help_text
+        )
         parser.add_argument(f"--no_{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
         return
     kind = str(f.type)
     conv: Any = int if kind.startswith("int") else float if kind.startswith("float") else str
     choices = None
     if kind.startswith("Literal"):
-        choices = [c.strip(" '\"") for c in kind[len("Literal["):-1].split(",")]
+        choices = [c.strip(" '\"") for c in kind[len("Literal[") : -1].split(",")]
     extra: dict[str, Any] = {"nargs": "+", "action": _CommaJoin} if f.metadata.get("nargs") == "+" else {}
     parser.add_argument(*names, dest=f.name, type=conv, default=f.default, choices=choices, help=help_text, **extra)
 
@@ -51,23 +52,30 @@ def _add_flag(parser: argparse._ActionsContainer, f: dataclasses.Field) -> None:
 # Flags of transformers' Trainer and question-answering examples that qa_train spells differently or leaves to
 # another tool: refused, with where to go instead.
 ELSEWHERE = {
-    "fp16": "--mixed_precision fp16", "bf16": "--mixed_precision bf16", "max_steps": "--max_train_steps",
+    "fp16": "--mixed_precision fp16",
+    "bf16": "--mixed_precision bf16",
+    "max_steps": "--max_train_steps",
     "warmup_steps": "--num_warmup_steps (or --warmup_ratio for a fraction of all steps)",
     "with_tracking": "qa_train tracks by default; choose trackers with --report_to",
-    "evaluation_strategy": "--eval_strategy", "save_steps": "--checkpointing_steps N",
-    "save_strategy": "--checkpointing_steps N or epoch", "logging_strategy": "--logging_steps N",
+    "evaluation_strategy": "--eval_strategy",
+    "save_steps": "--checkpointing_steps N",
+    "save_strategy": "--checkpointing_steps N or epoch",
+    "logging_strategy": "--logging_steps N",
     "load_best_model_at_end": "--save_best (keeps and exports the model with the best F1)",
     "metric_for_best_model": "--save_best (the best model is the one with the best F1)",
     "per_gpu_train_batch_size": "--per_device_train_batch_size",
-    "per_gpu_eval_batch_size": "--per_device_eval_batch_size", "data_seed": "--seed",
-    "do_train": "qa_train always trains; answer questions with a trained model through python -m qa_train.predict",
+    "per_gpu_eval_batch_size": "--per_device_eval_batch_size",
+    "data_seed": "--seed",
+    "do_train": "qa_train always trains; answer questions with a trained model through qa-train predict",
     "preprocessing_num_workers": "featurisation runs in one process with the fast tokenizer, and is cached",
-    "use_slow_tokenizer": "answer offsets need a fast tokenizer", "model_type": "--config_name (random initialisation)",
-    "push_to_hub": "not supported: upload output_dir/final", "hub_model_id": "not supported: upload output_dir/final",
+    "use_slow_tokenizer": "answer offsets need a fast tokenizer",
+    "model_type": "--config_name (random initialisation)",
+    "push_to_hub": "not supported: upload output_dir/final",
+    "hub_model_id": "not supported: upload output_dir/final",
     "hub_token": "not supported: upload output_dir/final",
     "deepspeed": "the strategy comes from accelerate launch --config_file accelerate_configs/<strategy>.yaml",
     "fsdp": "the strategy comes from accelerate launch --config_file accelerate_configs/fsdp.yaml",
-    "local_rank": "launch through accelerate launch (or python -m qa_train.launch), which sets ranks itself",
+    "local_rank": "launch through accelerate launch (or qa-train launch), which sets ranks itself",
 }
 
 
@@ -97,8 +105,9 @@ class _Parser(argparse.ArgumentParser):
         if rest:
             known = [o for a in self._actions for o in a.option_strings if a.help != argparse.SUPPRESS]
             flags = [t for t in rest if t.startswith("-")] or rest
-            self.error("; ".join(_unknown_flag(t, known) if t.startswith("-") else f"unexpected value {t!r}"
-                                 for t in flags))
+            self.error(
+                "; ".join(_unknown_flag(t, known) if t.startswith("-") else f"unexpected value {t!r}" for t in flags)
+            )
         return values
 
 
@@ -131,8 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> TrainArgs:
     """Parse and validate; argparse exits with code 2 on unknown flags, ConfigError is raised on bad values."""
     parser = build_parser()
-    parser.add_argument("--offline_demo", action="store_true",
-                        help="Train the bundled tiny BERT on the bundled demo data (no network needed).")
+    parser.add_argument(
+        "--offline_demo",
+        action="store_true",
+        help="Train the bundled tiny BERT on the bundled demo data (no network needed).",
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--offline_demo" in argv:
         parser.set_defaults(**DEMO_DEFAULTS)

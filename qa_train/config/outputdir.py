@@ -11,14 +11,25 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from qa_train.config import TRACKERS, ConfigError, OutputArgs
-from qa_train.preemption import PREEMPT_FILE
+from qa_train.config.settings import TRACKERS, ConfigError, OutputArgs
+from qa_train.core.preemption import PREEMPT_FILE
 
 # What a qa_train run leaves in its output_dir; anything else there (a user's notes, logs/) is left alone.
 # evaluation.write_answers names the answers files, and each tracker writes to output_dir/<its name>.
-RUN_FILES = ("metrics.json", "final", "best", "checkpoints", "train_log.jsonl", "eval_predictions.json",
-             "eval_null_odds.json", "predict_predictions.json", "predict_nbest_predictions.json",
-             "predict_null_odds.json", "profile", *TRACKERS)
+RUN_FILES = (
+    "metrics.json",
+    "final",
+    "best",
+    "checkpoints",
+    "train_log.jsonl",
+    "eval_predictions.json",
+    "eval_null_odds.json",
+    "predict_predictions.json",
+    "predict_nbest_predictions.json",
+    "predict_null_odds.json",
+    "profile",
+    *TRACKERS,
+)
 # Never a run by themselves, but a stale one would act on the next run: a stop request nobody answered (the new run
 # would stop at its first logging step), the test hook's hold marks, and what an interrupted atomic write or export
 # left (tracking.atomic_write_text, saving.export_final). Cleared with the run they belong to.
@@ -66,14 +77,20 @@ def claim(output: OutputArgs) -> None:
     # With --overwrite_output_dir, a run the resume would not continue goes (`replaces`) once the data is read.
     if found and not output.overwrite_output_dir and not continues(output, found):
         if resume is None:
-            raise ConfigError(f"--output_dir {out}: holds a run ({', '.join(found)}); pass --overwrite_output_dir "
-                              "to replace it, or --resume_from_checkpoint latest to continue it")
+            raise ConfigError(
+                f"--output_dir {out}: holds a run ({', '.join(found)}); pass --overwrite_output_dir "
+                "to replace it, or --resume_from_checkpoint latest to continue it"
+            )
         if resume == "latest":
-            raise ConfigError(f"--output_dir {out}: holds a run without checkpoints ({', '.join(found)}), so "
-                              "--resume_from_checkpoint latest would start over on top of it; pass "
-                              "--overwrite_output_dir")
-        raise ConfigError(f"--output_dir {out}: holds another run ({', '.join(found)}) than the one in "
-                          f"--resume_from_checkpoint {resume}; choose an empty --output_dir or --overwrite_output_dir")
+            raise ConfigError(
+                f"--output_dir {out}: holds a run without checkpoints ({', '.join(found)}), so "
+                "--resume_from_checkpoint latest would start over on top of it; pass "
+                "--overwrite_output_dir"
+            )
+        raise ConfigError(
+            f"--output_dir {out}: holds another run ({', '.join(found)}) than the one in "
+            f"--resume_from_checkpoint {resume}; choose an empty --output_dir or --overwrite_output_dir"
+        )
     check_writable(out)
 
 

@@ -1,5 +1,5 @@
 """Typed settings in groups, validated before anything heavy is imported or loaded (the command line that
-fills them is qa_train/flags.py).
+fills them is qa_train/config/flags.py).
 
 Names follow transformers' question-answering examples (run_qa_no_trainer.py) and Trainer where they
 overlap, so users coming from there feel at home. The flags stay flat (`--learning_rate`); in code
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 DEFAULT_MODEL = "bert-base-uncased"
-ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 DEMO_MODEL_DIR = ASSETS / "tiny-bert"
 DEMO_TRAIN_FILE = ASSETS / "demo" / "train.json"
 DEMO_VALIDATION_FILE = ASSETS / "demo" / "dev.json"
@@ -24,11 +24,20 @@ DEMO_VALIDATION_FILE = ASSETS / "demo" / "dev.json"
 # `--offline_demo`: the bundled tiny BERT and demo data, sized for about a minute on two CPU cores.
 # Explicit flags still override these.
 DEMO_DEFAULTS: dict[str, Any] = {
-    "config_name": str(DEMO_MODEL_DIR), "tokenizer_name": str(DEMO_MODEL_DIR),
-    "train_file": str(DEMO_TRAIN_FILE), "validation_file": str(DEMO_VALIDATION_FILE),
-    "max_seq_length": 256, "doc_stride": 64, "per_device_train_batch_size": 16, "learning_rate": 1e-3,
-    "weight_decay": 0.01, "warmup_ratio": 0.1, "num_train_epochs": 6.0, "logging_steps": 20,
-    "eval_on_start": True, "eval_strategy": "epoch",
+    "config_name": str(DEMO_MODEL_DIR),
+    "tokenizer_name": str(DEMO_MODEL_DIR),
+    "train_file": str(DEMO_TRAIN_FILE),
+    "validation_file": str(DEMO_VALIDATION_FILE),
+    "max_seq_length": 256,
+    "doc_stride": 64,
+    "per_device_train_batch_size": 16,
+    "learning_rate": 1e-3,
+    "weight_decay": 0.01,
+    "warmup_ratio": 0.1,
+    "num_train_epochs": 6.0,
+    "logging_steps": 20,
+    "eval_on_start": True,
+    "eval_strategy": "epoch",
 }
 
 # accelerate's tracker names (accelerate.tracking.LOGGER_TYPE_TO_CLASS; a test keeps the two equal). "all" means
@@ -75,8 +84,11 @@ def _check_interval(value: float | None, flag: str) -> None:
     if value is None:
         return
     _require(value > 0, flag, f"must be positive, got {value}")
-    _require(value < 1 or float(value).is_integer(), flag,
-             f"{value} is neither a whole number of steps nor a share of the run below 1")
+    _require(
+        value < 1 or float(value).is_integer(),
+        flag,
+        f"{value} is neither a whole number of steps nor a share of the run below 1",
+    )
 
 
 def every_n_steps(value: float, total_steps: int) -> int:
@@ -100,30 +112,42 @@ class ModelArgs:
 
     model_name_or_path: str | None = field(
         default=None,
-        metadata={"help": f"Pretrained model (hub name or local directory) whose weights are fine-tuned. Default: "
-                          f"{DEFAULT_MODEL}, unless --config_name is given alone (random initialisation)."},
+        metadata={
+            "help": f"Pretrained model (hub name or local directory) whose weights are fine-tuned. Default: "
+            f"{DEFAULT_MODEL}, unless --config_name is given alone (random initialisation)."
+        },
     )
     config_name: str | None = field(
         default=None,
-        metadata={"help": "Model config (name or dir), if not the same as the model's. Given without "
-                          "--model_name_or_path, the model is randomly initialised from it (offline use, "
-                          "benchmarks), as in transformers' examples."},
+        metadata={
+            "help": "Model config (name or dir), if not the same as the model's. Given without "
+            "--model_name_or_path, the model is randomly initialised from it (offline use, "
+            "benchmarks), as in transformers' examples."
+        },
     )
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "Tokenizer name or dir, if not the same as the model's."}
     )
     attn_implementation: str = field(
         default="auto",
-        metadata={"help": "Attention kernel: auto (sdpa where the model supports it, else eager; the log says "
-                          "which), sdpa (PyTorch fused) or eager."},
+        metadata={
+            "help": "Attention kernel: auto (sdpa where the model supports it, else eager; the log says "
+            "which), sdpa (PyTorch fused) or eager."
+        },
     )
 
     def __post_init__(self) -> None:
-        _require(self.attn_implementation in ("auto", "sdpa", "eager"), "attn_implementation",
-                 f"{self.attn_implementation!r} is not auto, sdpa or eager")
+        _require(
+            self.attn_implementation in ("auto", "sdpa", "eager"),
+            "attn_implementation",
+            f"{self.attn_implementation!r} is not auto, sdpa or eager",
+        )
         if self.config_name is not None and Path(self.config_name).exists():
-            _require((Path(self.config_name) / "config.json").is_file() or Path(self.config_name).is_file(),
-                     "config_name", f"{self.config_name!r} has no config.json")
+            _require(
+                (Path(self.config_name) / "config.json").is_file() or Path(self.config_name).is_file(),
+                "config_name",
+                f"{self.config_name!r} has no config.json",
+            )
         if self.model_name_or_path is None and self.config_name is None:
             self.model_name_or_path = DEFAULT_MODEL
 
@@ -147,8 +171,10 @@ class DataArgs:
 
     dataset_name: str | None = field(
         default=None,
-        metadata={"help": "Dataset on the hub, for the splits no local file gives (default without local files: "
-                          "squad, or squad_v2 with --version_2_with_negative)."},
+        metadata={
+            "help": "Dataset on the hub, for the splits no local file gives (default without local files: "
+            "squad, or squad_v2 with --version_2_with_negative)."
+        },
     )
     dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset config name."})
     train_file: str | None = field(
@@ -159,17 +185,23 @@ class DataArgs:
     )
     test_file: str | None = field(
         default=None,
-        metadata={"help": "Questions to answer with --do_predict: nested SQuAD JSON or flat JSON lines; "
-                          "answers may be missing."},
+        metadata={
+            "help": "Questions to answer with --do_predict: nested SQuAD JSON or flat JSON lines; "
+            "answers may be missing."
+        },
     )
     version_2_with_negative: bool = field(
         default=False,
-        metadata={"help": "SQuAD v2.0: questions may have no answer (labelled at CLS); evaluation reports "
-                          "the official v2.0 metrics."},
+        metadata={
+            "help": "SQuAD v2.0: questions may have no answer (labelled at CLS); evaluation reports "
+            "the official v2.0 metrics."
+        },
     )
     max_seq_length: int = field(default=384, metadata={"help": "Tokens per window (question + context)."})
     doc_stride: int = field(default=128, metadata={"help": "Overlap in tokens between windows of a long context."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Truncate the training questions (debug, benchmarks)."})
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Truncate the training questions (debug, benchmarks)."}
+    )
     max_eval_samples: int | None = field(default=None, metadata={"help": "Truncate the evaluation questions."})
     max_predict_samples: int | None = field(default=None, metadata={"help": "Truncate the --test_file questions."})
     overwrite_cache: bool = field(default=False, metadata={"help": "Ignore cached features."})
@@ -184,8 +216,10 @@ class DataArgs:
     per_device_eval_batch_size: int = field(default=64, metadata={"help": "Evaluation batch per process."})
     dataloader_num_workers: int | None = field(
         default=None,
-        metadata={"help": "Dataloader worker processes per rank (default: 2 on GPUs, where collation then overlaps "
-                          "the step; 0 on CPU, where workers would take cores from the step)."},
+        metadata={
+            "help": "Dataloader worker processes per rank (default: 2 on GPUs, where collation then overlaps "
+            "the step; 0 on CPU, where workers would take cores from the step)."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -195,8 +229,11 @@ class DataArgs:
             value = getattr(self, name)
             _require(value is None or value > 0, name, f"must be at least 1 question, got {value}")
         _require(self.doc_stride > 0, "doc_stride", f"must be positive, got {self.doc_stride}")
-        _require(self.doc_stride < self.max_seq_length, "doc_stride",
-                 f"{self.doc_stride} must be smaller than --max_seq_length {self.max_seq_length}")
+        _require(
+            self.doc_stride < self.max_seq_length,
+            "doc_stride",
+            f"{self.doc_stride} must be smaller than --max_seq_length {self.max_seq_length}",
+        )
         _require(self.max_seq_length <= 8192, "max_seq_length", f"{self.max_seq_length} is not a BERT window size")
         _check_file(self.train_file, "train_file")
         _check_file(self.validation_file, "validation_file")
@@ -211,8 +248,10 @@ class OptimArgs:
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay (not on biases and LayerNorm)."})
     optim: str = field(
         default="adamw_torch_fused",
-        metadata={"help": "adamw_torch_fused (one fused kernel on CUDA; plain AdamW elsewhere) or adamw_torch. "
-                          "A DeepSpeed JSON with its own optimizer section overrides both."},
+        metadata={
+            "help": "adamw_torch_fused (one fused kernel on CUDA; plain AdamW elsewhere) or adamw_torch. "
+            "A DeepSpeed JSON with its own optimizer section overrides both."
+        },
     )
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
@@ -224,13 +263,22 @@ class OptimArgs:
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
     lr_scheduler_type: str = field(default="linear", metadata={"help": f"One of {', '.join(SCHEDULERS)}."})
     num_warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})
-    warmup_ratio: float = field(default=0.0, metadata={"help": "Warm-up as a fraction of all steps (if --num_warmup_steps is 0)."})
+    warmup_ratio: float = field(
+        default=0.0, metadata={"help": "Warm-up as a fraction of all steps (if --num_warmup_steps is 0)."}
+    )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm; 0 disables."})
 
     def __post_init__(self) -> None:
         _positive(self, "gradient_accumulation_steps", "learning_rate")
-        _not_negative(self, "max_train_steps", "weight_decay", "num_train_epochs", "num_warmup_steps", "max_grad_norm",
-                      "adam_epsilon")
+        _not_negative(
+            self,
+            "max_train_steps",
+            "weight_decay",
+            "num_train_epochs",
+            "num_warmup_steps",
+            "max_grad_norm",
+            "adam_epsilon",
+        )
         _finite(self, "learning_rate", "weight_decay", "num_train_epochs", "adam_epsilon")
         # torch.optim.AdamW's own limits: it would refuse them with a traceback once the model is built, after
         # --overwrite_output_dir has removed the old run.
@@ -238,8 +286,11 @@ class OptimArgs:
             _require(0 <= getattr(self, name) < 1, name, f"must be in [0, 1), got {getattr(self, name)}")
         _require(0 <= self.warmup_ratio < 1, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         _require(self.optim in OPTIMIZERS, "optim", f"{self.optim!r} is not one of {', '.join(OPTIMIZERS)}")
-        _require(self.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type",
-                 f"{self.lr_scheduler_type!r} is not one of {', '.join(SCHEDULERS)}")
+        _require(
+            self.lr_scheduler_type in SCHEDULERS,
+            "lr_scheduler_type",
+            f"{self.lr_scheduler_type!r} is not one of {', '.join(SCHEDULERS)}",
+        )
 
 
 @dataclass
@@ -248,42 +299,73 @@ class EvalArgs:
 
     do_eval: bool = field(default=True, metadata={"help": "Evaluate EM/F1 after training (--no_eval to skip)."})
     eval_on_start: bool = field(
-        default=False, metadata={"help": "Also evaluate the model before the first step (as transformers' Trainer).",
-                                 "aliases": ("--eval_before_training",)})
+        default=False,
+        metadata={
+            "help": "Also evaluate the model before the first step (as transformers' Trainer).",
+            "aliases": ("--eval_before_training",),
+        },
+    )
     eval_strategy: Literal["no", "steps", "epoch"] = field(
-        default="no", metadata={"help": "Also evaluate during training: every --eval_steps steps, or every epoch. "
-                                        "EM/F1 go to the trackers as eval/* against the step."})
+        default="no",
+        metadata={
+            "help": "Also evaluate during training: every --eval_steps steps, or every epoch. "
+            "EM/F1 go to the trackers as eval/* against the step."
+        },
+    )
     eval_steps: float | None = field(
-        default=None, metadata={"help": "Steps between evaluations with --eval_strategy steps (default: "
-                                        "--logging_steps); below 1, a share of the run's steps (as Trainer)."})
+        default=None,
+        metadata={
+            "help": "Steps between evaluations with --eval_strategy steps (default: "
+            "--logging_steps); below 1, a share of the run's steps (as Trainer)."
+        },
+    )
     save_best: bool = field(
         default=False,
-        metadata={"help": "Keep the model with the best F1 seen (evaluations during training and the final one) in "
-                          "output_dir/best; the export to output_dir/final, and --do_predict's answers, are then that model."})
+        metadata={
+            "help": "Keep the model with the best F1 seen (evaluations during training and the final one) in "
+            "output_dir/best; the export to output_dir/final, and --do_predict's answers, are then that model."
+        },
+    )
     n_best_size: int = field(default=20, metadata={"help": "Start/end candidates per window."})
     max_answer_length: int = field(default=30, metadata={"help": "Longest answer in tokens."})
     null_score_diff_threshold: float = field(
         default=0.0,
-        metadata={"help": "SQuAD v2.0: answer \"\" when the null score beats the best span by more than this "
-                          "(the best_f1_thresh of an evaluation is a good value)."},
+        metadata={
+            "help": 'SQuAD v2.0: answer "" when the null score beats the best span by more than this '
+            "(the best_f1_thresh of an evaluation is a good value)."
+        },
     )
     do_predict: bool = field(
         default=False,
-        metadata={"help": "After training, answer --test_file: predict_predictions.json and "
-                          "predict_nbest_predictions.json (top --n_best_size with probabilities)."},
+        metadata={
+            "help": "After training, answer --test_file: predict_predictions.json and "
+            "predict_nbest_predictions.json (top --n_best_size with probabilities)."
+        },
     )
 
     def __post_init__(self) -> None:
         _positive(self, "n_best_size", "max_answer_length")
-        _require(self.eval_strategy in EVAL_STRATEGIES, "eval_strategy",
-                 f"{self.eval_strategy!r} is not one of {', '.join(EVAL_STRATEGIES)}")
+        _require(
+            self.eval_strategy in EVAL_STRATEGIES,
+            "eval_strategy",
+            f"{self.eval_strategy!r} is not one of {', '.join(EVAL_STRATEGIES)}",
+        )
         _check_interval(self.eval_steps, "eval_steps")
-        _require(self.eval_steps is None or self.eval_strategy == "steps", "eval_steps",
-                 f"is only used with --eval_strategy steps (got --eval_strategy {self.eval_strategy})")
-        _require(not self.save_best or self.eval_strategy != "no", "save_best",
-                 "needs evaluations during training to choose from: add --eval_strategy steps or epoch")
-        _require(self.null_score_diff_threshold == self.null_score_diff_threshold, "null_score_diff_threshold",
-                 "must be a number, got nan")
+        _require(
+            self.eval_steps is None or self.eval_strategy == "steps",
+            "eval_steps",
+            f"is only used with --eval_strategy steps (got --eval_strategy {self.eval_strategy})",
+        )
+        _require(
+            not self.save_best or self.eval_strategy != "no",
+            "save_best",
+            "needs evaluations during training to choose from: add --eval_strategy steps or epoch",
+        )
+        _require(
+            self.null_score_diff_threshold == self.null_score_diff_threshold,
+            "null_score_diff_threshold",
+            "must be a number, got nan",
+        )
 
     @property
     def needs_eval_data(self) -> bool:
@@ -297,9 +379,11 @@ class OutputArgs:
     output_dir: str = field(default="runs/qa_train", metadata={"help": "Where metrics, predictions and the model go."})
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Replace the run already in --output_dir: its metrics, model, checkpoints and logs are "
-                          "removed once the new run's flags, model config and data have passed their checks. "
-                          "Without it an occupied --output_dir is refused, unless resuming."},
+        metadata={
+            "help": "Replace the run already in --output_dir: its metrics, model, checkpoints and logs are "
+            "removed once the new run's flags, model config and data have passed their checks. "
+            "Without it an occupied --output_dir is refused, unless resuming."
+        },
     )
     checkpointing_steps: str | None = field(
         default=None, metadata={"help": "Save a resumable checkpoint every N steps, or 'epoch'."}
@@ -311,23 +395,34 @@ class OutputArgs:
     save_final_model: bool = field(default=True, metadata={"help": "Export model + tokenizer to output_dir/final."})
     report_to: str = field(
         default="wandb",
-        metadata={"help": "Trackers, comma- or space-separated: wandb, tensorboard, all (those two), none, or any "
-                          f"other accelerate tracker ({', '.join(TRACKERS[2:])}). W&B runs offline without "
-                          "credentials. Default: wandb (transformers' example tracks only with --with_tracking).",
-                  "nargs": "+"})
+        metadata={
+            "help": "Trackers, comma- or space-separated: wandb, tensorboard, all (those two), none, or any "
+            f"other accelerate tracker ({', '.join(TRACKERS[2:])}). W&B runs offline without "
+            "credentials. Default: wandb (transformers' example tracks only with --with_tracking).",
+            "nargs": "+",
+        },
+    )
     wandb_project: str | None = field(
-        default=None, metadata={"help": "W&B project (default: $WANDB_PROJECT, else qa-train)."})
+        default=None, metadata={"help": "W&B project (default: $WANDB_PROJECT, else qa-train)."}
+    )
     wandb_log_model: bool = field(
-        default=False, metadata={"help": "Log the exported model (output_dir/final) as a W&B artifact."})
+        default=False, metadata={"help": "Log the exported model (output_dir/final) as a W&B artifact."}
+    )
     run_name: str | None = field(default=None, metadata={"help": "Run name in W&B and reports."})
     logging_steps: float = field(
-        default=10, metadata={"help": "Read the loss back and log every N steps; below 1, a share of the run's steps "
-                                      "(0.01: a hundred logs a run, as Trainer)."})
+        default=10,
+        metadata={
+            "help": "Read the loss back and log every N steps; below 1, a share of the run's steps "
+            "(0.01: a hundred logs a run, as Trainer)."
+        },
+    )
     disable_tqdm: bool = field(default=False, metadata={"help": "No progress bar or progress lines."})
     progress_interval_s: float = field(
         default=30.0,
-        metadata={"help": "Where stderr is not a terminal (SLURM, CI): seconds between progress lines "
-                          "instead of a bar (0: every step)."},
+        metadata={
+            "help": "Where stderr is not a terminal (SLURM, CI): seconds between progress lines "
+            "instead of a bar (0: every step)."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -335,28 +430,49 @@ class OutputArgs:
         _not_negative(self, "progress_interval_s")
         names = self._report_names
         unknown = [n for n in names if n not in (*TRACKERS, "all", "none")]
-        _require(bool(names) and not unknown, "report_to",
-                 f"{self.report_to!r}: {', '.join(unknown) or 'empty'} is not a tracker "
-                 f"(choose from {', '.join(TRACKERS)}, all, none)")
-        _require(len(names) == 1 or not {"all", "none"} & set(names), "report_to",
-                 f"{self.report_to!r}: all and none stand alone")
+        _require(
+            bool(names) and not unknown,
+            "report_to",
+            f"{self.report_to!r}: {', '.join(unknown) or 'empty'} is not a tracker "
+            f"(choose from {', '.join(TRACKERS)}, all, none)",
+        )
+        _require(
+            len(names) == 1 or not {"all", "none"} & set(names),
+            "report_to",
+            f"{self.report_to!r}: all and none stand alone",
+        )
         _not_negative(self, "save_total_limit")
         _require(self.save_total_limit != 0, "save_total_limit", "must be at least 1 (omit it to keep all)")
-        _require(self.save_total_limit is None or self.checkpointing_steps is not None, "save_total_limit",
-                 "limits checkpoints, and none are written without --checkpointing_steps N or epoch")
+        _require(
+            self.save_total_limit is None or self.checkpointing_steps is not None,
+            "save_total_limit",
+            "limits checkpoints, and none are written without --checkpointing_steps N or epoch",
+        )
         # As --save_total_limit without checkpoints: a flag that could do nothing is refused, not ignored.
-        _require(not self.wandb_log_model or "wandb" in self.trackers, "wandb_log_model",
-                 f"logs the model to W&B, which --report_to {self.report_to} leaves out: add wandb to --report_to")
-        _require(not self.wandb_log_model or self.save_final_model, "wandb_log_model",
-                 "logs the exported model (output_dir/final), which --save_final_model false does not write")
+        _require(
+            not self.wandb_log_model or "wandb" in self.trackers,
+            "wandb_log_model",
+            f"logs the model to W&B, which --report_to {self.report_to} leaves out: add wandb to --report_to",
+        )
+        _require(
+            not self.wandb_log_model or self.save_final_model,
+            "wandb_log_model",
+            "logs the exported model (output_dir/final), which --save_final_model false does not write",
+        )
         if self.wandb_project is None:
             self.wandb_project = os.environ.get("WANDB_PROJECT") or "qa-train"
         if self.checkpointing_steps is not None and self.checkpointing_steps != "epoch":
-            _require(self.checkpointing_steps.isdigit() and int(self.checkpointing_steps) > 0, "checkpointing_steps",
-                     f"{self.checkpointing_steps!r} is neither a positive number of steps nor 'epoch'")
+            _require(
+                self.checkpointing_steps.isdigit() and int(self.checkpointing_steps) > 0,
+                "checkpointing_steps",
+                f"{self.checkpointing_steps!r} is neither a positive number of steps nor 'epoch'",
+            )
         if self.resume_from_checkpoint not in (None, "latest"):
-            _require(Path(self.resume_from_checkpoint).is_dir(), "resume_from_checkpoint",
-                     f"{self.resume_from_checkpoint!r} is not a checkpoint directory")
+            _require(
+                Path(self.resume_from_checkpoint).is_dir(),
+                "resume_from_checkpoint",
+                f"{self.resume_from_checkpoint!r} is not a checkpoint directory",
+            )
         _require(not Path(self.output_dir).is_file(), "output_dir", f"{self.output_dir!r} is a file")
 
     @property
@@ -383,44 +499,56 @@ class SystemArgs:
 
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = field(
         default="auto",
-        metadata={"help": "auto: the accelerate config's choice if it set one, else bf16 on a GPU that "
-                  "supports it and fp32 on CPU."},
+        metadata={
+            "help": "auto: the accelerate config's choice if it set one, else bf16 on a GPU that "
+            "supports it and fp32 on CPU."
+        },
     )
     torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
     torch_compile_mode: str | None = field(
         default=None,
-        metadata={"help": f"torch.compile's mode ({', '.join(COMPILE_MODES)}); naming one implies --torch_compile, "
-                  "as in transformers' Trainer. reduce-overhead replays CUDA graphs, one recorded per batch shape: "
-                  "one with --pad_to_max_length, one per padded length with dynamic padding."},
+        metadata={
+            "help": f"torch.compile's mode ({', '.join(COMPILE_MODES)}); naming one implies --torch_compile, "
+            "as in transformers' Trainer. reduce-overhead replays CUDA graphs, one recorded per batch shape: "
+            "one with --pad_to_max_length, one per padded length with dynamic padding."
+        },
     )
     torch_compile_backend: str | None = field(
         default=None,
-        metadata={"help": "torch.compile's backend (inductor by default; aot_eager traces and runs the graphs "
-                  "without generating kernels, to tell a compiler fault from a model fault); naming one implies "
-                  "--torch_compile, as in transformers' Trainer."},
+        metadata={
+            "help": "torch.compile's backend (inductor by default; aot_eager traces and runs the graphs "
+            "without generating kernels, to tell a compiler fault from a model fault); naming one implies "
+            "--torch_compile, as in transformers' Trainer."
+        },
     )
     torch_compile_regional: bool = field(
         default=False,
-        metadata={"help": "Compile only the encoder's repeated layers (accelerate's regional compilation): one "
-                  "layer's graph is compiled and reused by the others, so a cold compile takes a fraction of the "
-                  "whole model's, for a few percent of step time; the embeddings and the QA head are compiled "
-                  "apart. Implies --torch_compile."},
+        metadata={
+            "help": "Compile only the encoder's repeated layers (accelerate's regional compilation): one "
+            "layer's graph is compiled and reused by the others, so a cold compile takes a fraction of the "
+            "whole model's, for a few percent of step time; the embeddings and the QA head are compiled "
+            "apart. Implies --torch_compile."
+        },
     )
     gradient_checkpointing: bool = field(
         default=False,
-        metadata={"help": "Keep only each encoder layer's input through the forward pass and recompute the layer "
-                  "in the backward pass (transformers' non-reentrant activation checkpointing): activation memory "
-                  "falls from every layer's tensors to one layer's plus the layers' inputs, for about one more "
-                  "forward pass of compute per step. The model family must support it (ALBERT, MPNet and a few "
-                  "others do not)."},
+        metadata={
+            "help": "Keep only each encoder layer's input through the forward pass and recompute the layer "
+            "in the backward pass (transformers' non-reentrant activation checkpointing): activation memory "
+            "falls from every layer's tensors to one layer's plus the layers' inputs, for about one more "
+            "forward pass of compute per step. The model family must support it (ALBERT, MPNet and a few "
+            "others do not)."
+        },
     )
     seed: int = field(default=42, metadata={"help": "Seed for weights init, dropout and shuffling."})
     ddp_timeout: float = field(
         default=1800,
-        metadata={"help": "Seconds a rank waits in a collective (all-reduce, barrier) for the others before the run "
-                  "stops with an error: a rank that hangs or died ends the job instead of holding every GPU. "
-                  "As transformers' Trainer (1800); NCCL's own default would be 600. Raise it where one rank works "
-                  "alone for long (featurising a large dataset first, uploading a model)."},
+        metadata={
+            "help": "Seconds a rank waits in a collective (all-reduce, barrier) for the others before the run "
+            "stops with an error: a rank that hangs or died ends the job instead of holding every GPU. "
+            "As transformers' Trainer (1800); NCCL's own default would be 600. Raise it where one rank works "
+            "alone for long (featurising a large dataset first, uploading a model)."
+        },
     )
     throughput_warmup_steps: int = field(
         default=2, metadata={"help": "First optimizer steps left out of throughput figures."}
@@ -429,20 +557,32 @@ class SystemArgs:
 
     def __post_init__(self) -> None:
         _not_negative(self, "throughput_warmup_steps", "seed")
-        _require(0 < self.ddp_timeout <= 10**9, "ddp_timeout",
-                 f"must be a positive number of seconds up to 1e9, got {self.ddp_timeout:g}")  # nan and inf too
+        _require(
+            0 < self.ddp_timeout <= 10**9,
+            "ddp_timeout",
+            f"must be a positive number of seconds up to 1e9, got {self.ddp_timeout:g}",
+        )  # nan and inf too
         _require(self.seed < 2**32, "seed", f"must be below 2**32 (numpy's limit), got {self.seed}")
-        _require(self.torch_compile_mode in (None, *COMPILE_MODES), "torch_compile_mode",
-                 f"{self.torch_compile_mode!r} is not one of {', '.join(COMPILE_MODES)}")
+        _require(
+            self.torch_compile_mode in (None, *COMPILE_MODES),
+            "torch_compile_mode",
+            f"{self.torch_compile_mode!r} is not one of {', '.join(COMPILE_MODES)}",
+        )
         if self.torch_compile_backend is not None:
             import torch._dynamo  # only when the flag is given: it is a heavy import for a config check
 
             known = torch._dynamo.list_backends(exclude_tags=())
-            _require(self.torch_compile_backend in known, "torch_compile_backend",
-                     f"{self.torch_compile_backend!r} is not one of torch's backends ({', '.join(known)})")
-            _require(self.torch_compile_mode in (None, "default") or self.torch_compile_backend == "inductor",
-                     "torch_compile_mode", f"{self.torch_compile_mode!r} is an inductor mode; "
-                     f"--torch_compile_backend {self.torch_compile_backend} takes none")
+            _require(
+                self.torch_compile_backend in known,
+                "torch_compile_backend",
+                f"{self.torch_compile_backend!r} is not one of torch's backends ({', '.join(known)})",
+            )
+            _require(
+                self.torch_compile_mode in (None, "default") or self.torch_compile_backend == "inductor",
+                "torch_compile_mode",
+                f"{self.torch_compile_mode!r} is an inductor mode; "
+                f"--torch_compile_backend {self.torch_compile_backend} takes none",
+            )
         if self.torch_compile_mode is not None or self.torch_compile_backend is not None or self.torch_compile_regional:
             self.torch_compile = True  # as transformers' Trainer: naming a mode or backend asks for compiling
 
@@ -452,8 +592,14 @@ class SystemArgs:
         return None if self.torch_compile_mode in (None, "default") else self.torch_compile_mode
 
 
-GROUPS: dict[str, type] = {"model": ModelArgs, "data": DataArgs, "optim": OptimArgs, "eval": EvalArgs,
-                           "output": OutputArgs, "system": SystemArgs}
+GROUPS: dict[str, type] = {
+    "model": ModelArgs,
+    "data": DataArgs,
+    "optim": OptimArgs,
+    "eval": EvalArgs,
+    "output": OutputArgs,
+    "system": SystemArgs,
+}
 
 
 @dataclass
@@ -473,13 +619,22 @@ class TrainArgs:
         if d.dataset_name is None and d.train_file is None and d.validation_file is None:
             d.dataset_name = "squad_v2" if d.version_2_with_negative else "squad"
         # A local file and an implicit hub split would mix sources silently (and need the network).
-        _require(d.dataset_name is not None or d.train_file is not None, "validation_file",
-                 "is given without --train_file: add --train_file, or --dataset_name to train on a hub dataset")
-        _require(d.dataset_name is not None or d.validation_file is not None or not needs_eval, "train_file",
-                 "is given without --validation_file, so there is nothing to evaluate on: add --validation_file, "
-                 "--dataset_name to evaluate on a hub dataset's validation split, or --no_eval")
-        _require(not self.eval.do_predict or d.test_file is not None, "do_predict",
-                 "needs --test_file (the questions to answer: SQuAD JSON or JSON lines, answers optional)")
+        _require(
+            d.dataset_name is not None or d.train_file is not None,
+            "validation_file",
+            "is given without --train_file: add --train_file, or --dataset_name to train on a hub dataset",
+        )
+        _require(
+            d.dataset_name is not None or d.validation_file is not None or not needs_eval,
+            "train_file",
+            "is given without --validation_file, so there is nothing to evaluate on: add --validation_file, "
+            "--dataset_name to evaluate on a hub dataset's validation split, or --no_eval",
+        )
+        _require(
+            not self.eval.do_predict or d.test_file is not None,
+            "do_predict",
+            "needs --test_file (the questions to answer: SQuAD JSON or JSON lines, answers optional)",
+        )
         _require(d.test_file is None or self.eval.do_predict, "test_file", "is only read with --do_predict")
 
     @classmethod
@@ -488,8 +643,10 @@ class TrainArgs:
         unknown = set(values) - {f.name for group in GROUPS.values() for f in dataclasses.fields(group)}
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-        groups = {name: group(**{f.name: values[f.name] for f in dataclasses.fields(group) if f.name in values})
-                  for name, group in GROUPS.items()}
+        groups = {
+            name: group(**{f.name: values[f.name] for f in dataclasses.fields(group) if f.name in values})
+            for name, group in GROUPS.items()
+        }
         return cls(**groups)
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from qa_train.features import Features
+from qa_train.data.features import Features
 
 
 class WindowDataset(Dataset):
@@ -23,8 +23,11 @@ class WindowDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         lo, hi = self.f.row_start[i], self.f.row_start[i + 1]
-        item = {"input_ids": self.f.input_ids[lo:hi], "token_type_ids": self.f.token_type_ids[lo:hi],
-                "feature_index": i}
+        item = {
+            "input_ids": self.f.input_ids[lo:hi],
+            "token_type_ids": self.f.token_type_ids[lo:hi],
+            "feature_index": i,
+        }
         if self.with_labels:
             item["start_positions"] = self.f.start_positions[i]
             item["end_positions"] = self.f.end_positions[i]
@@ -38,8 +41,9 @@ class Collator:
     whose tokenizer makes none (RoBERTa, XLM-R).
     """
 
-    def __init__(self, pad_token_id: int, max_length: int, pad_to_max_length: bool, multiple: int = 8,
-                 token_types: bool = True) -> None:
+    def __init__(
+        self, pad_token_id: int, max_length: int, pad_to_max_length: bool, multiple: int = 8, token_types: bool = True
+    ) -> None:
         self.pad_token_id = pad_token_id
         self.max_length = max_length
         self.pad_to_max_length = pad_to_max_length
@@ -60,11 +64,14 @@ class Collator:
             ids[row, : lengths[row]] = x["input_ids"]
             types[row, : lengths[row]] = x["token_type_ids"]
         mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
-        batch = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask),
-                 "feature_index": torch.tensor([x["feature_index"] for x in items], dtype=torch.long),
-                 # Python ints, not a tensor: the prepared loader moves every tensor to the device, and reading
-                 # one back there would wait for the whole queued step, every micro-batch.
-                 "num_tokens": (int(lengths.sum()), len(items) * width)}
+        batch = {
+            "input_ids": torch.from_numpy(ids),
+            "attention_mask": torch.from_numpy(mask),
+            "feature_index": torch.tensor([x["feature_index"] for x in items], dtype=torch.long),
+            # Python ints, not a tensor: the prepared loader moves every tensor to the device, and reading
+            # one back there would wait for the whole queued step, every micro-batch.
+            "num_tokens": (int(lengths.sum()), len(items) * width),
+        }
         if self.token_types:
             batch["token_type_ids"] = torch.from_numpy(types)
         if "start_positions" in items[0]:
@@ -95,6 +102,6 @@ class LengthGroupedSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         rng = np.random.default_rng((self.seed, self.epoch))
         order = rng.permutation(len(self.lengths))
-        chunks = [order[i: i + self.group] for i in range(0, len(order), self.group)]
+        chunks = [order[i : i + self.group] for i in range(0, len(order), self.group)]
         sorted_chunks = [c[np.argsort(-self.lengths[c], kind="stable")] for c in chunks]
         return iter(np.concatenate(sorted_chunks).tolist())

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from qa_train.config import ConfigError
-from qa_train.data import DataError, Examples
+from qa_train.config.settings import ConfigError
+from qa_train.data.load import DataError, Examples
 
 # As in the original BERT SQuAD recipe: a longer question is cut so the context keeps its room.
 MAX_QUERY_LENGTH = 64
@@ -52,8 +52,11 @@ class PairTemplate:
         prefix = ids[: q_pos[0]]
         _check_layout(tokenizer, ids, prefix)
         return cls(
-            prefix=prefix, middle=ids[q_pos[-1] + 1: c_pos[0]], suffix=ids[c_pos[-1] + 1:],
-            type_question=types[q_pos[0]], type_context=types[c_pos[0]],
+            prefix=prefix,
+            middle=ids[q_pos[-1] + 1 : c_pos[0]],
+            suffix=ids[c_pos[-1] + 1 :],
+            type_question=types[q_pos[0]],
+            type_context=types[c_pos[0]],
             cls_index=int(np.flatnonzero(prefix == cls_id)[0]) if cls_id in prefix else 0,
         )
 
@@ -72,24 +75,26 @@ def _check_layout(tokenizer, pair_ids: np.ndarray, prefix: np.ndarray) -> None:
     if getattr(tokenizer, "padding_side", "right") != "right":
         unsupported.append(f"padding_side={tokenizer.padding_side!r}")
     if unsupported:
-        raise ConfigError(f"--tokenizer_name {tokenizer.name_or_path!r} ({type(tokenizer).__name__}): "
-                          f"{' and '.join(unsupported)} not supported; qa_train needs the classifier token "
-                          "first and padding on the right")
+        raise ConfigError(
+            f"--tokenizer_name {tokenizer.name_or_path!r} ({type(tokenizer).__name__}): "
+            f"{' and '.join(unsupported)} not supported; qa_train needs the classifier token "
+            "first and padding on the right"
+        )
 
 
 @dataclass
 class Features:
     """Ragged windows in flat arrays: window i is input_ids[row_start[i]:row_start[i+1]]."""
 
-    input_ids: np.ndarray        # int32 [total_tokens]
-    token_type_ids: np.ndarray   # int8 [total_tokens]
-    row_start: np.ndarray        # int64 [F + 1]
-    example_index: np.ndarray    # int32 [F]
-    context_offset: np.ndarray   # int32 [F]: position of the window's first context token in the window
-    context_span: np.ndarray     # int32 [F, 2]: [first, end) context token indices of the window
+    input_ids: np.ndarray  # int32 [total_tokens]
+    token_type_ids: np.ndarray  # int8 [total_tokens]
+    row_start: np.ndarray  # int64 [F + 1]
+    example_index: np.ndarray  # int32 [F]
+    context_offset: np.ndarray  # int32 [F]: position of the window's first context token in the window
+    context_span: np.ndarray  # int32 [F, 2]: [first, end) context token indices of the window
     start_positions: np.ndarray  # int32 [F]: cls_index when the answer is not wholly inside
-    end_positions: np.ndarray    # int32 [F]
-    cls_index: np.ndarray        # int32 [F]: the CLS token, where "no answer" is labelled and read (SQuAD v2.0)
+    end_positions: np.ndarray  # int32 [F]
+    cls_index: np.ndarray  # int32 [F]: the CLS token, where "no answer" is labelled and read (SQuAD v2.0)
     # int32 [total_tokens, 2]: character span of each context token in its context, (-1, -1) for question
     # and special tokens. Evaluation only (post-processing reads answers through it); None for training.
     offsets: np.ndarray | None = None
@@ -125,8 +130,15 @@ class Features:
     def _check_shapes(self) -> None:
         """Cheap consistency of the arrays' lengths: catches a damaged file whose zip checks passed."""
         n, total = len(self.example_index), len(self.input_ids)
-        expected = {"token_type_ids": (total,), "row_start": (n + 1,), "context_offset": (n,),
-                    "context_span": (n, 2), "start_positions": (n,), "end_positions": (n,), "cls_index": (n,)}
+        expected = {
+            "token_type_ids": (total,),
+            "row_start": (n + 1,),
+            "context_offset": (n,),
+            "context_span": (n, 2),
+            "start_positions": (n,),
+            "end_positions": (n,),
+            "cls_index": (n,),
+        }
         if self.offsets is not None:
             expected["offsets"] = (total, 2)
         for name, shape in expected.items():
@@ -150,9 +162,11 @@ def question_room(tpl: PairTemplate, max_seq_length: int, doc_stride: int) -> in
     no more than --doc_stride tokens per window (windows could not advance). Refuses flags that leave none."""
     room = min(MAX_QUERY_LENGTH, max_seq_length - tpl.num_special - doc_stride - 1)
     if room < 1:
-        raise ConfigError(f"--doc_stride {doc_stride}: with --max_seq_length {max_seq_length} and this tokenizer's "
-                          f"{tpl.num_special} special tokens a window has no room for the question; use --doc_stride "
-                          f"at most {max_seq_length - tpl.num_special - 2}")
+        raise ConfigError(
+            f"--doc_stride {doc_stride}: with --max_seq_length {max_seq_length} and this tokenizer's "
+            f"{tpl.num_special} special tokens a window has no room for the question; use --doc_stride "
+            f"at most {max_seq_length - tpl.num_special - 2}"
+        )
     return room
 
 
@@ -169,16 +183,23 @@ def tokenize_texts(tokenizer, texts: list[str], offsets: bool) -> tuple[list[np.
     for k in range(0, len(texts), TOKENIZE_CHUNK):
         # verbose=False: contexts longer than the model's positions are expected (they are cut into windows);
         # transformers would warn that they "will result in indexing errors".
-        enc = tokenizer(texts[k:k + TOKENIZE_CHUNK], add_special_tokens=False, return_offsets_mapping=offsets,
-                        return_attention_mask=False, return_token_type_ids=False, verbose=False)
+        enc = tokenizer(
+            texts[k : k + TOKENIZE_CHUNK],
+            add_special_tokens=False,
+            return_offsets_mapping=offsets,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+            verbose=False,
+        )
         ids.extend(np.asarray(x, dtype=np.int32) for x in enc["input_ids"])
         if offsets:
             offs.extend(np.asarray(x, dtype=np.int32).reshape(-1, 2) for x in enc["offset_mapping"])
     return ids, offs
 
 
-def featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int,
-              with_offsets: bool = False) -> Features:
+def featurize(
+    examples: Examples, tokenizer, max_seq_length: int, doc_stride: int, with_offsets: bool = False
+) -> Features:
     """Cut every question's context into windows; label the first gold answer (train and eval alike).
 
     A window that does not hold the whole answer, and every window of an unanswerable (SQuAD v2.0)
@@ -249,9 +270,11 @@ def _check_tokens(examples: Examples, tokenizer, q_ids: list[np.ndarray], ctx_le
         empty = [i for i, n in enumerate(lengths) if n == 0]
         if empty:
             i = empty[0]
-            raise DataError(f"{examples.source}: question {examples.ids[i]}: the {what} tokenises to nothing: "
-                            f"{_tokenizer_name(tokenizer)} drops every character of it ({len(empty)} question(s) "
-                            "like this)")
+            raise DataError(
+                f"{examples.source}: question {examples.ids[i]}: the {what} tokenises to nothing: "
+                f"{_tokenizer_name(tokenizer)} drops every character of it ({len(empty)} question(s) "
+                "like this)"
+            )
 
 
 def _answer_tokens(examples: Examples, i: int, offsets: np.ndarray, tokenizer) -> tuple[int, int] | None:
@@ -261,24 +284,35 @@ def _answer_tokens(examples: Examples, i: int, offsets: np.ndarray, tokenizer) -
     text, s_char = examples.answer_texts[i][0], examples.answer_starts[i][0]
     tokens = _char_to_token(offsets, s_char, s_char + len(text))
     if tokens is None:
-        raise DataError(f"{examples.source}: question {examples.ids[i]}: answer {text!r} at character {s_char} "
-                        f"covers no token: {_tokenizer_name(tokenizer)} drops every character of it")
+        raise DataError(
+            f"{examples.source}: question {examples.ids[i]}: answer {text!r} at character {s_char} "
+            f"covers no token: {_tokenizer_name(tokenizer)} drops every character of it"
+        )
     return tokens
 
 
-def _report_cut_questions(examples: Examples, q_ids: list[np.ndarray], room: int, max_seq_length: int,
-                          doc_stride: int) -> None:
+def _report_cut_questions(
+    examples: Examples, q_ids: list[np.ndarray], room: int, max_seq_length: int, doc_stride: int
+) -> None:
     """Long questions are cut, as BERT's max_query_length does; a warning when the window, not that limit,
     is what cuts them (small --max_seq_length or large --doc_stride), as the model then reads less of them."""
     cut = sum(len(q) > room for q in q_ids)
     if not cut:
         return
     if room < MAX_QUERY_LENGTH:
-        log.warning("%s: %d question(s) cut to their first %d tokens: --max_seq_length %d less --doc_stride %d "
-                    "leaves no more room", examples.source, cut, room, max_seq_length, doc_stride)
+        log.warning(
+            "%s: %d question(s) cut to their first %d tokens: --max_seq_length %d less --doc_stride %d "
+            "leaves no more room",
+            examples.source,
+            cut,
+            room,
+            max_seq_length,
+            doc_stride,
+        )
     else:
-        log.info("%s: %d question(s) cut to their first %d tokens (as BERT's max_query_length)",
-                 examples.source, cut, room)
+        log.info(
+            "%s: %d question(s) cut to their first %d tokens (as BERT's max_query_length)", examples.source, cut, room
+        )
 
 
 def window_offsets(features: Features, width: int) -> np.ndarray:
@@ -299,8 +333,15 @@ def window_offsets(features: Features, width: int) -> np.ndarray:
 def cache_key(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int, with_offsets: bool) -> str:
     vocab = tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer") else str(len(tokenizer))
     h = hashlib.sha256()
-    for part in (CACHE_VERSION, examples.fingerprint, str(len(examples)), hashlib.sha256(vocab.encode()).hexdigest(),
-                 str(max_seq_length), str(doc_stride), str(with_offsets)):
+    for part in (
+        CACHE_VERSION,
+        examples.fingerprint,
+        str(len(examples)),
+        hashlib.sha256(vocab.encode()).hexdigest(),
+        str(max_seq_length),
+        str(doc_stride),
+        str(with_offsets),
+    ):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:24]
@@ -315,8 +356,7 @@ def cache_dir() -> Path:
 # every bit of a small cache and truncating it at every byte: zipfile.BadZipFile, EOFError, ValueError
 # (bad .npy header, our shape check), TypeError (missing or unknown arrays), RuntimeError (a flipped
 # zip flag: "encrypted", NotImplementedError "compression method"), OSError; zlib.error for compressed ones.
-_UNREADABLE_CACHE = (OSError, EOFError, ValueError, KeyError, TypeError, RuntimeError, zipfile.BadZipFile,
-                     zlib.error)
+_UNREADABLE_CACHE = (OSError, EOFError, ValueError, KeyError, TypeError, RuntimeError, zipfile.BadZipFile, zlib.error)
 
 
 def _read_cache(path: Path, with_offsets: bool) -> Features | None:
@@ -332,8 +372,15 @@ def _read_cache(path: Path, with_offsets: bool) -> Features | None:
         return None
 
 
-def load_or_featurize(examples: Examples, tokenizer, max_seq_length: int, doc_stride: int, *,
-                      fresh_since: float = 0.0, with_offsets: bool = False) -> tuple[Features, bool]:
+def load_or_featurize(
+    examples: Examples,
+    tokenizer,
+    max_seq_length: int,
+    doc_stride: int,
+    *,
+    fresh_since: float = 0.0,
+    with_offsets: bool = False,
+) -> tuple[Features, bool]:
     """Reuse cached windows when the data, tokenizer and window settings are the same; returns (features, hit).
     Only a cache written at or after `fresh_since` (a `time.time()`) is reused: inf featurises again and
     replaces it (--overwrite_cache), a moment reuses one another process has replaced since."""
@@ -346,6 +393,7 @@ def load_or_featurize(examples: Examples, tokenizer, max_seq_length: int, doc_st
     try:
         features.save(path)
     except OSError as err:  # a read-only or full cache folder only costs time
-        log.warning("feature cache %s could not be written (%s); the next run will featurise again", path,
-                    err.strerror or err)
+        log.warning(
+            "feature cache %s could not be written (%s); the next run will featurise again", path, err.strerror or err
+        )
     return features, False

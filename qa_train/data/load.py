@@ -14,12 +14,13 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 # DataError and AnswerRule are imported from here by the rest of qa_train; records.py only checks.
-from qa_train.records import AnswerRule, DataError, check_record, json_kind, place, shown_id
+from qa_train.data.records import AnswerRule, DataError, check_record, json_kind, place, shown_id
 
 
 @dataclass
@@ -50,8 +51,14 @@ class Examples:
         if n is None or n >= len(self):
             return self
         return Examples(
-            self.source, self.ids[:n], self.titles[:n], self.contexts[:n], self.questions[:n],
-            self.answer_texts[:n], self.answer_starts[:n], f"{self.fingerprint}:head{n}",
+            self.source,
+            self.ids[:n],
+            self.titles[:n],
+            self.contexts[:n],
+            self.questions[:n],
+            self.answer_texts[:n],
+            self.answer_starts[:n],
+            f"{self.fingerprint}:head{n}",
         )
 
     def references(self) -> dict[str, list[str]]:
@@ -62,8 +69,13 @@ class Examples:
 Located = tuple[str, Any]
 
 # What compressed files start with: they are refused by name rather than as "not UTF-8".
-_COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"\xfd7zXZ\x00", "xz", "unxz"), (b"BZh", "bzip2", "bunzip2"),
-               (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"), (b"PK\x03\x04", "zip", "unzip"))
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip", "gunzip"),
+    (b"\xfd7zXZ\x00", "xz", "unxz"),
+    (b"BZh", "bzip2", "bunzip2"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+    (b"PK\x03\x04", "zip", "unzip"),
+)
 
 
 def _refuse_compressed(path: Path, raw: bytes) -> None:
@@ -79,8 +91,10 @@ def _decode(path: Path, raw: bytes) -> str:
     except UnicodeDecodeError as err:
         offset = err.start + (len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0)
         line = raw.count(b"\n", 0, offset) + 1
-        raise DataError(f"{path}: not UTF-8 text: byte {offset} (line {line}) is 0x{raw[offset]:02x} "
-                        f"({err.reason}); save the file as UTF-8") from None
+        raise DataError(
+            f"{path}: not UTF-8 text: byte {offset} (line {line}) is 0x{raw[offset]:02x} "
+            f"({err.reason}); save the file as UTF-8"
+        ) from None
 
 
 def text_lines(text: str) -> list[str]:
@@ -119,11 +133,17 @@ def _flatten_qa(path: Path, loc: str, qa: Any, title: Any, context: Any) -> Any:
         raise DataError(f"{path}: {place(loc, qa)}: 'answers' must be a list, found {json_kind(answers)}")
     for k, x in enumerate(answers):
         if not isinstance(x, dict):
-            raise DataError(f"{path}: {place(loc, qa)}: answers[{k}] must be an object with 'text' and "
-                            f"'answer_start', found {json_kind(x)}")
-    flat = {"id": qa.get("id"), "title": title, "context": context, "question": qa.get("question"),
-            "answers": {"text": [x.get("text") for x in answers],
-                        "answer_start": [x.get("answer_start") for x in answers]}}
+            raise DataError(
+                f"{path}: {place(loc, qa)}: answers[{k}] must be an object with 'text' and "
+                f"'answer_start', found {json_kind(x)}"
+            )
+    flat = {
+        "id": qa.get("id"),
+        "title": title,
+        "context": context,
+        "question": qa.get("question"),
+        "answers": {"text": [x.get("text") for x in answers], "answer_start": [x.get("answer_start") for x in answers]},
+    }
     if "is_impossible" in qa:  # SQuAD v2.0's own flag, checked against the answers in _check_impossible
         flat["is_impossible"] = qa["is_impossible"]
     return flat
@@ -172,8 +192,9 @@ def _flat_records(path: Path, text: str) -> Iterator[Located]:
     if wrapped:
         doc = _list_at(path, "'data'", doc["data"], "articles or records")
     if not isinstance(doc, list):
-        raise DataError(f"{path}: expected SQuAD JSON with a 'data' list, JSON lines, or a list of records; "
-                        f"found {json_kind(doc)}")
+        raise DataError(
+            f"{path}: expected SQuAD JSON with a 'data' list, JSON lines, or a list of records; found {json_kind(doc)}"
+        )
     nested = bool(doc) and isinstance(doc[0], dict) and "paragraphs" in doc[0]
     for a, article in enumerate(doc):
         if isinstance(article, dict) and "paragraphs" in article:
@@ -230,8 +251,14 @@ def load_hub(name: str, config_name: str | None, split: str, rule: AnswerRule = 
     return examples
 
 
-def load_split(file: str | None, dataset_name: str | None, config_name: str | None, split: str,
-               limit: int | None, rule: AnswerRule = "required") -> Examples:
+def load_split(
+    file: str | None,
+    dataset_name: str | None,
+    config_name: str | None,
+    split: str,
+    limit: int | None,
+    rule: AnswerRule = "required",
+) -> Examples:
     """Local file if given, else the hub dataset's split; then the first `limit` questions."""
     examples = load_file(file, rule) if file else load_hub(str(dataset_name), config_name, split, rule)
     return examples.head(limit)

@@ -11,11 +11,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
-from qa_train.batching import Collator, LengthGroupedSampler, WindowDataset
-from qa_train.config import DataArgs, TrainArgs
-from qa_train.data import Examples, load_file, load_split
-from qa_train.features import Features, load_or_featurize
-from qa_train.preemption import shield_loader_worker
+from qa_train.config.settings import DataArgs, TrainArgs
+from qa_train.core.preemption import shield_loader_worker
+from qa_train.data.batching import Collator, LengthGroupedSampler, WindowDataset
+from qa_train.data.features import Features, load_or_featurize
+from qa_train.data.load import Examples, load_file, load_split
 
 log = logging.getLogger("qa_train")
 
@@ -34,12 +34,17 @@ class Inputs:
     test_features: Features | None = None
 
     def describe(self) -> str:
-        evaluation = (f"eval: {len(self.eval_examples)} questions -> {len(self.eval_features)} windows"
-                      if self.eval_examples is not None and self.eval_features is not None else "no eval split")
+        evaluation = (
+            f"eval: {len(self.eval_examples)} questions -> {len(self.eval_features)} windows"
+            if self.eval_examples is not None and self.eval_features is not None
+            else "no eval split"
+        )
         if self.test_examples is not None and self.test_features is not None:
             evaluation += f"; predict: {len(self.test_examples)} questions -> {len(self.test_features)} windows"
-        return (f"train: {self.num_train_examples} questions -> {len(self.train_features)} windows; {evaluation} "
-                f"(cache hits {self.cache_hits})")
+        return (
+            f"train: {self.num_train_examples} questions -> {len(self.train_features)} windows; {evaluation} "
+            f"(cache hits {self.cache_hits})"
+        )
 
 
 @dataclass
@@ -64,10 +69,14 @@ def shared_questions(train: Examples, evaluation: Examples | None, shown: int = 
     why = "EM/F1 will measure recall of the training data, not answering unseen questions"
     if len(shared) == len(evaluation):
         same = "; the files are identical" if train.fingerprint == evaluation.fingerprint else ""
-        return [f"{evaluation.source}: all {len(evaluation)} evaluation questions are training questions too "
-                f"(their ids are in {train.source}{same}); {why}"]
-    return [f"{evaluation.source}: {len(shared)} of {len(evaluation)} evaluation questions share an id with a "
-            f"training question in {train.source} (e.g. {', '.join(map(repr, shared[:shown]))}); {why}"]
+        return [
+            f"{evaluation.source}: all {len(evaluation)} evaluation questions are training questions too "
+            f"(their ids are in {train.source}{same}); {why}"
+        ]
+    return [
+        f"{evaluation.source}: {len(shared)} of {len(evaluation)} evaluation questions share an id with a "
+        f"training question in {train.source} (e.g. {', '.join(map(repr, shared[:shown]))}); {why}"
+    ]
 
 
 def load_splits(args: TrainArgs) -> Splits:
@@ -76,8 +85,11 @@ def load_splits(args: TrainArgs) -> Splits:
     d = args.data
     rule = "may_be_empty" if d.version_2_with_negative else "required"
     train = load_split(d.train_file, d.dataset_name, d.dataset_config_name, "train", d.max_train_samples, rule)
-    evaluation = (load_split(d.validation_file, d.dataset_name, d.dataset_config_name, "validation",
-                             d.max_eval_samples, rule) if args.eval.needs_eval_data else None)
+    evaluation = (
+        load_split(d.validation_file, d.dataset_name, d.dataset_config_name, "validation", d.max_eval_samples, rule)
+        if args.eval.needs_eval_data
+        else None
+    )
     test = load_file(d.test_file, "optional").head(d.max_predict_samples) if args.eval.do_predict else None
     return Splits(train, evaluation, test, shared_questions(train, evaluation))
 
@@ -92,19 +104,22 @@ def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> 
     # if the first process could not replace it), instead of each featurising and writing the same files again.
     since = 0.0 if not data.overwrite_cache else math.inf if accelerator.is_local_main_process else time.time()
     with accelerator.local_main_process_first():
-        features, hit = load_or_featurize(splits.train, tokenizer, data.max_seq_length, data.doc_stride,
-                                          fresh_since=since)
+        features, hit = load_or_featurize(
+            splits.train, tokenizer, data.max_seq_length, data.doc_stride, fresh_since=since
+        )
         inputs = Inputs(len(splits.train), features, cache_hits=[hit])
         splits.train = None  # type: ignore[assignment]  # the text is not needed once the windows are cut
         if splits.evaluation is not None:
             inputs.eval_examples = splits.evaluation
-            inputs.eval_features, hit = load_or_featurize(splits.evaluation, tokenizer, data.max_seq_length,
-                                                          data.doc_stride, fresh_since=since, with_offsets=True)
+            inputs.eval_features, hit = load_or_featurize(
+                splits.evaluation, tokenizer, data.max_seq_length, data.doc_stride, fresh_since=since, with_offsets=True
+            )
             inputs.cache_hits.append(hit)
         if splits.test is not None:
             inputs.test_examples = splits.test
-            inputs.test_features, hit = load_or_featurize(splits.test, tokenizer, data.max_seq_length, data.doc_stride,
-                                                          fresh_since=since, with_offsets=True)
+            inputs.test_features, hit = load_or_featurize(
+                splits.test, tokenizer, data.max_seq_length, data.doc_stride, fresh_since=since, with_offsets=True
+            )
             inputs.cache_hits.append(hit)
     return inputs
 
@@ -112,8 +127,12 @@ def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> 
 def _loader_options(data: DataArgs, on_cuda: bool) -> dict[str, Any]:
     workers = data.dataloader_num_workers if data.dataloader_num_workers is not None else (2 if on_cuda else 0)
     # Worker seeding stays torch's own (base seed + worker id): the init function only changes signal handling.
-    return {"num_workers": workers, "pin_memory": on_cuda, "persistent_workers": workers > 0,
-            "worker_init_fn": shield_loader_worker if workers > 0 else None}
+    return {
+        "num_workers": workers,
+        "pin_memory": on_cuda,
+        "persistent_workers": workers > 0,
+        "worker_init_fn": shield_loader_worker if workers > 0 else None,
+    }
 
 
 def collator(tokenizer, data: DataArgs, token_types: bool = True) -> Collator:
@@ -126,22 +145,37 @@ def inference_loader(features: Features, collate: Collator, data: DataArgs, on_c
     # An own generator, as the training loader's: without one every iterator draws its seed from the global RNG,
     # so each evaluation would shift the dropout of every later step (and a resumed run's --eval_on_start would
     # leave it on another path than the uninterrupted run).
-    return DataLoader(windows, batch_size=data.per_device_eval_batch_size, sampler=SequentialSampler(windows),
-                      generator=torch.Generator(), collate_fn=collate, **_loader_options(data, on_cuda))
+    return DataLoader(
+        windows,
+        batch_size=data.per_device_eval_batch_size,
+        sampler=SequentialSampler(windows),
+        generator=torch.Generator(),
+        collate_fn=collate,
+        **_loader_options(data, on_cuda),
+    )
 
 
-def build_loaders(inputs: Inputs, tokenizer, data: DataArgs, seed: int, on_cuda: bool,
-                  token_types: bool = True) -> tuple[DataLoader, DataLoader | None]:
+def build_loaders(
+    inputs: Inputs, tokenizer, data: DataArgs, seed: int, on_cuda: bool, token_types: bool = True
+) -> tuple[DataLoader, DataLoader | None]:
     """Unprepared loaders: accelerate shards them per rank in `prepare`."""
     collate = collator(tokenizer, data, token_types)
     train_set = WindowDataset(inputs.train_features, with_labels=True)
-    sampler = (LengthGroupedSampler(inputs.train_features.lengths, data.per_device_train_batch_size, seed)
-               if data.group_by_length else RandomSampler(train_set))
+    sampler = (
+        LengthGroupedSampler(inputs.train_features.lengths, data.per_device_train_batch_size, seed)
+        if data.group_by_length
+        else RandomSampler(train_set)
+    )
     # An own generator: otherwise every new iterator draws a seed from the global RNG, and a resumed
     # run (which makes one more iterator after restoring RNG state) would see different dropout.
-    train = DataLoader(train_set, batch_size=data.per_device_train_batch_size, sampler=sampler,
-                       generator=torch.Generator().manual_seed(seed), collate_fn=collate,
-                       **_loader_options(data, on_cuda))
+    train = DataLoader(
+        train_set,
+        batch_size=data.per_device_train_batch_size,
+        sampler=sampler,
+        generator=torch.Generator().manual_seed(seed),
+        collate_fn=collate,
+        **_loader_options(data, on_cuda),
+    )
     evaluation = None
     if inputs.eval_features is not None:
         evaluation = inference_loader(inputs.eval_features, collate, data, on_cuda)

@@ -1,6 +1,6 @@
 """One SQuAD record checked: its id, texts and answers, each fault one line naming the file, place and id.
 
-data.py reads files into located records (the place of each in its file) and calls `check_record` on each.
+load.py reads files into located records (the place of each in its file) and calls `check_record` on each.
 """
 
 from __future__ import annotations
@@ -70,8 +70,11 @@ def _check_shows_something(text: str, what: str) -> None:
         raise _Problem(f"empty {what}")
     if all(_invisible(ch) or unicodedata.category(ch) in _MARKS for ch in shown):  # stops at the first visible one
         codes = sorted({f"U+{ord(ch):04X}" for ch in text if not ch.isspace()})
-        kinds = ("invisible characters and combining marks" if any(unicodedata.category(ch) in _MARKS for ch in shown)
-                 else "invisible characters")
+        kinds = (
+            "invisible characters and combining marks"
+            if any(unicodedata.category(ch) in _MARKS for ch in shown)
+            else "invisible characters"
+        )
         raise _Problem(f"empty {what} (only {kinds}: {', '.join(codes[:4])})")
 
 
@@ -82,16 +85,21 @@ def _check_encodable(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
-        raise _Problem(f"{what} holds a lone UTF-16 surrogate U+{ord(text[err.start]):04X} at character {err.start} "
-                       "(half of a \\uXXXX pair; the other half was lost)") from None
+        raise _Problem(
+            f"{what} holds a lone UTF-16 surrogate U+{ord(text[err.start]):04X} at character {err.start} "
+            "(half of a \\uXXXX pair; the other half was lost)"
+        ) from None
 
 
 def _check_id(rec: dict[str, Any]) -> str:
     qid = usable_id(rec)
     if qid is None:
         raw = rec.get("id")
-        raise _Problem("question has no 'id'" if raw is None or isinstance(raw, str)
-                       else f"'id' must be a string or an integer, found {json_kind(raw)}")
+        raise _Problem(
+            "question has no 'id'"
+            if raw is None or isinstance(raw, str)
+            else f"'id' must be a string or an integer, found {json_kind(raw)}"
+        )
     _check_encodable(qid, "'id'")  # the predictions files are written as UTF-8, after training
     return qid
 
@@ -100,8 +108,9 @@ def _check_texts(rec: dict[str, Any]) -> None:
     for key in ("context", "question"):
         value = rec.get(key)
         if not isinstance(value, str):
-            raise _Problem(f"missing field '{key}'" if value is None
-                           else f"'{key}' must be a string, found {json_kind(value)}")
+            raise _Problem(
+                f"missing field '{key}'" if value is None else f"'{key}' must be a string, found {json_kind(value)}"
+            )
         if not value[:1].isalnum():
             _check_shows_something(value, key)
         _check_encodable(value, f"'{key}'")
@@ -115,8 +124,11 @@ def _answer_lists(rec: dict[str, Any], rule: AnswerRule) -> tuple[list, list]:
     if answers is None and "answers" not in rec and rule == "optional":
         return [], []
     if not isinstance(answers, dict):
-        raise _Problem("missing field 'answers' with 'text' and 'answer_start'" if answers is None else
-                       f"'answers' must be an object with 'text' and 'answer_start' lists, found {json_kind(answers)}")
+        raise _Problem(
+            "missing field 'answers' with 'text' and 'answer_start'"
+            if answers is None
+            else f"'answers' must be an object with 'text' and 'answer_start' lists, found {json_kind(answers)}"
+        )
     for key in ("text", "answer_start"):
         if key not in answers:
             raise _Problem(f"missing field 'answers' with 'text' and 'answer_start' (no '{key}')")
@@ -138,10 +150,12 @@ def _check_span(k: int, text: Any, start: Any, context: str) -> None:
         raise _Problem(f"answer {k}: 'answer_start' must be an integer, found {start!r}")
     if start < 0 or start + len(text) > len(context):
         raise _Problem(f"answer_start {start!r} is outside the context ({len(context)} characters)")
-    if context[start:start + len(text)] != text:
-        there = context[start:start + len(text)]
-        raise _Problem(f"answer_start {start} does not match text {text!r} (the context there reads {there!r})"
-                       f"{_unicode_form_hint(text, context)}")
+    if context[start : start + len(text)] != text:
+        there = context[start : start + len(text)]
+        raise _Problem(
+            f"answer_start {start} does not match text {text!r} (the context there reads {there!r})"
+            f"{_unicode_form_hint(text, context)}"
+        )
 
 
 def _unicode_form_hint(text: str, context: str) -> str:
@@ -158,8 +172,10 @@ def _check_impossible(rec: dict[str, Any], texts: list) -> None:
     if not isinstance(flag, bool):
         raise _Problem(f"'is_impossible' must be true or false, found {json_kind(flag)}")
     if flag and texts:
-        raise _Problem(f"'is_impossible' is true but it has {len(texts)} answer(s) (unanswerable questions have "
-                       "none; SQuAD v2.0 keeps their spans in 'plausible_answers')")
+        raise _Problem(
+            f"'is_impossible' is true but it has {len(texts)} answer(s) (unanswerable questions have "
+            "none; SQuAD v2.0 keeps their spans in 'plausible_answers')"
+        )
     if not flag and not texts:
         raise _Problem("'is_impossible' is false but 'answers' is empty")
 
@@ -173,8 +189,10 @@ def _checked(rec: Any, rule: AnswerRule) -> tuple[str, list[str], list[int]]:
     if "is_impossible" in rec and "answers" in rec:
         _check_impossible(rec, texts)
     if rule == "required" and not texts:
-        raise _Problem("no answers (SQuAD v1.1 questions are all answerable; for SQuAD v2.0 data, where a "
-                       "question may have none, pass --version_2_with_negative)")
+        raise _Problem(
+            "no answers (SQuAD v1.1 questions are all answerable; for SQuAD v2.0 data, where a "
+            "question may have none, pass --version_2_with_negative)"
+        )
     for k, (text, start) in enumerate(zip(texts, starts)):
         _check_span(k, text, start, rec["context"])
     return qid, texts, starts

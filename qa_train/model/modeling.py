@@ -9,21 +9,32 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from qa_train.config import ConfigError, ModelArgs, SystemArgs
-from qa_train.features import PairTemplate, question_room
+from qa_train.config.settings import ConfigError, ModelArgs, SystemArgs
+from qa_train.data.features import PairTemplate, question_room
 
 log = logging.getLogger("qa_train")
 
 # Families whose position ids start after the padding index (RoBERTa's create_position_ids_from_input_ids),
 # so a window may hold max_position_embeddings - pad_token_id - 1 tokens, not max_position_embeddings.
-OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm",
-                    "data2vec-text", "xmod"}
+OFFSET_POSITIONS = {
+    "roberta",
+    "xlm-roberta",
+    "xlm-roberta-xl",
+    "camembert",
+    "roberta-prelayernorm",
+    "data2vec-text",
+    "xmod",
+}
 
 
 # What from_pretrained reads a PyTorch model's weights from (transformers' SAFE_WEIGHTS_NAME, WEIGHTS_NAME and their
 # sharded indexes).
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 # What the hub takes for a model id: "name" or "org/name".
@@ -66,8 +77,10 @@ def check_weights(args: ModelArgs) -> None:
         _check_cached_weights(args.model_name_or_path)
         return
     if not any((path / name).is_file() for name in WEIGHT_FILES):
-        raise ConfigError(f"--model_name_or_path {args.model_name_or_path}: no weights ({', '.join(WEIGHT_FILES[::2])}"
-                          "); to train from random initialisation, pass the folder as --config_name instead")
+        raise ConfigError(
+            f"--model_name_or_path {args.model_name_or_path}: no weights ({', '.join(WEIGHT_FILES[::2])}"
+            "); to train from random initialisation, pass the folder as --config_name instead"
+        )
 
 
 def _check_cached_weights(hub_id: str) -> None:
@@ -78,9 +91,11 @@ def _check_cached_weights(hub_id: str) -> None:
     if not constants.is_offline_mode():
         return  # online, from_pretrained downloads them
     if not any(isinstance(try_to_load_from_cache(hub_id, name), str) for name in WEIGHT_FILES):
-        raise ConfigError(f"--model_name_or_path {hub_id}: HF_HUB_OFFLINE is set and its weights are not in the hub "
-                          f"cache ({constants.HF_HUB_CACHE}); download them where there is a network (hf download "
-                          f"{hub_id}) or pass a local folder")
+        raise ConfigError(
+            f"--model_name_or_path {hub_id}: HF_HUB_OFFLINE is set and its weights are not in the hub "
+            f"cache ({constants.HF_HUB_CACHE}); download them where there is a network (hf download "
+            f"{hub_id}) or pass a local folder"
+        )
 
 
 def load_tokenizer(args: ModelArgs):
@@ -92,8 +107,10 @@ def load_tokenizer(args: ModelArgs):
         raise ConfigError(f"--tokenizer_name {name!r}: a fast tokenizer is needed for offset mappings")
     # transformers 5 can silently build a near-empty vocab from a bad vocab file: every word -> [UNK].
     if len(tokenizer) < 100:
-        raise ConfigError(f"--tokenizer_name {name!r}: vocabulary has only {len(tokenizer)} tokens; "
-                         "check that the folder holds tokenizer.json or a valid vocab.txt")
+        raise ConfigError(
+            f"--tokenizer_name {name!r}: vocabulary has only {len(tokenizer)} tokens; "
+            "check that the folder holds tokenizer.json or a valid vocab.txt"
+        )
     PairTemplate.from_tokenizer(tokenizer)  # refuses a layout the windows cannot hold, before any data is read
     return tokenizer
 
@@ -115,8 +132,10 @@ def qa_model_class(config) -> type:
     try:
         return AutoModelForQuestionAnswering._model_mapping[type(config)]
     except KeyError:
-        raise ConfigError(f"model type {config.model_type!r} has no question-answering head in transformers "
-                          "(AutoModelForQuestionAnswering does not know it)") from None
+        raise ConfigError(
+            f"model type {config.model_type!r} has no question-answering head in transformers "
+            "(AutoModelForQuestionAnswering does not know it)"
+        ) from None
 
 
 def resolve_attention(args: ModelArgs, config) -> str:
@@ -126,8 +145,10 @@ def resolve_attention(args: ModelArgs, config) -> str:
     if args.attn_implementation == "auto":
         return "sdpa" if sdpa else "eager"
     if args.attn_implementation == "sdpa" and not sdpa:
-        raise ConfigError(f"--attn_implementation sdpa: {cls.__name__} does not support "
-                          "scaled_dot_product_attention; use auto (the default) or eager")
+        raise ConfigError(
+            f"--attn_implementation sdpa: {cls.__name__} does not support "
+            "scaled_dot_product_attention; use auto (the default) or eager"
+        )
     return args.attn_implementation
 
 
@@ -144,8 +165,9 @@ def checkpointing_unsupported(config) -> str | None:
     cls = qa_model_class(config)
     if getattr(cls, "supports_gradient_checkpointing", False):
         return None
-    return (f"{cls.__name__} (model type {config.model_type!r}) does not support activation checkpointing in "
-            "transformers")
+    return (
+        f"{cls.__name__} (model type {config.model_type!r}) does not support activation checkpointing in transformers"
+    )
 
 
 def enable_checkpointing(model) -> None:
@@ -173,8 +195,9 @@ def compile_model(model, system: SystemArgs, dynamic: bool) -> None:
     from accelerate.utils.other import compile_regions_deepspeed, has_repeated_blocks
 
     if not has_repeated_blocks(model):  # accelerate would compile nothing, and the run would train eagerly unsaid
-        raise ConfigError(f"--torch_compile_regional: {type(model).__name__} has no repeated layers to compile "
-                          "(use --torch_compile)")
+        raise ConfigError(
+            f"--torch_compile_regional: {type(model).__name__} has no repeated layers to compile (use --torch_compile)"
+        )
     # accelerate's in-place variant (written for DeepSpeed's engine): its other one wraps the layers and renames them.
     compile_regions_deepspeed(model, **kwargs)
 
@@ -225,8 +248,10 @@ def check_positions(config, tokenizer, max_seq_length: int, doc_stride: int | No
         limits["tokenizer model_max_length"] = tokenizer.model_max_length
     for what, limit in limits.items():
         if limit is not None and max_seq_length > limit:
-            raise ConfigError(f"--max_seq_length {max_seq_length}: the model has {limit} {what} "
-                              f"({getattr(config, '_name_or_path', '') or config.model_type}); use at most {limit}")
+            raise ConfigError(
+                f"--max_seq_length {max_seq_length}: the model has {limit} {what} "
+                f"({getattr(config, '_name_or_path', '') or config.model_type}); use at most {limit}"
+            )
     if doc_stride is not None:
         question_room(PairTemplate.from_tokenizer(tokenizer), max_seq_length, doc_stride)
 
@@ -250,11 +275,15 @@ def load_model(args: ModelArgs, tokenizer, config):
         model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=attention, dtype=torch.float32)
     else:
         model = AutoModelForQuestionAnswering.from_pretrained(
-            args.model_name_or_path, config=config, attn_implementation=attention, dtype=torch.float32,
+            args.model_name_or_path,
+            config=config,
+            attn_implementation=attention,
+            dtype=torch.float32,
         )
     if model.config.vocab_size < len(tokenizer):
-        raise ConfigError(f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
-                         f"{model.config.vocab_size}")
+        raise ConfigError(
+            f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model.config.vocab_size}"
+        )
     return model
 
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from qa_train import distributed
-from qa_train.config import OptimArgs, TrainArgs
+from qa_train.config.settings import OptimArgs, TrainArgs
+from qa_train.strategy import deepspeed_json
 
 
 @dataclass
@@ -26,16 +26,16 @@ def batches_per_rank(batches: int, num_processes: int) -> int:
 
 def plan_steps(optim: OptimArgs, batches_per_epoch: int) -> Plan:
     per_epoch = max(1, math.ceil(batches_per_epoch / optim.gradient_accumulation_steps))
-    total = (optim.max_train_steps if optim.max_train_steps is not None
-             else math.ceil(optim.num_train_epochs * per_epoch))
+    total = (
+        optim.max_train_steps if optim.max_train_steps is not None else math.ceil(optim.num_train_epochs * per_epoch)
+    )
     warmup = optim.num_warmup_steps or math.ceil(optim.warmup_ratio * total)
     return Plan(per_epoch, total, math.ceil(total / per_epoch) if total else 0, warmup)
 
 
 # torch's normalisation layers by type; RMSNorm (absent before torch 2.4) and the families' own norms
 # (T5LayerNorm, LlamaRMSNorm, ...) by their class name ending in "Norm".
-NORM_TYPES = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.LocalResponseNorm,
-              torch.nn.modules.batchnorm._NormBase)
+NORM_TYPES = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.LocalResponseNorm, torch.nn.modules.batchnorm._NormBase)
 
 
 def is_norm(module: torch.nn.Module) -> bool:
@@ -57,8 +57,10 @@ def param_groups(model, weight_decay: float) -> list[dict]:
     """Weight decay on weights; none on biases and normalisation layers (BERT's recipe)."""
     named = list(model.named_parameters())
     skip = no_decay_names(model)
-    return [{"params": [p for n, p in named if n not in skip], "weight_decay": weight_decay},
-            {"params": [p for n, p in named if n in skip], "weight_decay": 0.0}]
+    return [
+        {"params": [p for n, p in named if n not in skip], "weight_decay": weight_decay},
+        {"params": [p for n, p in named if n in skip], "weight_decay": 0.0},
+    ]
 
 
 def build_optimizer(accelerator, model, args: TrainArgs, plan: Plan):
@@ -66,18 +68,27 @@ def build_optimizer(accelerator, model, args: TrainArgs, plan: Plan):
     from transformers import get_scheduler
 
     o = args.optim
-    factor = distributed.scheduler_steps_per_update(accelerator)
+    factor = deepspeed_json.scheduler_steps_per_update(accelerator)
 
     def schedule(optimizer):
-        return get_scheduler(o.lr_scheduler_type, optimizer, num_warmup_steps=plan.warmup_steps * factor,
-                             num_training_steps=plan.total_steps * factor)
+        return get_scheduler(
+            o.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=plan.warmup_steps * factor,
+            num_training_steps=plan.total_steps * factor,
+        )
 
     def adamw(groups: list[dict]) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(groups, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_epsilon,
-                                 fused=o.optim == "adamw_torch_fused" and torch.cuda.is_available())
+        return torch.optim.AdamW(
+            groups,
+            lr=o.learning_rate,
+            betas=(o.adam_beta1, o.adam_beta2),
+            eps=o.adam_epsilon,
+            fused=o.optim == "adamw_torch_fused" and torch.cuda.is_available(),
+        )
 
     groups = param_groups(model, o.weight_decay)
-    return distributed.optimizer_and_scheduler(accelerator, groups, args, adamw, schedule)
+    return deepspeed_json.optimizer_and_scheduler(accelerator, groups, args, adamw, schedule)
 
 
 # What the flags set per parameter group; accelerate's load_state restores the checkpoint's values over them.
@@ -103,8 +114,9 @@ def hyperparameters(scheduler) -> Hyperparameters | None:
     sched = _lambda_scheduler(scheduler)
     if sched is None:
         return None
-    return Hyperparameters(list(sched.base_lrs),
-                           [{k: g[k] for k in GROUP_SETTINGS if k in g} for g in sched.optimizer.param_groups])
+    return Hyperparameters(
+        list(sched.base_lrs), [{k: g[k] for k in GROUP_SETTINGS if k in g} for g in sched.optimizer.param_groups]
+    )
 
 
 def reapply(scheduler, fresh: Hyperparameters | None) -> list[str]:

@@ -1,6 +1,6 @@
 """One run's history on one page, from its step log (train_log.jsonl: what every tracker was sent):
 
-    python -m qa_train.dashboard RUN_DIR [--output RUN_DIR/history.png]
+    qa-train dashboard RUN_DIR [--output RUN_DIR/history.png]
 
 Loss, evaluation F1 / exact match and training samples/s against the optimizer step. The same history
 is in the run's W&B and TensorBoard records; this needs neither.
@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from qa_train.tracking import read_step_log
+from qa_train.observe.recorder import read_step_log
 
 PANELS = (("train/loss", "training loss"), ("eval/f1", "evaluation"), ("throughput/samples_per_second", "samples/s"))
 
@@ -40,8 +40,9 @@ def history_figure(series: dict[str, list[tuple[int, float]]], title: str):
         for k in keys:
             points = series.get(k, [])
             if points:
-                ax.plot(*zip(*points), marker="o" if k.startswith("eval/") else None, markersize=3,
-                        label=k.split("/")[-1])
+                ax.plot(
+                    *zip(*points), marker="o" if k.startswith("eval/") else None, markersize=3, label=k.split("/")[-1]
+                )
         ax.set_xlabel("step")
         ax.set_title(label)
         ax.grid(alpha=0.3)
@@ -53,25 +54,23 @@ def history_figure(series: dict[str, list[tuple[int, float]]], title: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m qa_train.dashboard", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="qa-train dashboard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("run_dir", type=Path)
     p.add_argument("--output", type=Path, default=None, help="PNG to write (default: RUN_DIR/history.png).")
     opts = p.parse_args(argv)
     try:
         series = read_history(opts.run_dir)
     except (OSError, ValueError) as err:
-        print(f"qa_train.dashboard: error: {err}", file=sys.stderr)
+        print(f"qa-train dashboard: error: {err}", file=sys.stderr)
         return 2
     if "train/loss" not in series:
-        print(f"qa_train.dashboard: error: {opts.run_dir / 'train_log.jsonl'}: no training steps logged",
-              file=sys.stderr)
+        print(
+            f"qa-train dashboard: error: {opts.run_dir / 'train_log.jsonl'}: no training steps logged", file=sys.stderr
+        )
         return 2
     out = opts.output or opts.run_dir / "history.png"
     history_figure(series, opts.run_dir.name).savefig(out, dpi=100)
     print(f"wrote {out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -96,7 +96,7 @@ class HostMemory:
     def mark_baseline(self) -> None:
         """Record RSS as the idle baseline that training memory is measured above: called once the libraries,
         the model's code, the data and the process group are in memory but before any parameter exists, so
-        that the training peak minus this is what model states and activations took (qa_train.plan's estimate)."""
+        that the training peak minus this is what model states and activations took (qa_train.studies.planner's estimate)."""
         self.baseline = float(self._rss())
 
     def reset(self) -> None:

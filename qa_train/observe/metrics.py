@@ -13,15 +13,25 @@ from dataclasses import dataclass, field
 
 import torch
 
-from qa_train.hostmem import lifetime_peak_bytes
-from qa_train.schema import PerRank, TrainFigures
+from qa_train.observe.hostmem import lifetime_peak_bytes
+from qa_train.observe.schema import PerRank, TrainFigures
 
 GIB = 1024**3  # the *_gb keys of metrics.json are GiB, as nvidia-smi and torch report memory
 
 # Dense bf16/fp16 tensor-core peak per device, from vendor data sheets (TFLOP/s).
 PEAK_TFLOPS_16BIT = {
-    "H200": 989.0, "H100 SXM": 989.0, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.0,
-    "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10G": 125.0, "A10": 125.0, "V100": 125.0, "T4": 65.0,
+    "H200": 989.0,
+    "H100 SXM": 989.0,
+    "H100 NVL": 835.0,
+    "H100 PCIe": 756.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10G": 125.0,
+    "A10": 125.0,
+    "V100": 125.0,
+    "T4": 65.0,
 }
 
 

@@ -16,12 +16,25 @@ from dataclasses import dataclass
 
 import torch
 
-from qa_train.hostmem import HostMemory
-from qa_train.metrics import GIB, BatchCount, DeviceMemory, achieved
+from qa_train.observe.hostmem import HostMemory
+from qa_train.observe.metrics import GIB, BatchCount, DeviceMemory, achieved
 
 # One float row per rank: the order of Interval.gather's columns.
-COLUMNS = ("loss_sum", "micro_batches", "stop", "bad_grad_norms", "grad_norm_sum", "norms", "samples", "tokens",
-           "flops", "elapsed_s", "cuda_allocated_gib", "cuda_reserved_gib", "host_rss_gib")
+COLUMNS = (
+    "loss_sum",
+    "micro_batches",
+    "stop",
+    "bad_grad_norms",
+    "grad_norm_sum",
+    "norms",
+    "samples",
+    "tokens",
+    "flops",
+    "elapsed_s",
+    "cuda_allocated_gib",
+    "cuda_reserved_gib",
+    "host_rss_gib",
+)
 
 
 @dataclass
@@ -122,9 +135,21 @@ class IntervalMonitor:
         elapsed = max(time.perf_counter() - self.t0 - self.excluded_s, 1e-9)
         counted = torch.stack([self.loss_sum, self.bad_grad_norms, self.grad_norm_sum]).double()
         # The host's figures cross to the device as one tensor: each scalar copy would be a stream sync of its own.
-        host = torch.tensor([self.micro_batches, float(stop_requested), self.norms, self.samples, self.tokens,
-                             self.flops, elapsed, allocated, reserved,
-                             self.host_memory.take_interval_peak() / GIB], dtype=torch.float64).to(counted.device)
+        host = torch.tensor(
+            [
+                self.micro_batches,
+                float(stop_requested),
+                self.norms,
+                self.samples,
+                self.tokens,
+                self.flops,
+                elapsed,
+                allocated,
+                reserved,
+                self.host_memory.take_interval_peak() / GIB,
+            ],
+            dtype=torch.float64,
+        ).to(counted.device)
         mine = torch.cat([counted[:1], host[:2], counted[1:], host[2:]]).unsqueeze(0)  # in COLUMNS' order
         ranks = self.accelerator.gather(mine).cpu().tolist()
         self.start()

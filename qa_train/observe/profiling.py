@@ -10,8 +10,9 @@ import torch
 log = logging.getLogger("qa_train")
 
 
-def start_profiler(output_dir: Path, warmup_steps: int, rank: int, is_main: bool,
-                   on_cuda: bool) -> torch.profiler.profile:
+def start_profiler(
+    output_dir: Path, warmup_steps: int, rank: int, is_main: bool, on_cuda: bool
+) -> torch.profiler.profile:
     """Trace 3 optimizer steps after warm-up; the trace opens in TensorBoard or Perfetto.
     The caller steps it once per optimizer step and stops it at the end."""
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -31,7 +32,9 @@ def start_profiler(output_dir: Path, warmup_steps: int, rank: int, is_main: bool
             log.info("profiler trace written to %s", where)
 
     profiler = torch.profiler.profile(
-        activities=activities, on_trace_ready=ready, record_shapes=True,
+        activities=activities,
+        on_trace_ready=ready,
+        record_shapes=True,
         schedule=torch.profiler.schedule(wait=max(warmup_steps, 1), warmup=1, active=3, repeat=1),
     )
     profiler.start()

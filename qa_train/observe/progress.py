@@ -28,8 +28,15 @@ def _clock(seconds: float) -> str:
 class Progress:
     """`update()` once per step (or batch); `note()` whenever a fresh loss or learning rate is known."""
 
-    def __init__(self, label: str, total: int, done: int, unit: str, samples_per_unit: int,
-                 settings: tuple[bool, float, IO[str] | None]) -> None:
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        done: int,
+        unit: str,
+        samples_per_unit: int,
+        settings: tuple[bool, float, IO[str] | None],
+    ) -> None:
         enabled, self.interval_s, stream = settings
         self.label, self.total, self.unit, self.samples_per_unit = label, total, unit, samples_per_unit
         self.start_done = self.done = done
@@ -44,8 +51,15 @@ class Progress:
             # A pseudo-terminal that was never given a size (docker -t, some job shells) reports 0 columns,
             # and tqdm then draws an empty bar: a fixed width there.
             sized = _columns(stream) > 0
-            self.bar = tqdm(total=total, initial=done, desc=label, unit=unit, file=stream, dynamic_ncols=sized,
-                            ncols=None if sized else 100)
+            self.bar = tqdm(
+                total=total,
+                initial=done,
+                desc=label,
+                unit=unit,
+                file=stream,
+                dynamic_ncols=sized,
+                ncols=None if sized else 100,
+            )
 
     def note(self, **fields: float) -> None:
         self.fields.update({k: f"{v:.4g}" for k, v in fields.items()})
@@ -74,8 +88,10 @@ class Progress:
         left = (self.total - self.done) * elapsed / max(self.done - self.start_done, 1)
         extra = "".join(f", {k} {v}" for k, v in self.fields.items())
         units = f"{self.unit}es" if self.unit.endswith(("ch", "sh", "s", "x")) else f"{self.unit}s"
-        return (f"{self.label} {self.done}/{self.total} {units} ({100 * self.done / self.total:.0f}%), "
-                f"{self._rate():.1f} samples/s{extra}, elapsed {_clock(elapsed)}, ETA {_clock(left)}")
+        return (
+            f"{self.label} {self.done}/{self.total} {units} ({100 * self.done / self.total:.0f}%), "
+            f"{self._rate():.1f} samples/s{extra}, elapsed {_clock(elapsed)}, ETA {_clock(left)}"
+        )
 
     def over(self, items: Iterable[Any]) -> Iterator[Any]:
         for item in items:

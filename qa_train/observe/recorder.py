@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from qa_train.schema import RunMetrics
+from qa_train.observe.schema import RunMetrics
 
 log = logging.getLogger("qa_train")
 
@@ -63,10 +63,16 @@ class Tracker:
         WANDB_RUN_ID gives across SLURM requeues) the steps that one already logged are not sent to W&B."""
         self.wandb_floor = wandb_floor(run, self.output_dir, logged_up_to)
         if self.wandb_floor > resumed_at:
-            log.warning("W&B run %s already holds steps up to %d (logged by the interrupted run with this id): this "
-                        "run, resumed at step %d, sends W&B only its steps after %d; the others go to %s and the "
-                        "other trackers", getattr(run, "id", "?"), self.wandb_floor - 1, resumed_at,
-                        self.wandb_floor - 1, self.step_log.name)
+            log.warning(
+                "W&B run %s already holds steps up to %d (logged by the interrupted run with this id): this "
+                "run, resumed at step %d, sends W&B only its steps after %d; the others go to %s and the "
+                "other trackers",
+                getattr(run, "id", "?"),
+                self.wandb_floor - 1,
+                resumed_at,
+                self.wandb_floor - 1,
+                self.step_log.name,
+            )
 
     def _wandb(self, what: str, fn: Any) -> None:
         """fn(run) on the live W&B run, if there is one; a failure warns and leaves the run as it is."""
@@ -88,23 +94,27 @@ class Tracker:
 
     def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
         """A W&B Table (other trackers have no table type: the rows are in the predictions file)."""
+
         def table(run: Any) -> None:
             import wandb
 
             # A step the W&B run already holds (a resumed run with nothing left to train) would drop the table;
             # no step at all would be W&B's own count, which an offline run starts at 0.
             run.log({key: wandb.Table(columns=columns, data=rows)}, step=max(step, self.wandb_floor))
+
         self._wandb("table", table)
 
     def log_model(self, folder: Path, name: str) -> None:
         """The exported model as a W&B artifact (type model), uploaded with the run or by `wandb sync`; its
         metadata says which step the export is (with --save_best maybe not the last) and its scores."""
+
         def artifact(run: Any) -> None:
             import wandb
 
             art = wandb.Artifact(artifact_name(name), type="model", metadata=self._model_metadata(folder))
             art.add_dir(str(folder))
             run.log_artifact(art, aliases=["final"])
+
         self._wandb("model artifact", artifact)
 
     def _model_metadata(self, folder: Path) -> dict[str, Any]:
@@ -191,22 +201,36 @@ def summary_table(m: RunMetrics) -> str:
         before = f"  ({label}: EM {_fmt(m.initial_exact_match)}, F1 {_fmt(m.initial_f1)})"
     saves = f" ({_fmt(m.checkpoint_runtime_s, ' s')} of it checkpoints)" if m.checkpoint_runtime_s else ""
     rows = [
-        ("strategy", f"{_fmt(m.strategy)} (zero_stage={_fmt(m.zero_stage)}, offload={_fmt(m.offload)}), "
-                     f"world_size={_fmt(m.world_size)}, {_fmt(m.mixed_precision)}"),
+        (
+            "strategy",
+            f"{_fmt(m.strategy)} (zero_stage={_fmt(m.zero_stage)}, offload={_fmt(m.offload)}), "
+            f"world_size={_fmt(m.world_size)}, {_fmt(m.mixed_precision)}",
+        ),
         ("exact match / F1", f"{_fmt(m.exact_match)} / {_fmt(m.f1)}{before}"),
-        ("train steps", f"{_fmt(m.train_steps)} x global batch {_fmt(m.global_batch_size)} "
-                        f"({_fmt(m.num_train_features)} windows of {_fmt(m.max_seq_length)} max)"),
-        ("throughput", f"{_fmt(m.train_samples_per_second)} samples/s, "
-                       f"{_fmt(m.train_tokens_per_second)} tokens/s "
-                       f"({_fmt(m.train_padded_tokens_per_second)} padded)"),
+        (
+            "train steps",
+            f"{_fmt(m.train_steps)} x global batch {_fmt(m.global_batch_size)} "
+            f"({_fmt(m.num_train_features)} windows of {_fmt(m.max_seq_length)} max)",
+        ),
+        (
+            "throughput",
+            f"{_fmt(m.train_samples_per_second)} samples/s, "
+            f"{_fmt(m.train_tokens_per_second)} tokens/s "
+            f"({_fmt(m.train_padded_tokens_per_second)} padded)",
+        ),
         # Steps of a small model on a GPU take milliseconds: two decimals of a second would read 0.00.
         ("step time", f"{_fmt(m.train_step_time_s_mean, ' s', digits=4)}, MFU {_percent(m.mfu)}"),
-        ("peak memory", f"max {_fmt(mem.max, ' GiB')} / mean {_fmt(mem.mean, ' GiB')} per rank "
-                        f"[{_fmt(m.peak_memory_source)}]"),
+        (
+            "peak memory",
+            f"max {_fmt(mem.max, ' GiB')} / mean {_fmt(mem.mean, ' GiB')} per rank [{_fmt(m.peak_memory_source)}]",
+        ),
         ("peak host RSS", f"max {_fmt(rss.max, ' GiB')} per rank (lifetime)"),
         ("runtime", f"{_fmt(m.train_runtime_s, ' s')} training{saves}, {_fmt(m.total_runtime_s, ' s')} total"),
-        *([("compile", f"{m.compiled_graphs} graph(s) in {_fmt(m.compile_time_s, ' s')}, part of the training time")]
-          if m.compile_time_s is not None else []),
+        *(
+            [("compile", f"{m.compiled_graphs} graph(s) in {_fmt(m.compile_time_s, ' s')}, part of the training time")]
+            if m.compile_time_s is not None
+            else []
+        ),
         ("output", _fmt(m.output_dir)),
     ]
     width = max(len(k) for k, _ in rows)

@@ -67,7 +67,7 @@ class TrainFigures:
     host_rss_baseline_gb: PerRank = field(default_factory=PerRank)
     """Host RSS per rank right before the model's parameters were created (libraries, model code, data and
     process group already in memory), GiB: the idle baseline. train_host_rss_gb minus this is what model
-    states and activations took on CPU, the figure `qa_train.plan` estimates."""
+    states and activations took on CPU, the figure `qa_train.studies.planner` estimates."""
     peak_host_rss_gb: PerRank = field(default_factory=PerRank)
     """Lifetime host RSS peak per rank (loading and evaluation included), GiB."""
     compile_time_s: float | None = None

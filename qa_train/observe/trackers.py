@@ -19,7 +19,7 @@ from typing import Any
 
 from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, WandBTracker, on_main_process
 
-from qa_train.config import ConfigError
+from qa_train.config.settings import ConfigError
 
 log = logging.getLogger("qa_train")
 # wandb.init waits 90 s for an unreachable server by default (and its service 10 s more) while every other
@@ -62,9 +62,15 @@ def _start_online(wandb: Any, output_dir: Path, kwargs: dict[str, Any]) -> Any:
         return wandb.init(mode="online", settings=wandb.Settings(init_timeout=timeout), **kwargs)
     except Exception as err:  # noqa: BLE001 - CommError on timeout, AuthenticationError, ...
         reason = (str(err).strip().splitlines() or [""])[0][:200]
-        log.warning("W&B online run did not start (%s: %s; init timeout %g s): logging offline to %s, "
-                    "upload later with `wandb sync %s`", type(err).__name__, reason, timeout,
-                    output_dir / "wandb", output_dir / "wandb" / "offline-run-*")
+        log.warning(
+            "W&B online run did not start (%s: %s; init timeout %g s): logging offline to %s, "
+            "upload later with `wandb sync %s`",
+            type(err).__name__,
+            reason,
+            timeout,
+            output_dir / "wandb",
+            output_dir / "wandb" / "offline-run-*",
+        )
         return None
 
 
@@ -117,8 +123,7 @@ class Guarded(GeneralTracker):
         try:
             fn()
         except Exception as err:  # noqa: BLE001 - no tracker failure may stop training
-            warnings.warn(f"{self.name} {what} failed{', continuing without it' if fatal else ''}: {err}",
-                          stacklevel=3)
+            warnings.warn(f"{self.name} {what} failed{', continuing without it' if fatal else ''}: {err}", stacklevel=3)
             self.live = not fatal
 
     @on_main_process
@@ -149,8 +154,10 @@ def build_trackers(names: list[str], output_dir: Path, project: str, wandb_kwarg
     available = {str(t) for t in get_available_trackers()}
     missing = [name for name in names if name not in available]
     if missing:
-        raise ConfigError(f"--report_to: {', '.join(missing)} not installed here (installed: "
-                          f"{', '.join(sorted(available)) or 'none'}); pip install it or leave it out")
+        raise ConfigError(
+            f"--report_to: {', '.join(missing)} not installed here (installed: "
+            f"{', '.join(sorted(available)) or 'none'}); pip install it or leave it out"
+        )
     trackers = []
     for name in names:
         if name == "wandb":

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from qa_train.data import text_lines
+from qa_train.data.load import text_lines
 
 
 def _read_json(path: Path) -> object:
@@ -27,7 +27,7 @@ def _answer_texts(path: Path, qid: str, texts: object) -> list[str]:
 
 
 def _add(path: Path, refs: dict[str, list[str]], qid: object, texts: list[str]) -> None:
-    # Integer ids as training takes them (qa_train.data): the predictions file keys them as strings.
+    # Integer ids as training takes them (qa_train.data.load): the predictions file keys them as strings.
     if isinstance(qid, bool) or not isinstance(qid, (str, int)):
         raise ValueError(f"{path}: question id must be a string or an integer, got {qid!r}")
     qid = str(qid)
@@ -84,8 +84,12 @@ def _json_lines(path: Path, lines: list[str]) -> Iterator[tuple[str, object]]:
 
 def _is_flat(records: object) -> bool:
     """A list of flat records (as training also reads them), not of nested articles."""
-    return isinstance(records, list) and bool(records) and isinstance(records[0], dict) and (
-        "paragraphs" not in records[0])
+    return (
+        isinstance(records, list)
+        and bool(records)
+        and isinstance(records[0], dict)
+        and ("paragraphs" not in records[0])
+    )
 
 
 def read_references(path: Path) -> tuple[dict[str, list[str]], str | None]:
@@ -99,8 +103,11 @@ def read_references(path: Path) -> tuple[dict[str, list[str]], str | None]:
     version = None
     if isinstance(whole, dict) and "data" in whole:
         data = whole["data"]
-        refs = (_flat_references(path, ((f"data[{i}]", r) for i, r in enumerate(data))) if _is_flat(data)
-                else _nested_references(path, data))
+        refs = (
+            _flat_references(path, ((f"data[{i}]", r) for i, r in enumerate(data)))
+            if _is_flat(data)
+            else _nested_references(path, data)
+        )
         version = str(whole["version"]) if "version" in whole else None
     elif _is_flat(whole):  # a JSON list of flat records
         refs = _flat_references(path, ((f"record {i}", r) for i, r in enumerate(whole)))  # type: ignore[arg-type]

@@ -1,11 +1,11 @@
-"""SQuAD v1.1 exact match and F1 as an `evaluate` metric, scored by qa_train.squad_eval.
+"""SQuAD v1.1 exact match and F1 as an `evaluate` metric, scored by qa_train.squad.scoring.
 
 Inputs and outputs are those of the hub's "squad" metric, so code written for
 evaluate.load("squad") works unchanged, but nothing is downloaded and the numbers
-are exactly qa_train.squad_eval.score's:
+are exactly qa_train.squad.scoring.score's:
 
-    metric = evaluate.load(qa_train.squad_metric.SCRIPT)  # evaluate's own loader, offline
-    metric = qa_train.squad_metric.Squad()  # or construct it directly
+    metric = evaluate.load(qa_train.squad.metric.SCRIPT)  # evaluate's own loader, offline
+    metric = qa_train.squad.metric.Squad()  # or construct it directly
     metric.compute(
         predictions=[{"id": "q1", "prediction_text": "Denver Broncos"}],
         references=[{"id": "q1", "answers": {"text": ["Denver Broncos"], "answer_start": [177]}}],
@@ -25,7 +25,7 @@ from typing import Any
 import datasets
 import evaluate
 
-from qa_train.squad_eval import score
+from qa_train.squad.scoring import score
 
 # evaluate.load copies this file into its modules cache and imports the copy; it finds the
 # metric as the first non-abstract EvaluationModule subclass in the module's namespace, so
@@ -42,7 +42,7 @@ _CITATION = """\
 """
 
 _DESCRIPTION = (
-    "SQuAD v1.1 exact match and F1 with the official script's semantics (qa_train.squad_eval): "
+    "SQuAD v1.1 exact match and F1 with the official script's semantics (qa_train.squad.scoring): "
     "answers normalised (case, punctuation, articles, whitespace), best score over the gold "
     "answers, a question whose id has no prediction scores 0."
 )
@@ -58,7 +58,7 @@ Returns:
 
 
 class Squad(evaluate.Metric):
-    """The hub's "squad" metric, computed offline by qa_train.squad_eval.score."""
+    """The hub's "squad" metric, computed offline by qa_train.squad.scoring.score."""
 
     def _info(self) -> evaluate.MetricInfo:
         return squad_info(_DESCRIPTION, _CITATION, _INPUTS)
@@ -88,8 +88,11 @@ def squad_info(description: str, citation: str, inputs: str, **prediction_fields
         inputs_description=inputs,
         features=datasets.Features(
             {
-                "predictions": {"id": datasets.Value("string"), "prediction_text": datasets.Value("string"),
-                                **prediction_fields},
+                "predictions": {
+                    "id": datasets.Value("string"),
+                    "prediction_text": datasets.Value("string"),
+                    **prediction_fields,
+                },
                 "references": {
                     "id": datasets.Value("string"),
                     "answers": datasets.Sequence(

@@ -1,4 +1,4 @@
-"""SQuAD v2.0 metrics as an `evaluate` metric, scored by qa_train.squad_eval.score_v2.
+"""SQuAD v2.0 metrics as an `evaluate` metric, scored by qa_train.squad.scoring.score_v2.
 
 Inputs and outputs are those of the hub's "squad_v2" metric, so code written for
 evaluate.load("squad_v2") (transformers' run_qa examples with --version_2_with_negative) works
@@ -20,8 +20,8 @@ from pathlib import Path
 import datasets
 import evaluate
 
-from qa_train.squad_eval import score_v2
-from qa_train.squad_metric import _by_id, squad_info
+from qa_train.squad.metric import _by_id, squad_info
+from qa_train.squad.scoring import score_v2
 
 SCRIPT: str = str(Path(__file__).resolve())
 
@@ -35,7 +35,7 @@ _CITATION = """\
 """
 
 _DESCRIPTION = (
-    "SQuAD v2.0 metrics with the official script's semantics (qa_train.squad_eval.score_v2): exact and F1 "
+    "SQuAD v2.0 metrics with the official script's semantics (qa_train.squad.scoring.score_v2): exact and F1 "
     "over answerable (HasAns) and unanswerable (NoAns) questions, a prediction counted as 'no answer' when "
     "its no_answer_probability exceeds no_answer_threshold, and the best thresholds."
 )
@@ -53,13 +53,14 @@ Returns:
 
 
 class SquadV2(evaluate.Metric):
-    """The hub's "squad_v2" metric, computed offline by qa_train.squad_eval.score_v2."""
+    """The hub's "squad_v2" metric, computed offline by qa_train.squad.scoring.score_v2."""
 
     def _info(self) -> evaluate.MetricInfo:
         return squad_info(_DESCRIPTION, _CITATION, _INPUTS, no_answer_probability=datasets.Value("float32"))
 
-    def _compute(self, predictions: list[dict], references: list[dict],
-                 no_answer_threshold: float = 1.0) -> dict[str, float | int]:
+    def _compute(
+        self, predictions: list[dict], references: list[dict], no_answer_threshold: float = 1.0
+    ) -> dict[str, float | int]:
         golds = _by_id("references", references, lambda r: list(r["answers"]["text"]))
         preds = _by_id("predictions", predictions, lambda p: p["prediction_text"])
         na_probs = _by_id("predictions", predictions, lambda p: float(p["no_answer_probability"]))

@@ -89,9 +89,7 @@ def _check_inputs(
     if offsets.shape != (num_features, seq_len, 2):
         raise ValueError(f"offsets must have shape {(num_features, seq_len, 2)}, got {offsets.shape}")
     if feature_example_index.shape != (num_features,):
-        raise ValueError(
-            f"feature_example_index must have shape {(num_features,)}, got {feature_example_index.shape}"
-        )
+        raise ValueError(f"feature_example_index must have shape {(num_features,)}, got {feature_example_index.shape}")
     if not all(np.issubdtype(a.dtype, np.integer) for a in (feature_example_index, offsets)):
         raise ValueError(
             f"feature_example_index and offsets must be integer arrays, "
@@ -112,19 +110,20 @@ def _check_inputs(
         if not np.isfinite(logits).all():
             raise ValueError(f"{name} contains NaN or infinite values; mask with a finite number instead")
     if n_best_size < 1 or max_answer_length < 1:
-        raise ValueError(
-            f"n_best_size ({n_best_size}) and max_answer_length ({max_answer_length}) must both be >= 1"
-        )
+        raise ValueError(f"n_best_size ({n_best_size}) and max_answer_length ({max_answer_length}) must both be >= 1")
     if questions.null_index is not None:
         _check_null_index(np.asarray(questions.null_index), num_features, seq_len)
 
 
 def _check_null_index(null_index: np.ndarray, num_features: int, seq_len: int) -> None:
     if null_index.shape != (num_features,) or not np.issubdtype(null_index.dtype, np.integer):
-        raise ValueError(f"null_index must be an integer array of shape {(num_features,)}, "
-                         f"got {null_index.dtype} {null_index.shape}")
+        raise ValueError(
+            f"null_index must be an integer array of shape {(num_features,)}, got {null_index.dtype} {null_index.shape}"
+        )
     if num_features and (null_index.min() < 0 or null_index.max() >= seq_len):
-        raise ValueError(f"null_index must lie in [0, {seq_len}), got values in [{null_index.min()}, {null_index.max()}]")
+        raise ValueError(
+            f"null_index must lie in [0, {seq_len}), got values in [{null_index.min()}, {null_index.max()}]"
+        )
 
 
 def _top_k_positions(logits: np.ndarray, k: int) -> np.ndarray:
@@ -233,8 +232,9 @@ def _nbest(
         top = slice(lo, min(hi, lo + n_best_size))
         nbest[example_ids[i]] = [
             {"text": context[a:b], "score": sc, "start_logit": sl, "end_logit": el, "start": a, "end": b}
-            for a, b, sc, sl, el in zip(char_start[top], char_end[top], cand_scores[top], start_logit[top],
-                                        end_logit[top])
+            for a, b, sc, sl, el in zip(
+                char_start[top], char_end[top], cand_scores[top], start_logit[top], end_logit[top]
+            )
         ]
     return nbest
 
@@ -260,8 +260,9 @@ def postprocess_predictions(
     start_logits = np.asarray(start_logits)
     end_logits = np.asarray(end_logits)
     offsets = np.asarray(offsets)
-    questions = Questions(np.asarray(questions.feature_example_index), questions.example_ids, questions.contexts,
-                          questions.null_index)
+    questions = Questions(
+        np.asarray(questions.feature_example_index), questions.example_ids, questions.contexts, questions.null_index
+    )
     _check_inputs(start_logits, end_logits, offsets, questions, rules)
     ids, contexts = questions.example_ids, questions.contexts
     predictions = {qid: "" for qid in ids}
@@ -295,8 +296,14 @@ def _null_answers(start_logits: np.ndarray, end_logits: np.ndarray, questions: Q
     first = order[_first_per_group(fei[order])]
     out: list[dict | None] = [None] * len(questions.example_ids)
     for f in first.tolist():
-        out[int(fei[f])] = {"text": "", "score": float(s[f] + e[f]), "start_logit": float(s[f]),
-                            "end_logit": float(e[f]), "start": 0, "end": 0}
+        out[int(fei[f])] = {
+            "text": "",
+            "score": float(s[f] + e[f]),
+            "start_logit": float(s[f]),
+            "end_logit": float(e[f]),
+            "start": 0,
+            "end": 0,
+        }
     return out
 
 
@@ -307,12 +314,17 @@ def _with_probabilities(entries: list[dict]) -> list[dict]:
     scores = np.asarray([e["score"] for e in entries], dtype=np.float64)
     p = np.exp(scores - scores.max())
     p /= p.sum()
-    return [{"text": e["text"], "probability": float(q), **{k: v for k, v in e.items() if k != "text"}}
-            for e, q in zip(entries, p.tolist())]
+    return [
+        {"text": e["text"], "probability": float(q), **{k: v for k, v in e.items() if k != "text"}}
+        for e, q in zip(entries, p.tolist())
+    ]
 
 
 def answer_questions(
-    start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndarray, questions: Questions,
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    offsets: np.ndarray,
+    questions: Questions,
     rules: SpanRules = SpanRules(),
 ) -> Answers:
     """Every question's answer and n-best list with probabilities; SQuAD v2.0's null answer and odds when

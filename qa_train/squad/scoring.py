@@ -21,8 +21,8 @@ fails on the HasAns/NoAns breakdown).
 Also usable as a drop-in for the official scripts (v2.0 when the file says
 version v2.0, has unanswerable questions, or a no-answer file is given)::
 
-    python -m qa_train.squad_eval dev-v1.1.json predictions.json
-    python -m qa_train.squad_eval dev-v2.0.json predictions.json --na-prob-file null_odds.json [-t 1.0] [-o eval.json]
+    qa-train score dev-v1.1.json predictions.json
+    qa-train score dev-v2.0.json predictions.json --na-prob-file null_odds.json [-t 1.0] [-o eval.json]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from qa_train.squad_files import load_na_probs, load_predictions, read_references
+from qa_train.squad.files import load_na_probs, load_predictions, read_references
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -74,9 +74,7 @@ def _token_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def score(
-    references: Mapping[str, Sequence[str]], predictions: Mapping[str, str]
-) -> dict[str, float | int]:
+def score(references: Mapping[str, Sequence[str]], predictions: Mapping[str, str]) -> dict[str, float | int]:
     """Mean EM and F1 (in percent) over every question in ``references``.
 
     Returns ``{"exact_match", "f1", "total", "missing"}``. Questions missing
@@ -89,9 +87,7 @@ def score(
     for qid, golds in references.items():
         # A bare string is a Sequence too; iterating it would score characters.
         if isinstance(golds, str) or not golds:
-            raise ValueError(
-                f"score: question {qid}: expected a non-empty list of gold answers, got {golds!r}"
-            )
+            raise ValueError(f"score: question {qid}: expected a non-empty list of gold answers, got {golds!r}")
         if qid not in predictions:
             missing += 1
             continue
@@ -142,21 +138,27 @@ def _raw_scores_v2(
     return exact, f1s
 
 
-def _threshold(scores: dict[str, float], na_probs: Mapping[str, float], has_ans: dict[str, bool],
-               thresh: float) -> dict[str, float]:
+def _threshold(
+    scores: dict[str, float], na_probs: Mapping[str, float], has_ans: dict[str, bool], thresh: float
+) -> dict[str, float]:
     """A question whose no-answer probability exceeds `thresh` counts as answered "no answer"."""
-    return {qid: float(not has_ans[qid]) if qid in na_probs and na_probs[qid] > thresh else s
-            for qid, s in scores.items()}
+    return {
+        qid: float(not has_ans[qid]) if qid in na_probs and na_probs[qid] > thresh else s for qid, s in scores.items()
+    }
 
 
 def _summary(exact: dict[str, float], f1s: dict[str, float], qids: Sequence[str]) -> dict[str, float | int]:
     total = len(qids)
-    return {"exact": 100.0 * sum(exact[q] for q in qids) / total, "f1": 100.0 * sum(f1s[q] for q in qids) / total,
-            "total": total}
+    return {
+        "exact": 100.0 * sum(exact[q] for q in qids) / total,
+        "f1": 100.0 * sum(f1s[q] for q in qids) / total,
+        "total": total,
+    }
 
 
-def _best_threshold(predictions: Mapping[str, str], scores: dict[str, float], na_probs: Mapping[str, float],
-                    has_ans: dict[str, bool]) -> tuple[float, float]:
+def _best_threshold(
+    predictions: Mapping[str, str], scores: dict[str, float], na_probs: Mapping[str, float], has_ans: dict[str, bool]
+) -> tuple[float, float]:
     """The official find_best_thresh: start from "every question answered no-answer" and let questions
     in rising na_prob order answer, one at a time; the best score seen and the na_prob where it was.
     A question without a prediction scores 0 at every threshold, so it is not counted as a right no-answer."""
@@ -214,15 +216,20 @@ def score_v2(
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m qa_train.squad_eval",
+        prog="qa-train score",
         description="Evaluation for SQuAD v1.1 and v2.0 (the official scripts' semantics). v2.0 when the file "
         "says version v2.0, has unanswerable questions, or --na-prob-file is given.",
     )
     parser.add_argument("dataset_file", help="SQuAD JSON (official nested layout) or JSON lines")
     parser.add_argument("prediction_file", help="JSON object {question_id: answer_text}")
     parser.add_argument("--na-prob-file", "-n", help="v2.0: JSON object {question_id: no-answer probability}")
-    parser.add_argument("--na-prob-thresh", "-t", type=float, default=1.0,
-                        help='v2.0: predict "" if the no-answer probability exceeds this')
+    parser.add_argument(
+        "--na-prob-thresh",
+        "-t",
+        type=float,
+        default=1.0,
+        help='v2.0: predict "" if the no-answer probability exceeds this',
+    )
     parser.add_argument("--out-file", "-o", help="v2.0: write the metrics to this file instead of stdout")
     return parser
 
@@ -231,8 +238,9 @@ def _warn_missing(references: Mapping[str, object], predictions: Mapping[str, st
     unanswered = [qid for qid in references if qid not in predictions]
     if unanswered:
         shown = ", ".join(unanswered[:5]) + (", ..." if len(unanswered) > 5 else "")
-        print(f"{len(unanswered)} of {len(references)} questions have no prediction and score 0: {shown}",
-              file=sys.stderr)
+        print(
+            f"{len(unanswered)} of {len(references)} questions have no prediction and score 0: {shown}", file=sys.stderr
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -257,7 +265,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(json.dumps(result, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
-"""The launch agent of one machine (torchrun, or accelerate launch, which runs torchrun), as qa_train.launch runs it.
+"""The launch agent of one machine (torchrun, or accelerate launch, which runs torchrun), as qa_train.strategy.launch runs it.
 
-    python -m qa_train.agent torchrun|accelerate ARGS...    (what `torchrun ARGS` or `accelerate launch ARGS` do)
+    python -m qa_train.strategy.agent torchrun|accelerate ARGS...    (what `torchrun ARGS` or `accelerate launch ARGS` do)
 
 Both end a launch in which a rank failed by raising torch's ChildFailedError uncaught (accelerate's launcher of a
 single process, CalledProcessError): a 35-line traceback of the agent's own frames under the rank's one-line
@@ -16,13 +16,12 @@ from __future__ import annotations
 import signal
 import sys
 
-
 # Signals after which a rank had no chance to say why: where they usually come from.
 KILLED_BY = {
     signal.SIGKILL: "it could say nothing: the kernel's out-of-memory killer sends SIGKILL when host memory runs "
-                    "out (dmesg says so), as do kill -9 and a scheduler's hard limits",
+    "out (dmesg says so), as do kill -9 and a scheduler's hard limits",
     signal.SIGABRT: "often NCCL's watchdog, which aborts a rank whose collective waited past --ddp_timeout; its "
-                    "lines above say so if it was",
+    "lines above say so if it was",
 }
 
 
@@ -75,7 +74,7 @@ def main(argv: list[str]) -> int:
             sys.argv = ["accelerate launch", *args]  # accelerate's launcher parses sys.argv itself
             accelerate_launch()
         else:
-            print(f"qa_train.agent: unknown agent {which!r}: torchrun or accelerate", file=sys.stderr)
+            print(f"qa_train.strategy.agent: unknown agent {which!r}: torchrun or accelerate", file=sys.stderr)
             return 2
     except ChildFailedError as err:
         line, code = summary(err)
@@ -87,7 +86,7 @@ def main(argv: list[str]) -> int:
         line = f"the run exited with {code} (its own lines above say why)"
     else:
         return 0
-    print(f"qa_train.launch: {line}", file=sys.stderr, flush=True)
+    print(f"qa-train launch: {line}", file=sys.stderr, flush=True)
     return code
 
 

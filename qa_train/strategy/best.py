@@ -51,8 +51,9 @@ class BestModel:
     Scores exist on the main process only; every method that decides is a collective all ranks call, so
     they all decide alike."""
 
-    def __init__(self, accelerator: Any, output_dir: Path, keep: bool, resumed: bool,
-                 carried: dict[str, float] | None = None) -> None:
+    def __init__(
+        self, accelerator: Any, output_dir: Path, keep: bool, resumed: bool, carried: dict[str, float] | None = None
+    ) -> None:
         """`carried`: the best evaluation a resumed checkpoint recorded; with `keep`, the model kept in
         output_dir/best says which one it is."""
         self.accelerator, self.output_dir, self.keep = accelerator, output_dir, keep
@@ -62,15 +63,21 @@ class BestModel:
         seen = [b for b in (self.kept, BestScore(**carried) if resumed and carried else None) if b is not None]
         self.score = max(seen, key=lambda b: b.f1) if seen else None
         if keep and self.score is not None and self.score != self.kept and accelerator.is_main_process:
-            log.warning("the best evaluation so far (step %d, F1 %.2f) predates --save_best and has no model in "
-                        "%s: metrics.json's best_* count it; the export is chosen among the models evaluated "
-                        "from now on", self.score.step, self.score.f1, output_dir / "best")
+            log.warning(
+                "the best evaluation so far (step %d, F1 %.2f) predates --save_best and has no model in "
+                "%s: metrics.json's best_* count it; the export is chosen among the models evaluated "
+                "from now on",
+                self.score.step,
+                self.score.f1,
+                output_dir / "best",
+            )
 
     def _from_main(self, value: float) -> float:
         import torch
 
-        mine = torch.tensor(value if self.accelerator.is_main_process else 0.0, dtype=torch.float64,
-                            device=self.accelerator.device)
+        mine = torch.tensor(
+            value if self.accelerator.is_main_process else 0.0, dtype=torch.float64, device=self.accelerator.device
+        )
         return float(self.accelerator.reduce(mine, reduction="sum"))
 
     def offer(self, result: Any, step: int, export: Callable[[Path], Path]) -> None:
@@ -105,5 +112,9 @@ class BestModel:
         seen, kept = self.score, self.kept
         top = seen if seen is not None and (last is None or seen.f1 > last.f1) else last
         held = kept.step if self.keep and kept is not None and (last is None or kept.f1 > last.f1) else step
-        return {"best_eval_step": top.step if top else None, "best_exact_match": top.exact_match if top else None,
-                "best_f1": top.f1 if top else None, "exported_step": held if exported else None}
+        return {
+            "best_eval_step": top.step if top else None,
+            "best_exact_match": top.exact_match if top else None,
+            "best_f1": top.f1 if top else None,
+            "exported_step": held if exported else None,
+        }

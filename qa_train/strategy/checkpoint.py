@@ -1,7 +1,7 @@
 """Resumable checkpoints: which are complete and usable, and resuming from one (what one records besides
-accelerate's state, and which changes a resume may make, is qa_train.train_state).
+accelerate's state, and which changes a resume may make, is qa_train.strategy.train_state).
 
-A checkpoint (written by qa_train.saving) is complete only with its manifest, and usable only when every
+A checkpoint (written by qa_train.strategy.saving) is complete only with its manifest, and usable only when every
 file still has the size and, checked before a resume, the CRC32 the manifest records (`verify`).
 """
 
@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from qa_train.distributed import failed_ranks, run_fault
-from qa_train.train_state import TrainerState, is_int, resume_conflicts, state_from_json
+from qa_train.strategy.faults import failed_ranks, run_fault
+from qa_train.strategy.train_state import TrainerState, is_int, resume_conflicts, state_from_json
 
 log = logging.getLogger("qa_train")
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -79,8 +79,9 @@ def _step_folders(root: Path) -> list[Path]:
 
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
     """Finished checkpoints (trainer state and manifest present), oldest first; `verify` says if they are whole."""
-    return [p for p in _step_folders(checkpoint_root(output_dir))
-            if (p / STATE_FILE).is_file() and (p / MANIFEST).is_file()]
+    return [
+        p for p in _step_folders(checkpoint_root(output_dir)) if (p / STATE_FILE).is_file() and (p / MANIFEST).is_file()
+    ]
 
 
 def _read_manifest(path: Path) -> tuple[dict[str, int], dict[str, int]]:
@@ -230,8 +231,7 @@ def resolve_resume(spec: str | None, output_dir: str | Path, contents: bool = Fa
     if problem is None:
         return path
     good = _newest_good_sibling(path)
-    instead = (f"the newest good checkpoint there is {good}" if good
-               else f"there is no good checkpoint in {path.parent}")
+    instead = f"the newest good checkpoint there is {good}" if good else f"there is no good checkpoint in {path.parent}"
     raise CheckpointError(f"--resume_from_checkpoint {path}: {problem}; {instead}")
 
 
@@ -245,8 +245,11 @@ def latest_usable(root: Path, warn: bool, contents: bool = False) -> Path | None
             break
         skipped.append((path, problem))
     if warn:
-        instead = (f"resuming from {chosen} instead" if chosen
-                   else "no usable checkpoint left: starting from scratch (the damaged ones are kept)")
+        instead = (
+            f"resuming from {chosen} instead"
+            if chosen
+            else "no usable checkpoint left: starting from scratch (the damaged ones are kept)"
+        )
         for path, problem in skipped:
             log.warning("checkpoint %s skipped: %s; %s", path, problem, instead)
     return chosen
@@ -263,8 +266,12 @@ def set_aside_later(path: Path, output_dir: str | Path) -> list[Path]:
         if (_step_of(later) or 0) > step and verify(later) is None:
             moved.append(move_aside(later, "abandoned"))
     if moved:
-        log.warning("resuming from %s: the later checkpoints belong to the continuation it abandons; moved "
-                    "aside, not deleted: %s", path, ", ".join(str(m) for m in moved))
+        log.warning(
+            "resuming from %s: the later checkpoints belong to the continuation it abandons; moved "
+            "aside, not deleted: %s",
+            path,
+            ", ".join(str(m) for m in moved),
+        )
     return moved
 
 
@@ -282,7 +289,7 @@ def load_checkpoint(accelerator, path: Path, now: TrainerState | None = None) ->
     except library_errors() as err:  # corrupt content: SafetensorError, RuntimeError, pickle errors, DCP's ...
         error = own_error(err)
         if run_fault(error):
-            raise error  # not the checkpoint's fault: exit 7 or 6, as anywhere else in the run
+            raise error from err  # not the checkpoint's fault: exit 7 or 6, as anywhere else in the run
     # A rank's own files (its ZeRO optimizer shard) can fail where the others load: every rank learns which failed
     # and all refuse the checkpoint together. Alone, the failed rank left the others to meet it at the next
     # collective (a "connection closed by peer" traceback, or a hang), and its reason was never said (only rank
@@ -290,8 +297,11 @@ def load_checkpoint(accelerator, path: Path, now: TrainerState | None = None) ->
     failed = failed_ranks(accelerator, error is not None)
     if failed:
         rank = accelerator.process_index
-        message = (_load_failure(path, error, rank if accelerator.num_processes > 1 else None)
-                   if rank == failed[0] else f"checkpoint {path} could not be loaded: rank {failed[0]} failed")
+        message = (
+            _load_failure(path, error, rank if accelerator.num_processes > 1 else None)
+            if rank == failed[0]
+            else f"checkpoint {path} could not be loaded: rank {failed[0]} failed"
+        )
         raise CheckpointError(message, reporter=failed[0]) from error
     _warn_on_rng(path, accelerator.process_index)
     return saved if now is None else replace(saved, **now.contract())
@@ -310,11 +320,13 @@ def _check_contract(accelerator, path: Path, saved: TrainerState, now: TrainerSt
 def _load_failure(path: Path, err: BaseException, rank: int | None = None) -> str:
     step = _step_of(path)
     earlier = _newest_good_sibling(path, before=step)
-    hint = (f"if it is damaged, resume from the previous complete checkpoint: --resume_from_checkpoint {earlier}"
-            if earlier else f"there is no earlier complete checkpoint in {path.parent}")
+    hint = (
+        f"if it is damaged, resume from the previous complete checkpoint: --resume_from_checkpoint {earlier}"
+        if earlier
+        else f"there is no earlier complete checkpoint in {path.parent}"
+    )
     who = f"rank {rank}: " if rank is not None else ""
     return f"checkpoint {path} could not be loaded: {who}{one_line(err)}; {hint}"
-
 
 
 def _warn_on_rng(path: Path, process_index: int) -> None:
@@ -322,8 +334,12 @@ def _warn_on_rng(path: Path, process_index: int) -> None:
     rng = path / RNG_FILE.format(process_index)
     problem = _rng_problem(rng)
     if problem:
-        log.warning("%s: %s; this rank goes on with the RNG seeded at start-up, so dropout differs from an "
-                    "uninterrupted run (the resume is not bit-exact)", rng, problem)
+        log.warning(
+            "%s: %s; this rank goes on with the RNG seeded at start-up, so dropout differs from an "
+            "uninterrupted run (the resume is not bit-exact)",
+            rng,
+            problem,
+        )
 
 
 def _rng_problem(rng: Path) -> str | None:

@@ -1,6 +1,6 @@
 """Run qa_train under an accelerate config on GPUs, or the same config on CPU processes.
 
-    python -m qa_train.launch --config_file accelerate_configs/zero2.yaml [--cpu] [--num_processes 2] -- [qa_train flags]
+    qa-train launch --config_file accelerate_configs/zero2.yaml [--cpu] [--num_processes 2] -- [qa_train flags]
 
 On GPUs this is exactly `accelerate launch --config_file ... -m qa_train`. On CPU it picks the
 launch that really forms a process group there: `accelerate launch --multi_gpu` without CUDA
@@ -15,37 +15,24 @@ The launch runs as a child in a session of its own, so stop signals reach the ra
 this launcher: SIGTERM, SIGUSR1 and Ctrl-C ask every rank to checkpoint and stop (qa_train's own
 handler), a second Ctrl-C or SIGTERM, or --stop_grace_s without an exit, kills them, and no rank
 outlives the launcher. Its exit code is the launch's: the main process's own code where torchrun would
-report only 1, and on another machine that of the rank torch names as the root cause (qa_train.agent, which
+report only 1, and on another machine that of the rank torch names as the root cause (qa_train.strategy.agent, which
 also says that failure in one line instead of torchrun's traceback).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import yaml
 
-from qa_train.distributed import cpu_threads
-
+from qa_train.strategy.checks import cpu_threads
+from qa_train.strategy.supervise import DEFAULT_GRACE_S, agent_command, run_launch
 
 DEFAULT_IP, DEFAULT_PORT = "127.0.0.1", 29500  # accelerate's defaults
-DEFAULT_GRACE_S = 120.0
-RANK_MODULE = "qa_train"  # a process running `python [-u] -m qa_train` is a rank
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
-POLL_S = 0.2
-LEFTOVER_WAIT_S = 10.0
 
 
 class LaunchConfigError(ValueError):
@@ -62,8 +49,10 @@ def cpu_refusal(cfg: dict) -> str | None:
         return "FSDP on CPU processes is FSDP2: set fsdp_version: 2 under fsdp_config"
     # FSDP2's CPUOffloadPolicy asks torch for an accelerator device, which a CPU-only machine does not have.
     if str(fsdp.get("fsdp_offload_params", False)).lower() == "true":
-        return ("fsdp_offload_params: true offloads to the host from an accelerator, and CPU processes have none; "
-                "set it false")
+        return (
+            "fsdp_offload_params: true offloads to the host from an accelerator, and CPU processes have none; "
+            "set it false"
+        )
     return None
 
 
@@ -78,8 +67,10 @@ def read_config(path: str, launch_dir: Path | None = None) -> dict:
     except yaml.YAMLError as err:
         raise LaunchConfigError(f"--config_file {path}: not valid YAML: {err}") from None
     if not isinstance(cfg, dict) or not isinstance(cfg.get("deepspeed_config") or {}, dict):
-        raise LaunchConfigError(f"--config_file {path}: not an accelerate config (a YAML mapping of settings, "
-                                "with deepspeed_config a mapping too); see accelerate_configs/")
+        raise LaunchConfigError(
+            f"--config_file {path}: not an accelerate config (a YAML mapping of settings, "
+            "with deepspeed_config a mapping too); see accelerate_configs/"
+        )
     _check_deepspeed_keys(path, cfg, launch_dir or Path.cwd())
     return cfg
 
@@ -91,18 +82,31 @@ def _check_deepspeed_keys(path: str, cfg: dict, launch_dir: Path) -> None:
     if not ds_file:
         return
     if not (launch_dir / ds_file).is_file():
-        raise LaunchConfigError(f"{path}: deepspeed_config_file {ds_file} does not exist "
-                                "(paths are relative to the directory you launch from)")
-    banned = {"gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
-              "offload_param_device", "zero3_save_16bit_model", "mixed_precision"}
+        raise LaunchConfigError(
+            f"{path}: deepspeed_config_file {ds_file} does not exist "
+            "(paths are relative to the directory you launch from)"
+        )
+    banned = {
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "zero_stage",
+        "offload_optimizer_device",
+        "offload_param_device",
+        "zero3_save_16bit_model",
+        "mixed_precision",
+    }
     clash = sorted(banned & set(ds))
     if clash:
-        raise LaunchConfigError(f"{path}: {', '.join(clash)} must not be set next to deepspeed_config_file "
-                                f"{ds_file}; put \"auto\" in the JSON and pass the qa_train flag instead")
+        raise LaunchConfigError(
+            f"{path}: {', '.join(clash)} must not be set next to deepspeed_config_file "
+            f'{ds_file}; put "auto" in the JSON and pass the qa_train flag instead'
+        )
     # YAML reads an unquoted `no` as False.
     if cfg.get("mixed_precision", "no") not in ("no", False, None):
-        raise LaunchConfigError(f"{path}: mixed_precision must not be set next to deepspeed_config_file; "
-                                "use qa_train's --mixed_precision (bf16 by default on GPUs)")
+        raise LaunchConfigError(
+            f"{path}: mixed_precision must not be set next to deepspeed_config_file; "
+            "use qa_train's --mixed_precision (bf16 by default on GPUs)"
+        )
 
 
 def cuda_available() -> bool:
@@ -121,8 +125,9 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
         if count < 1:
             raise LaunchConfigError(f"{flag} must be at least 1, got {count}")
     if not 0 <= opts.machine_rank < machines:  # the other machines would wait for this one at the rendezvous
-        raise LaunchConfigError(f"--machine_rank {opts.machine_rank} is not one of the {machines} machine(s): "
-                                f"give 0 to {machines - 1}")
+        raise LaunchConfigError(
+            f"--machine_rank {opts.machine_rank} is not one of the {machines} machine(s): give 0 to {machines - 1}"
+        )
     if procs % machines:  # accelerate would start procs // machines per node without a word
         raise LaunchConfigError(f"--num_processes {procs} is not a multiple of --num_machines {machines}")
     refusal = cpu_refusal(cfg) if opts.cpu else None
@@ -150,9 +155,21 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     env.pop("ACCELERATE_USE_FSDP", None)  # one left in the shell would turn this DDP run into FSDP on CPU
     if procs == 1 and machines == 1:
         return [sys.executable, "-m", "qa_train", *train_args], env  # no process group, so no port
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(machines), "--node_rank",
-           str(opts.machine_rank), "--nproc_per_node", str(procs // machines),
-           "--master_addr", ip, "--master_port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(machines),
+        "--node_rank",
+        str(opts.machine_rank),
+        "--nproc_per_node",
+        str(procs // machines),
+        "--master_addr",
+        ip,
+        "--master_port",
+        str(port),
+    ]
     return cmd + ["-m", "qa_train", *train_args], env
 
 
@@ -178,24 +195,36 @@ def _config_int(cfg: dict, key: str, default: int, opts: argparse.Namespace) -> 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" in argv:
         cut = argv.index("--")
-        own, train_args = argv[:cut], argv[cut + 1:]
+        own, train_args = argv[:cut], argv[cut + 1 :]
     else:
         own, train_args = argv, []
-    p = argparse.ArgumentParser(prog="python -m qa_train.launch", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="qa-train launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config_file", required=True, help="An accelerate YAML from accelerate_configs/.")
     p.add_argument("--cpu", action="store_true", help="Run on CPU processes (default when no GPU is visible).")
     p.add_argument("--num_processes", type=int, default=None, help="Processes in total (all machines).")
     p.add_argument("--num_machines", type=int, default=None)
     p.add_argument("--machine_rank", type=int, default=0)
-    p.add_argument("--main_process_ip", default=None,
-                   help=f"Rank 0's address (default: the config's main_process_ip, else {DEFAULT_IP}).")
-    p.add_argument("--main_process_port", type=int, default=None,
-                   help=f"Rank 0's port (default: the config's main_process_port, else {DEFAULT_PORT}). "
-                        "Give each job on a node its own.")
-    p.add_argument("--stop_grace_s", type=float, default=DEFAULT_GRACE_S,
-                   help="After SIGTERM or Ctrl-C, how long the ranks get to checkpoint and exit before they are "
-                        "killed (default %(default)g).")
+    p.add_argument(
+        "--main_process_ip",
+        default=None,
+        help=f"Rank 0's address (default: the config's main_process_ip, else {DEFAULT_IP}).",
+    )
+    p.add_argument(
+        "--main_process_port",
+        type=int,
+        default=None,
+        help=f"Rank 0's port (default: the config's main_process_port, else {DEFAULT_PORT}). "
+        "Give each job on a node its own.",
+    )
+    p.add_argument(
+        "--stop_grace_s",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help="After SIGTERM or Ctrl-C, how long the ranks get to checkpoint and exit before they are "
+        "killed (default %(default)g).",
+    )
     p.add_argument("--dry_run", action="store_true", help="Print the command instead of running it.")
     opts, extra = p.parse_known_args(own)
     return opts, extra + train_args
@@ -206,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = read_config(opts.config_file)
         if not opts.cpu and not cuda_available():
-            print("qa_train.launch: no GPU visible, running on CPU processes", file=sys.stderr)
+            print("qa-train launch: no GPU visible, running on CPU processes", file=sys.stderr)
             opts.cpu = True
         cmd, env = build_command(cfg, opts, train_args)
     except LaunchConfigError as err:
-        print(f"qa_train.launch: error: {err}", file=sys.stderr)
+        print(f"qa-train launch: error: {err}", file=sys.stderr)
         return 2
     if cmd[0] == "accelerate" and shutil.which("accelerate") is None:
         cmd = [sys.executable, "-m", "accelerate.commands.launch", *cmd[2:]]
@@ -221,209 +250,4 @@ def main(argv: list[str] | None = None) -> int:
     return run_launch(agent_command(cmd), env, opts.stop_grace_s)
 
 
-def agent_command(cmd: list[str]) -> list[str]:
-    """The same launch through qa_train.agent, which says a failed rank in one line and exits with its code."""
-    if cmd[0] == "accelerate":
-        return [sys.executable, "-m", "qa_train.agent", "accelerate", *cmd[2:]]
-    if cmd[1:3] == ["-m", "accelerate.commands.launch"]:
-        return [sys.executable, "-m", "qa_train.agent", "accelerate", *cmd[3:]]
-    if cmd[1:3] == ["-m", "torch.distributed.run"]:
-        return [sys.executable, "-m", "qa_train.agent", "torchrun", *cmd[3:]]
-    return cmd  # one process, no agent
-
-
 # --- running the launch ------------------------------------------------------------------------
-
-def run_launch(cmd: list[str], env: dict[str, str], grace_s: float = DEFAULT_GRACE_S) -> int:
-    """Run the launch command to its end; its exit code, or the main process's own where torchrun says only 1."""
-    from qa_train.__main__ import STATUS_FILE_ENV
-
-    own_file = STATUS_FILE_ENV not in env
-    if own_file:
-        fd, name = tempfile.mkstemp(prefix="qa_train-status-")
-        os.close(fd)
-        env = {**env, STATUS_FILE_ENV: name}
-    status = Path(env[STATUS_FILE_ENV])
-    try:
-        code = Supervisor(cmd, env, grace_s).wait()
-        return _main_process_code(code, status)
-    finally:
-        if own_file:
-            status.unlink(missing_ok=True)
-
-
-def _main_process_code(code: int, status: Path) -> int:
-    try:
-        main_code = int(status.read_text().strip())
-    except (OSError, ValueError):
-        return code
-    # torchrun turns any failed rank into 1: rank 0's own code (preempted, diverged, refused) says more.
-    return main_code if code != 0 and main_code != 0 else code
-
-
-class Supervisor:
-    """The launch in a session of its own, so stop signals reach the ranks only through here.
-
-    Left in the launcher's process group, torchrun (and accelerate, which runs torchrun) would get the
-    group's signals itself: SIGUSR1 kills it and orphans the ranks, which torchrun starts in sessions
-    of their own; Ctrl-C becomes SIGINT in the ranks, which dies without a checkpoint.
-    """
-
-    def __init__(self, cmd: list[str], env: dict[str, str], grace_s: float) -> None:
-        self.grace_s = grace_s
-        self.pending: list[int] = []
-        self.deadline: float | None = None
-        self.me = psutil.Process()
-        self.others = {p.pid for p in self.me.children()}  # not ours to stop (a test runner's other children)
-        # As subreaper the launcher adopts ranks whose torchrun died, so it can still stop them.
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        # Handlers before the child exists: a signal in between is queued, not the launcher's death.
-        self.previous = {sig: signal.signal(sig, self._queue) for sig in STOP_SIGNALS}
-        try:
-            self.proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent())
-        except BaseException:
-            self._restore()
-            raise
-
-    def _queue(self, signum: int, frame) -> None:  # noqa: ARG002
-        self.pending.append(signum)  # acted on in wait(), outside the handler
-
-    def wait(self) -> int:
-        try:
-            while True:
-                try:
-                    code = self.proc.wait(timeout=POLL_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    self._act()
-        finally:
-            self._end_leftovers()
-            self._restore()
-        return code if code >= 0 else 128 - code  # killed by signal N: the shell's 128 + N
-
-    def _restore(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        _prctl(PR_SET_CHILD_SUBREAPER, 0)
-
-    def _act(self) -> None:
-        while self.pending:
-            self._on_signal(signal.Signals(self.pending.pop(0)))
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            _say(f"the ranks did not stop within {self.grace_s:g} s (--stop_grace_s): killing them")
-            self.deadline = None
-            kill_all(self._tree())
-
-    def _on_signal(self, sig: signal.Signals) -> None:
-        name = "Ctrl-C" if sig == signal.SIGINT else sig.name
-        if self.deadline is not None and sig != signal.SIGUSR1:
-            _say(f"{name} again: killing the ranks now")
-            self.deadline = None
-            kill_all(self._tree())
-            return
-        ranks = outermost([p for p in self._tree() if runs_module(p, RANK_MODULE)])
-        # qa_train checkpoints and stops on SIGTERM and SIGUSR1; SIGINT would only raise KeyboardInterrupt there.
-        # Before any rank exists, torchrun's own SIGTERM handling stops the launch (SIGUSR1 would kill it).
-        if not ranks:
-            _say(f"{name}: no rank has started yet: stopping the launch")
-            _send([psutil.Process(self.proc.pid)], signal.SIGTERM)
-        else:
-            _send(ranks, signal.SIGUSR1 if sig == signal.SIGUSR1 else signal.SIGTERM)
-            then = "" if sig == signal.SIGUSR1 else f" (killed after {self.grace_s:g} s, or at a second {name})"
-            _say(f"{name}: asked {len(ranks)} rank(s) to checkpoint and stop{then}")
-        if sig != signal.SIGUSR1 or not ranks:
-            self.deadline = time.monotonic() + self.grace_s
-
-    def _tree(self) -> list[psutil.Process]:
-        """The child, everything under it, and any orphan of it the launcher adopted."""
-        tree: list[psutil.Process] = []
-        for top in self.me.children():
-            if top.pid not in self.others:
-                tree.append(top)
-                tree.extend(descendants(top))
-        return tree
-
-    def _end_leftovers(self) -> None:
-        """Whatever of the tree outlives the child (ranks of a torchrun that died) gets a moment, then SIGKILL."""
-        left = self._tree()
-        if not left:
-            return
-        _, alive = psutil.wait_procs(left, timeout=LEFTOVER_WAIT_S)
-        if alive:
-            _say(f"killing {len(alive)} process(es) the launch left behind: {' '.join(str(p.pid) for p in alive)}")
-            kill_all(alive)
-            psutil.wait_procs(alive, timeout=5)  # adopted ones are the launcher's to reap
-
-
-def _say(message: str) -> None:
-    print(f"qa_train.launch: {message}", file=sys.stderr, flush=True)
-
-
-def descendants(p: psutil.Process) -> list[psutil.Process]:
-    """Everything under p (none if it is gone)."""
-    try:
-        return p.children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def runs_module(p: psutil.Process, module: str) -> bool:
-    """Whether p is `python [options] -m module ...`: with "qa_train", whether p is a rank. torchrun's and
-    accelerate's own command lines name qa_train too, but not as the module they run."""
-    try:
-        args = iter(p.cmdline()[1:])
-    except psutil.Error:
-        return False
-    for arg in args:
-        if arg == "-m":
-            return next(args, None) == module
-        if arg in ("-X", "-W"):  # interpreter options that take a value
-            next(args, None)
-        elif not arg.startswith("-"):
-            return False  # a script
-    return False
-
-
-def outermost(procs: list[psutil.Process]) -> list[psutil.Process]:
-    """Those of `procs` whose parent is not among them: the ranks, without their forked DataLoader workers (which
-    carry the rank's command line, and whose stop is their rank's to make)."""
-    pids = {p.pid for p in procs}
-    outer = []
-    for p in procs:
-        try:
-            if p.ppid() not in pids:
-                outer.append(p)
-        except psutil.Error:
-            pass  # already gone
-    return outer
-
-
-def _send(procs: list[psutil.Process], sig: signal.Signals) -> None:
-    for p in procs:
-        try:
-            p.send_signal(sig)
-        except psutil.Error:
-            pass  # already gone
-
-
-def kill_all(procs: list[psutil.Process]) -> None:
-    # No wait here: psutil would reap the child under Popen, which then reads its exit code as 0.
-    _send(procs, signal.SIGKILL)
-
-
-def _prctl(option: int, value: int) -> None:
-    """Linux's prctl(2); elsewhere the launcher relies on forwarding alone."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-
-
-def _die_with_parent() -> Callable[[], object] | None:
-    """A preexec_fn: the child gets SIGTERM (torchrun then stops its ranks) if the launcher dies, even by SIGKILL."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
-    return lambda: prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,12 +18,25 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from qa_train.checkpoint import (MANIFEST, STATE_FILE, checkpoint_root, complete_checkpoints, delete_folder,
-                                 file_crcs, latest_usable, library_errors, move_aside, one_line, own_error,
-                                 run_id_of, verify)
-from qa_train.distributed import export_state_dict, failed_ranks, run_fault
-from qa_train.outputdir import remove_entry
-from qa_train.train_state import TrainerState
+from qa_train.config.outputdir import remove_entry
+from qa_train.strategy.checkpoint import (
+    MANIFEST,
+    STATE_FILE,
+    checkpoint_root,
+    complete_checkpoints,
+    delete_folder,
+    file_crcs,
+    latest_usable,
+    library_errors,
+    move_aside,
+    one_line,
+    own_error,
+    run_id_of,
+    verify,
+)
+from qa_train.strategy.faults import failed_ranks, run_fault
+from qa_train.strategy.sharded import export_state_dict
+from qa_train.strategy.train_state import TrainerState
 
 log = logging.getLogger("qa_train")
 
@@ -91,7 +104,7 @@ def _phase(accelerator, final: Path, tmp: Path, work: Callable[[], object] | Non
                 # would also make the agreement below wait a second --ddp_timeout).
                 if accelerator.is_main_process:
                     shutil.rmtree(tmp, ignore_errors=True)
-                raise error
+                raise error from err
     reason = _failure_reason(error, tmp.parent) if error is not None else None  # before the removal frees space
     failed = failed_ranks(accelerator, error is not None)
     if not failed:
@@ -99,8 +112,11 @@ def _phase(accelerator, final: Path, tmp: Path, work: Callable[[], object] | Non
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     rank = accelerator.process_index
-    message = (_save_failure(final, reason, error, rank, failed, accelerator.num_processes) if rank == failed[0]
-               else f"checkpoint {final} could not be saved: rank {failed[0]} failed")
+    message = (
+        _save_failure(final, reason, error, rank, failed, accelerator.num_processes)
+        if rank == failed[0]
+        else f"checkpoint {final} could not be saved: rank {failed[0]} failed"
+    )
     raise CheckpointSaveError(message, reporter=failed[0]) from error
 
 
@@ -120,8 +136,10 @@ def _save_failure(final: Path, reason: str, err: BaseException, rank: int, faile
     who = f"rank {rank}{others}: " if world > 1 else ""
     kept = latest_usable(final.parent, warn=False)
     intact = f"the newest complete checkpoint, {kept}, is intact" if kept else "no earlier complete checkpoint exists"
-    return (f"checkpoint {final} could not be saved: {who}{reason}; its partial folder is removed and {intact}; "
-            f"{_fix(err)}, then rerun with --resume_from_checkpoint latest")
+    return (
+        f"checkpoint {final} could not be saved: {who}{reason}; its partial folder is removed and {intact}; "
+        f"{_fix(err)}, then rerun with --resume_from_checkpoint latest"
+    )
 
 
 def _fix(err: BaseException) -> str:
@@ -159,10 +177,13 @@ def _rotate(output_dir: str | Path, keep: int | None, run_id: str, just_written:
     """
     if keep is None:
         return
-    ours = [p for p in complete_checkpoints(output_dir)
-            if p != just_written and run_id_of(p) == run_id and verify(p) is None]
+    ours = [
+        p
+        for p in complete_checkpoints(output_dir)
+        if p != just_written and run_id_of(p) == run_id and verify(p) is None
+    ]
     room = keep - 1 if just_written is not None else keep
-    for old in ours[:max(len(ours) - room, 0)]:
+    for old in ours[: max(len(ours) - room, 0)]:
         delete_folder(old)
 
 

@@ -7,15 +7,25 @@ import json
 import uuid
 from dataclasses import dataclass, field, fields
 
-CONTRACT = ("world_size", "global_batch_size", "per_device_train_batch_size", "gradient_accumulation_steps",
-            "total_steps")
+CONTRACT = (
+    "world_size",
+    "global_batch_size",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "total_steps",
+)
 COUNTERS = ("completed_steps", "epoch", "batches_in_epoch")
 # What decides the order of the training windows: a mid-epoch resume replays the epoch's order and skips what
 # was consumed, so all of these must be as they were (at an epoch boundary a change only starts a new order).
 DATA_ORDER = {  # name: (what it is, how to resume as before)
-    "seed": ("--seed", "--seed {was}"), "group_by_length": ("--group_by_length", "--group_by_length {was}"),
-    "num_train_windows": ("the number of training windows", "the checkpoint's training data and windowing "
-                          "(--train_file, --max_train_samples, --max_seq_length, --doc_stride, the tokenizer)")}
+    "seed": ("--seed", "--seed {was}"),
+    "group_by_length": ("--group_by_length", "--group_by_length {was}"),
+    "num_train_windows": (
+        "the number of training windows",
+        "the checkpoint's training data and windowing "
+        "(--train_file, --max_train_samples, --max_seq_length, --doc_stride, the tokenizer)",
+    ),
+}
 
 
 @dataclass
@@ -89,6 +99,7 @@ def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str],
     Each is one phrase naming the checkpoint's value and this run's. None on either side is unknown
     (an older checkpoint, or a caller that did not say) and skipped.
     """
+
     def changed(name: str) -> bool:
         was, now_is = getattr(saved, name), getattr(now, name)
         return was is not None and now_is is not None and was != now_is
@@ -98,17 +109,20 @@ def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str],
         refusals.append(
             f"it was saved as {saved.checkpoint_layout}, this run loads {now.checkpoint_layout}: each strategy writes "
             "its own files; resume under the accelerate config that wrote it, or start a new run with "
-            "--overwrite_output_dir")
+            "--overwrite_output_dir"
+        )
     if changed("world_size"):
         refusals.append(
             f"it was written by {saved.world_size} processes, this run has {now.world_size}: its optimizer, RNG and "
             f"data-position state and its LR schedule are sized for {saved.world_size}; resume with "
-            f"{saved.world_size} processes, or start a new run with --overwrite_output_dir")
+            f"{saved.world_size} processes, or start a new run with --overwrite_output_dir"
+        )
     if changed("global_batch_size"):
         refusals.append(
             f"its global batch is {saved.global_batch_size}, this run's is {now.global_batch_size}: the steps done "
             f"and the LR schedule count batches of {saved.global_batch_size}; resume with per-device batch x "
-            f"accumulation x processes = {saved.global_batch_size}, or start a new run with --overwrite_output_dir")
+            f"accumulation x processes = {saved.global_batch_size}, or start a new run with --overwrite_output_dir"
+        )
     elif not refusals and (changed("per_device_train_batch_size") or changed("gradient_accumulation_steps")):
         split = _split_change(saved, now)
         (refusals if saved.batches_in_epoch else notes).append(split)
@@ -116,8 +130,10 @@ def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str],
         if changed(name):
             (refusals if saved.batches_in_epoch else notes).append(_order_change(saved, now, name))
     if changed("total_steps"):
-        note = (f"total steps {saved.total_steps} -> {now.total_steps}: the LR schedule is recomputed for "
-                f"{now.total_steps} steps, so the learning rate jumps at step {saved.completed_steps}")
+        note = (
+            f"total steps {saved.total_steps} -> {now.total_steps}: the LR schedule is recomputed for "
+            f"{now.total_steps} steps, so the learning rate jumps at step {saved.completed_steps}"
+        )
         if saved.completed_steps >= now.total_steps:
             note += f"; the checkpoint is already at step {saved.completed_steps}, so no training step runs"
         notes.append(note)
@@ -128,9 +144,11 @@ def _order_change(saved: TrainerState, now: TrainerState, name: str) -> str:
     what, fix = DATA_ORDER[name]
     was, now_is = getattr(saved, name), getattr(now, name)
     if saved.batches_in_epoch:
-        return (f"{what} {was} -> {now_is}, and it stopped {saved.batches_in_epoch} micro-batches into epoch "
-                f"{saved.epoch}: the epoch's order would change under the skipped batches, so some windows would "
-                f"be trained twice and others never; resume with {fix.format(was=was)}")
+        return (
+            f"{what} {was} -> {now_is}, and it stopped {saved.batches_in_epoch} micro-batches into epoch "
+            f"{saved.epoch}: the epoch's order would change under the skipped batches, so some windows would "
+            f"be trained twice and others never; resume with {fix.format(was=was)}"
+        )
     return f"{what} {was} -> {now_is} at an epoch boundary: later epochs follow the new order"
 
 
@@ -144,9 +162,13 @@ def _split_change(saved: TrainerState, now: TrainerState) -> str:
     was = f"{saved.per_device_train_batch_size} per device x {saved.gradient_accumulation_steps} accumulation"
     now_is = f"{now.per_device_train_batch_size} x {now.gradient_accumulation_steps}"
     if saved.batches_in_epoch:
-        return (f"its batches were {was}, this run's are {now_is}: it stopped {saved.batches_in_epoch} micro-batches "
-                f"into epoch {saved.epoch}, and skipping that many of another size would see examples twice or "
-                f"never; resume with --per_device_train_batch_size {saved.per_device_train_batch_size} "
-                f"--gradient_accumulation_steps {saved.gradient_accumulation_steps}")
-    return (f"batches {was} -> {now_is} with the same global batch {now.global_batch_size}: the checkpoint is at an "
-            "epoch boundary, so no example is skipped or repeated; updates match in expectation, not bit for bit")
+        return (
+            f"its batches were {was}, this run's are {now_is}: it stopped {saved.batches_in_epoch} micro-batches "
+            f"into epoch {saved.epoch}, and skipping that many of another size would see examples twice or "
+            f"never; resume with --per_device_train_batch_size {saved.per_device_train_batch_size} "
+            f"--gradient_accumulation_steps {saved.gradient_accumulation_steps}"
+        )
+    return (
+        f"batches {was} -> {now_is} with the same global batch {now.global_batch_size}: the checkpoint is at an "
+        "epoch boundary, so no example is skipped or repeated; updates match in expectation, not bit for bit"
+    )

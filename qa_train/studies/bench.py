@@ -1,15 +1,15 @@
 """Benchmark strategies: the same flags and step count under each accelerate config, then one report.
 
-    python -m qa_train.bench [--configs single ddp zero2 ...] [--num_processes 1 2 4] [--repeats 3]
+    qa-train bench [--configs single ddp zero2 ...] [--num_processes 1 2 4] [--repeats 3]
                              [--scaling weak|strong [--global_batch_size G]] [--cpu]
                              [--output_dir runs/bench] [--max_train_steps 30] [-- qa_train flags]
-    python -m qa_train.bench --slurm --nodes 1 2 [--procs_per_node P] [...]   # one SLURM job per point
-    python -m qa_train.bench --ablation [...]     # each speed feature flipped alone, one process
+    qa-train bench --slurm --nodes 1 2 [--procs_per_node P] [...]   # one SLURM job per point
+    qa-train bench --ablation [...]     # each speed feature flipped alone, one process
 
 Every config runs at every process count (`single` at one), `--repeats` times, all points once before
 any repeats (so a slow spell of a shared machine spreads over every config). Weak scaling (the
 default) keeps the per-device batch; strong scaling keeps the global batch and divides the per-device
-batch by the process count. Runs go one at a time through `python -m qa_train.launch` (so every rank
+batch by the process count. Runs go one at a time through `qa-train launch` (so every rank
 has the machine to itself), each into OUTPUT_DIR/<config>-p<N>-r<k> with its log in launch.log there.
 A failed run is reported and the others still run; the exit status is 1 if any failed. Ctrl-C stops
 the run in progress and reports the ones before it (exit 130). Without model/data flags after `--`, the
@@ -32,24 +32,44 @@ from typing import IO
 
 import psutil
 
-from qa_train import launch, report, report_data, slurm_sweep
-from qa_train.config import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
-from qa_train.distributed import cpu_threads
-from qa_train.sweep import SCALINGS, Point, SweepError, flag_value, strong_scaling, with_repeats
+from qa_train.config.settings import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
+from qa_train.strategy import launch, supervise
+from qa_train.strategy.checks import cpu_threads
+from qa_train.studies import report, report_data, slurm_sweep
+from qa_train.studies.sweep import SCALINGS, Point, SweepError, flag_value, strong_scaling, with_repeats
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "accelerate_configs"
 # (flags that replace it, default flags): a default model or dataset is dropped as a whole as soon
 # as the user names any model or dataset flag, so `-- --model_name_or_path bert-base-uncased` is enough.
 DEFAULT_GROUPS: list[tuple[set[str], list[str]]] = [
-    ({"model_name_or_path", "config_name", "tokenizer_name"},
-     ["--config_name", str(DEMO_MODEL_DIR), "--tokenizer_name", str(DEMO_MODEL_DIR)]),
-    ({"dataset_name", "dataset_config_name", "train_file", "validation_file"},
-     ["--train_file", str(DEMO_TRAIN_FILE), "--validation_file", str(DEMO_VALIDATION_FILE)]),
+    (
+        {"model_name_or_path", "config_name", "tokenizer_name"},
+        ["--config_name", str(DEMO_MODEL_DIR), "--tokenizer_name", str(DEMO_MODEL_DIR)],
+    ),
+    (
+        {"dataset_name", "dataset_config_name", "train_file", "validation_file"},
+        ["--train_file", str(DEMO_TRAIN_FILE), "--validation_file", str(DEMO_VALIDATION_FILE)],
+    ),
 ]
 # Sized like tests/conftest.py's tiny_flags; later flags win, so anything after `--` overrides these.
-DEFAULT_FLAGS = ["--max_seq_length", "192", "--doc_stride", "64", "--per_device_train_batch_size", "8",
-                 "--per_device_eval_batch_size", "32", "--learning_rate", "1e-3", "--report_to", "none",
-                 "--save_final_model", "false", "--logging_steps", "10"]
+DEFAULT_FLAGS = [
+    "--max_seq_length",
+    "192",
+    "--doc_stride",
+    "64",
+    "--per_device_train_batch_size",
+    "8",
+    "--per_device_eval_batch_size",
+    "32",
+    "--learning_rate",
+    "1e-3",
+    "--report_to",
+    "none",
+    "--save_final_model",
+    "false",
+    "--logging_steps",
+    "10",
+]
 LOG_TAIL_LINES = 25
 
 
@@ -81,8 +101,10 @@ def strategy_plans(configs: list[str], process_counts: list[int], on_cpu: bool) 
     plans = []
     for name in dict.fromkeys(configs):  # a config named twice would run twice into one folder
         if not (CONFIG_DIR / f"{name}.yaml").is_file():
-            raise SystemExit(f"qa_train.bench: error: --configs {name}: no {CONFIG_DIR / name}.yaml "
-                             f"(have: {', '.join(available_configs())})")
+            raise SystemExit(
+                f"qa-train bench: error: --configs {name}: no {CONFIG_DIR / name}.yaml "
+                f"(have: {', '.join(available_configs())})"
+            )
         cfg = launch.read_config(str(CONFIG_DIR / f"{name}.yaml"), launch_dir=CONFIG_DIR.parent)
         refusal = launch.cpu_refusal(cfg)
         if on_cpu and refusal:  # runs that need devices this machine lacks are skipped, with the reason
@@ -97,17 +119,21 @@ def ablation_plans(on_cpu: bool, train_flags: list[str] | None = None) -> list[P
     """One process: the defaults, then each speed feature flipped alone (off if on by default, else on). With
     `train_flags`, --gradient_checkpointing is left out (with the reason) for a model whose family lacks it."""
     flips = [
-        ("pad-to-max", ["--pad_to_max_length", "true"]),        # dynamic padding off
+        ("pad-to-max", ["--pad_to_max_length", "true"]),  # dynamic padding off
         ("eager-attention", ["--attn_implementation", "eager"]),  # SDPA off
-        ("sync-every-step", ["--logging_steps", "1"]),            # loss read back every step
+        ("sync-every-step", ["--logging_steps", "1"]),  # loss read back every step
         ("group-by-length", ["--group_by_length", "true"]),
         ("torch-compile", ["--torch_compile", "true"]),
     ]
     if on_cpu:
         flips.append(("workers-2", ["--dataloader_num_workers", "2"]))
     else:  # features that only exist on CUDA, first: a run cut short by a time limit still measured them
-        flips = [("fp32", ["--mixed_precision", "no"]), ("unfused-adamw", ["--optim", "adamw_torch"]),
-                 ("no-workers", ["--dataloader_num_workers", "0"]), *flips]
+        flips = [
+            ("fp32", ["--mixed_precision", "no"]),
+            ("unfused-adamw", ["--optim", "adamw_torch"]),
+            ("no-workers", ["--dataloader_num_workers", "0"]),
+            *flips,
+        ]
     # Not a speed feature: what its memory saving costs in speed. Last, so a run cut short keeps the others.
     why_not = recompute_refusal(train_flags) if train_flags is not None else None
     if why_not:  # training would refuse it at its start, after every other run: a failed ablation, exit 1
@@ -120,9 +146,9 @@ def ablation_plans(on_cpu: bool, train_flags: list[str] | None = None) -> list[P
 def recompute_refusal(train_flags: list[str]) -> str | None:
     """Why the model `train_flags` name cannot take --gradient_checkpointing, or None; None too where its config is
     not on this machine or has no QA class (the runs themselves then say so)."""
-    from qa_train.config import ConfigError
-    from qa_train.modeling import checkpointing_unsupported
-    from qa_train.plan import PlanError, load_config
+    from qa_train.config.settings import ConfigError
+    from qa_train.model.modeling import checkpointing_unsupported
+    from qa_train.studies.planner import PlanError, load_config
 
     model, config_name = flag_value(train_flags, "model_name_or_path"), flag_value(train_flags, "config_name")
     if not (model or config_name):
@@ -148,11 +174,29 @@ def run_one(point: Point, opts: argparse.Namespace, train_flags: list[str], port
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.json").unlink(missing_ok=True)  # a stale file must not pass for this run's result
     point.write(run_dir)
-    cmd = [sys.executable, "-m", "qa_train.launch", *(["--cpu"] if opts.cpu else []),
-           "--config_file", str(CONFIG_DIR / f"{point.config}.yaml"), "--num_processes", str(point.processes),
-           "--main_process_port", str(port), "--", *train_flags, *point.extra,
-           "--max_train_steps", str(opts.max_train_steps), "--output_dir", str(run_dir), "--run_name", point.name,
-           "--overwrite_output_dir"]  # the bench owns its run folders: a rerun replaces them
+    cmd = [
+        sys.executable,
+        "-m",
+        "qa_train.cli",
+        "launch",
+        *(["--cpu"] if opts.cpu else []),
+        "--config_file",
+        str(CONFIG_DIR / f"{point.config}.yaml"),
+        "--num_processes",
+        str(point.processes),
+        "--main_process_port",
+        str(port),
+        "--",
+        *train_flags,
+        *point.extra,
+        "--max_train_steps",
+        str(opts.max_train_steps),
+        "--output_dir",
+        str(run_dir),
+        "--run_name",
+        point.name,
+        "--overwrite_output_dir",
+    ]  # the bench owns its run folders: a rerun replaces them
     log, env = run_dir / report_data.LAUNCH_LOG, run_env(point, opts)
     threads = f", {env['OMP_NUM_THREADS']} thread(s) each" if opts.cpu else ""
     print(f"[bench] {point.name}: {point.config} x {point.processes} process(es){threads}, log {log}", flush=True)
@@ -185,8 +229,9 @@ def thread_env(processes: int, on_cpu: bool) -> dict[str, str]:
 def _run_logged(cmd: list[str], env: dict[str, str], log: IO[str], timeout_s: float) -> int:
     # From the repo root: the configs name their DeepSpeed JSON relative to it. Own session, so Ctrl-C in the
     # terminal reaches only the bench, which then ends the run itself.
-    proc = subprocess.Popen(cmd, cwd=CONFIG_DIR.parent, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=CONFIG_DIR.parent, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -208,7 +253,7 @@ def _kill_tree(pid: int) -> None:
         top = psutil.Process(pid)
     except psutil.NoSuchProcess:
         return
-    launch.kill_all([top, *launch.descendants(top)])  # listed before any dies and its children move to init
+    supervise.kill_all([top, *supervise.descendants(top)])  # listed before any dies and its children move to init
 
 
 def describe_failure(outcome: Outcome) -> str:
@@ -220,25 +265,46 @@ def describe_failure(outcome: Outcome) -> str:
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     cut = argv.index("--") if "--" in argv else len(argv)
-    p = argparse.ArgumentParser(prog="python -m qa_train.bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--configs", nargs="+", default=None,
-                   help="Config names from accelerate_configs/ (default: all that can run here).")
-    p.add_argument("--num_processes", type=int, nargs="+", default=None,
-                   help="Process counts for multi-process configs, each a point of the sweep "
-                        "(default: 2 on CPU, every visible GPU).")
+    p = argparse.ArgumentParser(
+        prog="qa-train bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        default=None,
+        help="Config names from accelerate_configs/ (default: all that can run here).",
+    )
+    p.add_argument(
+        "--num_processes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="Process counts for multi-process configs, each a point of the sweep "
+        "(default: 2 on CPU, every visible GPU).",
+    )
     p.add_argument("--repeats", type=int, default=1, help="Runs per point; the report gives median and min-max.")
-    p.add_argument("--scaling", choices=SCALINGS, default="weak",
-                   help="weak: every process keeps the per-device batch (the global batch grows); strong: the "
-                        "global batch stays fixed and the per-device batch is divided by the process count.")
-    p.add_argument("--global_batch_size", type=int, default=None,
-                   help="Strong scaling's fixed global batch (default: the per-device batch x accumulation at "
-                        "the smallest process count).")
+    p.add_argument(
+        "--scaling",
+        choices=SCALINGS,
+        default="weak",
+        help="weak: every process keeps the per-device batch (the global batch grows); strong: the "
+        "global batch stays fixed and the per-device batch is divided by the process count.",
+    )
+    p.add_argument(
+        "--global_batch_size",
+        type=int,
+        default=None,
+        help="Strong scaling's fixed global batch (default: the per-device batch x accumulation at "
+        "the smallest process count).",
+    )
     p.add_argument("--cpu", action="store_true", help="Run on CPU processes (default when no GPU is visible).")
     p.add_argument("--output_dir", default="runs/bench", help="One sub-directory per run, plus report/.")
     p.add_argument("--max_train_steps", type=int, default=30, help="Optimizer steps per run.")
-    p.add_argument("--ablation", action="store_true",
-                   help="Instead of strategies: one process with the defaults, then each speed feature flipped alone.")
+    p.add_argument(
+        "--ablation",
+        action="store_true",
+        help="Instead of strategies: one process with the defaults, then each speed feature flipped alone.",
+    )
     p.add_argument("--timeout_s", type=float, default=3600, help="Per-run wall-clock limit.")
     p.add_argument("--wandb", action="store_true", help="Also log the report to W&B.")
     slurm_sweep.add_arguments(p)
@@ -246,7 +312,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     problem = check_options(opts)
     if problem:
         p.error(problem)
-    return opts, argv[cut + 1:]
+    return opts, argv[cut + 1 :]
 
 
 def check_options(opts: argparse.Namespace) -> str | None:
@@ -301,14 +367,18 @@ def finish(outcomes: list[Outcome], opts: argparse.Namespace) -> int:
     if outcomes:
         out = Path(opts.output_dir) / "report"
         try:
-            groups, _ = report.build_report([o.run_dir for o in outcomes], out,
-                                            wandb_project="qa-train" if opts.wandb else None)
+            groups, _ = report.build_report(
+                [o.run_dir for o in outcomes], out, wandb_project="qa-train" if opts.wandb else None
+            )
             print(report.markdown_table(groups))
             print(f"\n[bench] report: {out / 'report.md'}")
         except report.ReportError as err:
             print(f"[bench] no report: {err}", file=sys.stderr, flush=True)
-    print(f"[bench] {len(outcomes) - len(failed)} of {len(outcomes)} runs finished"
-          + (f"; failed: {', '.join(o.point.name for o in failed)}" if failed else ""), flush=True)
+    print(
+        f"[bench] {len(outcomes) - len(failed)} of {len(outcomes)} runs finished"
+        + (f"; failed: {', '.join(o.point.name for o in failed)}" if failed else ""),
+        flush=True,
+    )
     return 1 if failed or not outcomes else 0
 
 
@@ -321,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         resolve_device(opts)
         plans = sweep_plans(opts, train_flags)
     except SweepError as err:
-        print(f"qa_train.bench: error: {err}", file=sys.stderr)
+        print(f"qa-train bench: error: {err}", file=sys.stderr)
         return 2
     ports: set[int] = set()
     outcomes: list[Outcome] = []
@@ -329,12 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         for point in plans:
             outcomes.append(run_one(point, opts, train_flags, free_port(ports)))
     except KeyboardInterrupt:  # the run in progress is killed (_run_logged); the finished ones are still reported
-        print(f"\n[bench] interrupted during run {len(outcomes) + 1} of {len(plans)}; reporting the runs before it",
-              file=sys.stderr, flush=True)
+        print(
+            f"\n[bench] interrupted during run {len(outcomes) + 1} of {len(plans)}; reporting the runs before it",
+            file=sys.stderr,
+            flush=True,
+        )
         finish(outcomes, opts)
         return 130
     return finish(outcomes, opts)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = 1024**3
-ADAM_BYTES = 8            # fp32 exp_avg + exp_avg_sq per parameter
+ADAM_BYTES = 8  # fp32 exp_avg + exp_avg_sq per parameter
 FP32 = 4
-DS_BUFFER_FACTOR = 1.5    # DeepSpeed's additional_buffer_factor for host memory
+DS_BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor for host memory
 # Also the speed order the planner recommends by, fastest first: transformers' DeepSpeed guide ranks
 # "Stage 0 (DDP) > Stage 1 > Stage 2 > Stage 2 + offload > Stage 3 > Stage 3 + offload"; FSDP's full shard
 # moves what ZeRO-3 moves (3 x P per step against DDP's and ZeRO-1/2's 2 x P) and sits just ahead of it.
@@ -63,8 +63,8 @@ class ModelShape:
     heads: int
     intermediate: int
     num_parameters: int
-    largest_layer_params: int   # the biggest single module's own parameters (DeepSpeed's "largest layer")
-    matmul_params: int          # weights of the Linear layers: what autocast copies to 16 bits
+    largest_layer_params: int  # the biggest single module's own parameters (DeepSpeed's "largest layer")
+    matmul_params: int  # weights of the Linear layers: what autocast copies to 16 bits
     hidden_dropout: float
     attention_dropout: float
 
@@ -77,9 +77,9 @@ class Setup:
     num_nodes: int
     batch: int
     seq: int
-    mixed_precision: str = "bf16"   # bf16, fp16 or no (fp32; the only choice on CPU)
-    attention: str = "sdpa"         # sdpa or eager
-    device: str = "cuda"            # cuda, or cpu (host RSS above the idle baseline is the memory)
+    mixed_precision: str = "bf16"  # bf16, fp16 or no (fp32; the only choice on CPU)
+    attention: str = "sdpa"  # sdpa or eager
+    device: str = "cuda"  # cuda, or cpu (host RSS above the idle baseline is the memory)
     gradient_checkpointing: bool = False  # keep each layer's input, recompute the layer in the backward pass
 
     @property
@@ -99,7 +99,7 @@ class Estimate:
     model_states: float
     model_states_formula: str
     activations: float
-    host_per_node: float | None      # DeepSpeed's host-memory estimate per node; None outside DeepSpeed
+    host_per_node: float | None  # DeepSpeed's host-memory estimate per node; None outside DeepSpeed
     comm_bytes: float
     comm_formula: str
 
@@ -124,6 +124,7 @@ def autocasts(config: str, setup: Setup) -> bool:
 
 # --- model states ------------------------------------------------------------------------------
 
+
 def model_states(config: str, shape: ModelShape, setup: Setup) -> tuple[float, str, float | None]:
     """(bytes per device, the formula in words, host bytes per node or None)."""
     p, n, big = shape.num_parameters, setup.num_gpus, shape.largest_layer_params
@@ -137,20 +138,29 @@ def model_states(config: str, shape: ModelShape, setup: Setup) -> tuple[float, s
         if n == 1:
             return 16.0 * p + copies, f"16P{plus} (fp32 weights 4 + gradients 4 + Adam 8{why})", None
         runtime, on_cpu = (CPU_DDP_RUNTIME_BYTES, " + 85 MiB gloo/DDP runtime") if setup.device == "cpu" else (0, "")
-        return (20.0 * p + copies + runtime,
-                f"20P{plus}{on_cpu} (fp32 weights 4 + gradients 4 + DDP buckets 4 + Adam 8{why})", None)
+        return (
+            20.0 * p + copies + runtime,
+            f"20P{plus}{on_cpu} (fp32 weights 4 + gradients 4 + DDP buckets 4 + Adam 8{why})",
+            None,
+        )
     buckets = reduce_buckets(config, shape, setup)
     if config == "zero1":
         per = FP32 + FP32 + ADAM_BYTES
-        return (2 * w * p + per * p / n + buckets,
-                f"{2 * w}P + {per}P/N + 2B (weights and gradients whole; fp32 gradients, master and Adam split; "
-                f"two reduce buckets)", None)
+        return (
+            2 * w * p + per * p / n + buckets,
+            f"{2 * w}P + {per}P/N + 2B (weights and gradients whole; fp32 gradients, master and Adam split; "
+            f"two reduce buckets)",
+            None,
+        )
     if config == "zero2":
         # DeepSpeed's estimate_zero2_model_states_mem_needs: 2P + 18P/N, host 4P per GPU x 1.5; plus the buckets.
         per = w + FP32 + FP32 + ADAM_BYTES
         host = p * FP32 * setup.gpus_per_node * DS_BUFFER_FACTOR
-        return (w * p + per * p / n + buckets,
-                f"{w}P + {per}P/N + 2B (weights whole; gradients, master and Adam split; two reduce buckets)", host)
+        return (
+            w * p + per * p / n + buckets,
+            f"{w}P + {per}P/N + 2B (weights whole; gradients, master and Adam split; two reduce buckets)",
+            host,
+        )
     if config == "zero2_offload":
         host = p * max(4 * n, 16) * DS_BUFFER_FACTOR
         return w * p, f"{w}P (weights only; master, gradients and Adam on the host)", host
@@ -159,12 +169,18 @@ def model_states(config: str, shape: ModelShape, setup: Setup) -> tuple[float, s
         # YAMLs): 18P/N + 4L, host 4P per GPU x 1.5 (each process builds the whole model before partitioning).
         per = w + FP32 + FP32 + ADAM_BYTES
         host = p * FP32 * setup.gpus_per_node * DS_BUFFER_FACTOR
-        return (per * p / n + FP32 * big + buckets,
-                f"{per}P/N + 4L + B (everything split; L = largest layer, gathered; one reduce bucket)", host)
+        return (
+            per * p / n + FP32 * big + buckets,
+            f"{per}P/N + 4L + B (everything split; L = largest layer, gathered; one reduce bucket)",
+            host,
+        )
     if config == "zero3_offload":
         host = p * max(4 * setup.gpus_per_node, 18 / setup.num_nodes) * DS_BUFFER_FACTOR
-        return (FP32 * big + buckets,
-                "4L + B (only the layer being computed and one reduce bucket; the rest on the host)", host)
+        return (
+            FP32 * big + buckets,
+            "4L + B (only the layer being computed and one reduce bucket; the rest on the host)",
+            host,
+        )
     if config == "fsdp":
         # FSDP2 keeps fp32 shards of weights, gradients and Adam state and gathers one unit at a time: DeepSpeed's
         # ZeRO-3 allowance for the gathered unit. Not yet measured on GPUs; on CPU it reads low where glibc's heap
@@ -183,6 +199,7 @@ def reduce_buckets(config: str, shape: ModelShape, setup: Setup) -> float:
 
 
 # --- activations -------------------------------------------------------------------------------
+
 
 def stores_scores(shape: ModelShape, setup: Setup) -> bool:
     """Whether a layer keeps the b x heads x s x s attention probabilities for its backward pass.
@@ -280,6 +297,7 @@ def activation_bytes(config: str, shape: ModelShape, setup: Setup) -> float:
 
 
 # --- communication -----------------------------------------------------------------------------
+
 
 def comm_volume(config: str, shape: ModelShape, setup: Setup) -> tuple[float, str]:
     """Bytes each device sends per optimizer step without accumulation, and the formula. Ring collectives:

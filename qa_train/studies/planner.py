@@ -1,9 +1,9 @@
 """Will it fit? Memory per GPU and communication per step of every strategy, before the cluster is yours.
 
-    python -m qa_train.plan --model_name_or_path bert-large-uncased --num_gpus 8 --gpu_memory_gib 40 \\
+    qa-train plan --model_name_or_path bert-large-uncased --num_gpus 8 --gpu_memory_gib 40 \\
         --per_device_train_batch_size 32 --max_seq_length 384
-    python -m qa_train.plan --config_name path/to/config_dir [...]
-    python -m qa_train.plan --check runs/bench        # the estimate beside what finished runs measured
+    qa-train plan --config_name path/to/config_dir [...]
+    qa-train plan --check runs/bench        # the estimate beside what finished runs measured
 
 Per config (DDP, FSDP, ZeRO-1/2/3, ZeRO-2/3 with CPU offload): model-state bytes per GPU (DeepSpeed's own
 estimator formulas where it has them), activations for QA training at batch x sequence from the model's
@@ -15,23 +15,29 @@ never downloads: bert-base/-large (cased and uncased) are built in; other models
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import sys
-from dataclasses import asdict
-
-from qa_train.config import ConfigError, ModelArgs
-from qa_train.memplan import (CONFIGS, GIB, SPEED_ORDER, Estimate, ModelShape, Setup, calibration, estimate,
-                              unplanned)
-from qa_train.modeling import check_checkpointing, position_limit, qa_model_class, resolve_attention
-from qa_train.report_data import ReportError
+from qa_train.config.settings import ConfigError, ModelArgs
+from qa_train.model.modeling import check_checkpointing, qa_model_class, resolve_attention
+from qa_train.studies.memory_model import (
+    CONFIGS,
+    GIB,
+    SPEED_ORDER,
+    Estimate,
+    ModelShape,
+    Setup,
+    calibration,
+    estimate,
+    unplanned,
+)
 
 # Shapes of the public BERT checkpoints (their config.json), so the planner answers without the hub.
 _BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
 _LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
-BUILTIN = {"bert-base-uncased": {**_BASE, "vocab_size": 30522}, "bert-base-cased": {**_BASE, "vocab_size": 28996},
-           "bert-large-uncased": {**_LARGE, "vocab_size": 30522}, "bert-large-cased": {**_LARGE, "vocab_size": 28996}}
+BUILTIN = {
+    "bert-base-uncased": {**_BASE, "vocab_size": 30522},
+    "bert-base-cased": {**_BASE, "vocab_size": 28996},
+    "bert-large-uncased": {**_LARGE, "vocab_size": 30522},
+    "bert-large-cased": {**_LARGE, "vocab_size": 28996},
+}
 # What is left free on a GPU for the CUDA context, NCCL's buffers and the caching allocator's fragmentation.
 HEADROOM = 0.10
 
@@ -41,6 +47,7 @@ class PlanError(ValueError):
 
 
 # --- the model -----------------------------------------------------------------------------------
+
 
 def load_config(model_name_or_path: str | None, config_name: str | None):
     """A transformers config from a built-in shape, a local folder or the local cache; never the network."""
@@ -53,8 +60,10 @@ def load_config(model_name_or_path: str | None, config_name: str | None):
         return AutoConfig.from_pretrained(name, local_files_only=True)
     except (OSError, ValueError) as err:
         reason = " ".join(str(err).split())[:200]
-        raise PlanError(f"{flag} {name}: no config for it on this machine, and the planner never downloads; pass a "
-                        f"folder with config.json, or one of {', '.join(BUILTIN)} ({reason})") from None
+        raise PlanError(
+            f"{flag} {name}: no config for it on this machine, and the planner never downloads; pass a "
+            f"folder with config.json, or one of {', '.join(BUILTIN)} ({reason})"
+        ) from None
 
 
 def model_shape(config) -> ModelShape:
@@ -74,12 +83,18 @@ def model_shape(config) -> ModelShape:
     matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     hidden = config.hidden_size
     return ModelShape(
-        layers=config.num_hidden_layers, hidden=hidden, heads=config.num_attention_heads,
+        layers=config.num_hidden_layers,
+        hidden=hidden,
+        heads=config.num_attention_heads,
         intermediate=getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim", 4 * hidden),
-        num_parameters=total, largest_layer_params=largest, matmul_params=matmul,
+        num_parameters=total,
+        largest_layer_params=largest,
+        matmul_params=matmul,
         hidden_dropout=float(getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.0)) or 0.0),
-        attention_dropout=float(getattr(config, "attention_probs_dropout_prob",
-                                        getattr(config, "attention_dropout", 0.0)) or 0.0))
+        attention_dropout=float(
+            getattr(config, "attention_probs_dropout_prob", getattr(config, "attention_dropout", 0.0)) or 0.0
+        ),
+    )
 
 
 def check_recompute(config, enabled: bool) -> None:
@@ -101,6 +116,7 @@ def attention_of(config, requested: str | None) -> str:
 
 # --- the plan ------------------------------------------------------------------------------------
 
+
 def plan(shape: ModelShape, setup: Setup, gpu_memory_gib: float) -> tuple[list[Estimate], Estimate | None]:
     """Every config's estimate, and the first in SPEED_ORDER whose total fits (None if none does)."""
     # On one device only offload saves anything: partitioning over one rank keeps everything.
@@ -118,115 +134,39 @@ def _gib(value: float | None) -> str:
 
 def render(estimates: list[Estimate], best: Estimate | None, setup: Setup, gpu_memory_gib: float) -> str:
     usable = gpu_memory_gib * (1 - HEADROOM)
-    lines = ["| config | model states GiB | formula | activations GiB | total GiB | fits | host GiB/node | "
-             "sent per step GB | communication |", "|" + "---|" * 9]
+    lines = [
+        "| config | model states GiB | formula | activations GiB | total GiB | fits | host GiB/node | "
+        "sent per step GB | communication |",
+        "|" + "---|" * 9,
+    ]
     for e in estimates:
         fits = "yes" if e.total <= usable * GIB else "no"
-        lines.append(f"| {e.config} | {_gib(e.model_states)} | {e.model_states_formula} | {_gib(e.activations)} | "
-                     f"{_gib(e.total)} | {fits} | {_gib(e.host_per_node)} | {e.comm_bytes / 1e9:,.2f} | "
-                     f"{e.comm_formula} |")
+        lines.append(
+            f"| {e.config} | {_gib(e.model_states)} | {e.model_states_formula} | {_gib(e.activations)} | "
+            f"{_gib(e.total)} | {fits} | {_gib(e.host_per_node)} | {e.comm_bytes / 1e9:,.2f} | "
+            f"{e.comm_formula} |"
+        )
     order = " > ".join(e.config for e in estimates)
-    verdict = (f"recommended: {best.config} (the first that fits in {usable:g} of {gpu_memory_gib:g} GiB, "
-               f"{HEADROOM:.0%} kept for the CUDA context, NCCL and fragmentation, in the order {order})"
-               if best else f"nothing fits in {usable:g} GiB per device: lower the batch, or add devices")
+    verdict = (
+        f"recommended: {best.config} (the first that fits in {usable:g} of {gpu_memory_gib:g} GiB, "
+        f"{HEADROOM:.0%} kept for the CUDA context, NCCL and fragmentation, in the order {order})"
+        if best
+        else f"nothing fits in {usable:g} GiB per device: lower the batch, or add devices"
+    )
     return "\n".join(lines) + "\n\n" + verdict
 
 
 def describe(name: str, shape: ModelShape, setup: Setup) -> str:
     cal = calibration(setup)
     precision = {"no": "fp32"}.get(setup.mixed_precision, setup.mixed_precision)
-    recompute = (", gradient checkpointing (layer inputs kept, one layer recomputed)"
-                 if setup.gradient_checkpointing else "")
-    return (f"{name}: {shape.num_parameters / 1e6:,.1f}M parameters (P), largest layer {shape.largest_layer_params / 1e6:,.1f}M "
-            f"(L); {setup.num_gpus} {'GPU(s)' if setup.device == 'cuda' else 'CPU process(es)'} on {setup.num_nodes} "
-            f"node(s), batch {setup.batch} x {setup.seq} tokens per device, {precision}, {setup.attention} attention"
-            f"{recompute}.\n"
-            f"Activations: tensors autograd keeps x {cal.activation_scale:g} + {cal.overhead_bytes / GIB:.3f} GiB "
-            f"({cal.source}). Communication: bytes each device sends per step, ring collectives, N = {setup.num_gpus}.")
-
-
-# --- the command line ----------------------------------------------------------------------------
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m qa_train.plan", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_name_or_path", default=None, help=f"A local model folder, a cached name, or {', '.join(BUILTIN)}.")
-    p.add_argument("--config_name", default=None, help="A folder with config.json (or a built-in name).")
-    p.add_argument("--num_gpus", type=int, default=None, help="Devices in total, all nodes.")
-    p.add_argument("--num_nodes", type=int, default=1, help="Nodes they are spread over (default 1).")
-    p.add_argument("--gpu_memory_gib", type=float, default=None, help="Memory of one device, GiB (80 for an H100).")
-    p.add_argument("--per_device_train_batch_size", type=int, default=None, help="Micro-batch per device.")
-    p.add_argument("--max_seq_length", type=int, default=384, help="Tokens per window (default 384).")
-    p.add_argument("--mixed_precision", choices=("bf16", "fp16", "no"), default=None,
-                   help="bf16 on GPUs by default; CPU training is fp32.")
-    p.add_argument("--attn_implementation", choices=("auto", "sdpa", "eager"), default="auto",
-                   help="As training's flag: auto (default) is SDPA where the model supports it, else eager.")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="cpu: plan CPU processes (fp32; memory is host RSS above the idle baseline).")
-    p.add_argument("--gradient_checkpointing", action="store_true",
-                   help="As training's flag: keep only each layer's input, recompute one layer at a time.")
-    p.add_argument("--json", action="store_true", help="Print the estimates as JSON.")
-    p.add_argument("--check", nargs="+", default=None, metavar="RUN_DIR",
-                   help="Instead: the estimate beside the memory finished runs measured (or a parent of runs).")
-    opts = p.parse_args(argv)
-    problem = None if opts.check else check_flags(opts)
-    if problem:
-        p.error(problem)
-    return opts
-
-
-def check_flags(opts: argparse.Namespace) -> str | None:
-    """The first flag that cannot work, as one line, before anything is imported or built."""
-    if bool(opts.model_name_or_path) == bool(opts.config_name):
-        return "give exactly one of --model_name_or_path and --config_name"
-    for flag in ("num_gpus", "gpu_memory_gib", "per_device_train_batch_size"):
-        if getattr(opts, flag) is None:
-            return f"--{flag} is required"
-    for flag in ("num_gpus", "num_nodes", "gpu_memory_gib", "per_device_train_batch_size", "max_seq_length"):
-        # not (x > 0) also refuses nan, which compares false both ways
-        if not getattr(opts, flag) > 0:
-            return f"--{flag} must be positive, got {getattr(opts, flag)}"
-    if not math.isfinite(opts.gpu_memory_gib):  # inf would make every config "fit"
-        return f"--gpu_memory_gib must be a finite number of GiB, got {opts.gpu_memory_gib}"
-    if opts.num_gpus % opts.num_nodes:
-        return f"--num_gpus {opts.num_gpus} does not split evenly over --num_nodes {opts.num_nodes}"
-    if opts.device == "cpu" and opts.mixed_precision not in (None, "no"):
-        return f"--mixed_precision {opts.mixed_precision}: CPU training here is fp32; drop it with --device cpu"
-    return None
-
-
-def setup_of(opts: argparse.Namespace, attention: str) -> Setup:
-    precision = opts.mixed_precision or ("bf16" if opts.device == "cuda" else "no")
-    return Setup(opts.num_gpus, opts.num_nodes, opts.per_device_train_batch_size, opts.max_seq_length, precision,
-                 attention, opts.device, opts.gradient_checkpointing)
-
-
-def main(argv: list[str] | None = None) -> int:
-    opts = parse(sys.argv[1:] if argv is None else argv)
-    try:
-        if opts.check:
-            from qa_train.plan_check import check_runs
-
-            print(check_runs(opts.check))
-            return 0
-        config = load_config(opts.model_name_or_path, opts.config_name)
-        limit = position_limit(config)
-        if limit and opts.max_seq_length > limit:
-            raise PlanError(f"--max_seq_length {opts.max_seq_length}: the model has {limit} position embeddings")
-        check_recompute(config, opts.gradient_checkpointing)
-        shape, setup = model_shape(config), setup_of(opts, attention_of(config, opts.attn_implementation))
-    except (PlanError, ReportError) as err:
-        print(f"qa_train.plan: error: {err}", file=sys.stderr)
-        return 2
-    estimates, best = plan(shape, setup, opts.gpu_memory_gib)
-    if opts.json:
-        print(json.dumps({"shape": asdict(shape), "setup": asdict(setup), "estimates": [asdict(e) for e in estimates],
-                          "recommended": best.config if best else None}, indent=2))
-    else:
-        print(describe(opts.model_name_or_path or opts.config_name, shape, setup) + "\n")
-        print(render(estimates, best, setup, opts.gpu_memory_gib))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    recompute = (
+        ", gradient checkpointing (layer inputs kept, one layer recomputed)" if setup.gradient_checkpointing else ""
+    )
+    return (
+        f"{name}: {shape.num_parameters / 1e6:,.1f}M parameters (P), largest layer {shape.largest_layer_params / 1e6:,.1f}M "
+        f"(L); {setup.num_gpus} {'GPU(s)' if setup.device == 'cuda' else 'CPU process(es)'} on {setup.num_nodes} "
+        f"node(s), batch {setup.batch} x {setup.seq} tokens per device, {precision}, {setup.attention} attention"
+        f"{recompute}.\n"
+        f"Activations: tensors autograd keeps x {cal.activation_scale:g} + {cal.overhead_bytes / GIB:.3f} GiB "
+        f"({cal.source}). Communication: bytes each device sends per step, ring collectives, N = {setup.num_gpus}."
+    )

@@ -1,6 +1,6 @@
 """The planner beside finished runs: its estimate of training memory per rank against what each run measured.
 
-    python -m qa_train.plan --check runs/bench
+    qa-train plan --check runs/bench
 
 On CPU the measured figure is host RSS during training above the idle baseline (`train_host_rss_gb` minus
 `host_rss_baseline_gb`, rank by rank, the largest); on GPUs it is CUDA's max allocated (`peak_memory_gb`).
@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from qa_train.config import DEFAULT_MODEL
-from qa_train.memplan import CONFIGS, GIB, Setup, estimate, unplanned
-from qa_train.plan import PlanError, attention_of, load_config, model_shape
-from qa_train.report_data import ReportError, find_runs, load_metrics
-from qa_train.schema import RunMetrics
-from qa_train.sweep import read_point
+from qa_train.config.settings import DEFAULT_MODEL
+from qa_train.observe.schema import RunMetrics
+from qa_train.studies.memory_model import CONFIGS, GIB, Setup, estimate, unplanned
+from qa_train.studies.planner import PlanError, attention_of, load_config, model_shape
+from qa_train.studies.report_data import ReportError, find_runs, load_metrics
+from qa_train.studies.sweep import read_point
 
 # metrics.json's (strategy, offload) -> the planner's config name.
 OFFLOADED = {("zero2", "optimizer"): "zero2_offload", ("zero3", "optimizer+params"): "zero3_offload"}
@@ -92,10 +92,16 @@ def check_run(run_dir: Path) -> Check:
     except PlanError as err:
         return Check(name, config, world, None, measured, padded, str(err))
     point = read_point(run_dir)
-    setup = Setup(world, point.nodes if point else 1, int(m.per_device_train_batch_size or 1),
-                  int(m.max_seq_length or 384), m.mixed_precision or "no", attention,
-                  "cpu" if m.device == "cpu" else "cuda",
-                  bool(args.get("gradient_checkpointing")))  # absent from runs before the flag: it was off
+    setup = Setup(
+        world,
+        point.nodes if point else 1,
+        int(m.per_device_train_batch_size or 1),
+        int(m.max_seq_length or 384),
+        m.mixed_precision or "no",
+        attention,
+        "cpu" if m.device == "cpu" else "cuda",
+        bool(args.get("gradient_checkpointing")),
+    )  # absent from runs before the flag: it was off
     why_not = unplanned(config, setup)
     if why_not:
         return Check(name, config, world, None, measured, padded, f"the planner has no formula for {why_not}")
@@ -105,12 +111,18 @@ def check_run(run_dir: Path) -> Check:
 
 def check_runs(paths: list[str | Path]) -> str:
     checks = [check_run(d) for d in find_runs(paths)]
-    lines = ["| run | config | processes | estimate GiB | measured GiB | estimate / measured | note |",
-             "|" + "---|" * 7]
+    lines = [
+        "| run | config | processes | estimate GiB | measured GiB | estimate / measured | note |",
+        "|" + "---|" * 7,
+    ]
     for c in checks:
         cells = [DASH if v is None else f"{v:.3f}" for v in (c.estimate_gib, c.measured_gib)]
         ratio = DASH if c.ratio is None else f"{c.ratio:.2f}"
-        note = c.why or ("" if c.ratio is None or c.padded else "planned at full length; dynamic padding ran shorter batches")
-        lines.append(f"| {c.run} | {c.config} | {DASH if c.processes is None else c.processes} | {cells[0]} | "
-                     f"{cells[1]} | {ratio} | {note} |")
+        note = c.why or (
+            "" if c.ratio is None or c.padded else "planned at full length; dynamic padding ran shorter batches"
+        )
+        lines.append(
+            f"| {c.run} | {c.config} | {DASH if c.processes is None else c.processes} | {cells[0]} | "
+            f"{cells[1]} | {ratio} | {note} |"
+        )
     return "\n".join(lines)

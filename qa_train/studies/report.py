@@ -1,9 +1,9 @@
 """Compare finished runs: a markdown table, a throughput plot, a memory plot and, for sweeps, a speed-up plot.
 
-    python -m qa_train.report RUN_DIR... [--output DIR] [--baseline NAME] [--wandb]
+    qa-train report RUN_DIR... [--output DIR] [--baseline NAME] [--wandb]
 
 Each RUN_DIR holds a metrics.json; a parent directory stands for every */metrics.json under it (a
-`qa_train.bench` sweep, local or SLURM). Runs of one sweep point (config x processes x nodes) are its
+`qa_train.studies.bench` sweep, local or SLURM). Runs of one sweep point (config x processes x nodes) are its
 repeats: the table gives their median and, where they differ, the min-max; a sweep's run that left no
 readable metrics.json counts as failed in its point. Writes DIR/report.md,
 DIR/report.json, DIR/throughput.png, DIR/memory.png and, when a config ran at several scales,
@@ -20,19 +20,33 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-from qa_train.report_data import (Group, ReportError, Row, Stat, build_groups, find_runs, load_metrics,  # noqa: F401
-                                  scaling_kind)
-from qa_train.report_plots import (GPU_SERIES, HOST_SERIES, bar_heights, bar_labels, line_data,  # noqa: F401
-                                   memory_figure, save_figure, speedup_figure, throughput_figure)
+from qa_train.studies.report_data import Group, ReportError, Row, Stat, build_groups, find_runs, scaling_kind
+from qa_train.studies.report_plots import memory_figure, save_figure, speedup_figure, throughput_figure
 
 DASH = "—"
 MEMORY_SOURCES = {"cuda_max_allocated": "GPU allocated", "host_rss_during_training": "host RSS"}
-COLUMNS = ("run", "strategy", "nodes", "processes", "runs", "global batch", "train time s", "samples/s", "tokens/s",
-           "MFU", "peak memory/rank max / mean", "host RSS lifetime max", "EM / F1", "vs baseline", "speed-up",
-           "efficiency")
+COLUMNS = (
+    "run",
+    "strategy",
+    "nodes",
+    "processes",
+    "runs",
+    "global batch",
+    "train time s",
+    "samples/s",
+    "tokens/s",
+    "MFU",
+    "peak memory/rank max / mean",
+    "host RSS lifetime max",
+    "EM / F1",
+    "vs baseline",
+    "speed-up",
+    "efficiency",
+)
 
 
 # --- the table -------------------------------------------------------------------------------
+
 
 def _num(value: float | None, fmt: str = ",.1f", unit: str = "") -> str:
     return DASH if value is None else f"{value:{fmt}}{unit}"
@@ -49,17 +63,33 @@ def _stat(stat: Stat | None, fmt: str = ",.1f", unit: str = "", scale: float = 1
 def cells(group: Group) -> list[str]:
     f = group.figures
     source = MEMORY_SOURCES.get(group.memory_source or "", group.memory_source or "?")
-    memory = (f"{_stat(f.memory_max_gb, '.2f')} / {_stat(f.memory_mean_gb, '.2f')} GiB ({source})"
-              if f.memory_max_gb is not None else DASH)
+    memory = (
+        f"{_stat(f.memory_max_gb, '.2f')} / {_stat(f.memory_mean_gb, '.2f')} GiB ({source})"
+        if f.memory_max_gb is not None
+        else DASH
+    )
     scores = f"{_stat(f.exact_match)} / {_stat(f.f1)}" if f.exact_match is not None and f.f1 is not None else DASH
     runs = str(len(group.runs)) + (f" + {len(group.failed)} failed" if group.failed else "")
     # A compiled run's training time holds its compile, which its samples/s leave out with the warm-up steps.
     compiling = f" ({_stat(f.compile_time_s, '.1f')} compiling)" if f.compile_time_s is not None else ""
-    return [group.label, group.strategy, str(group.nodes), str(group.processes), runs,
-            _num(group.global_batch, "d"), _stat(f.train_time_s, ".2f") + compiling, _stat(f.samples_per_s),
-            _stat(f.tokens_per_s, ",.0f"), _stat(f.mfu, ".1f", "%", 100), memory,
-            _stat(f.host_rss_lifetime_max_gb, ".2f", " GiB"), scores, _num(group.vs_baseline, ".2f", "x"),
-            _stat(group.speedup, ".2f", "x"), _stat(group.efficiency, ".0f", "%", 100)]
+    return [
+        group.label,
+        group.strategy,
+        str(group.nodes),
+        str(group.processes),
+        runs,
+        _num(group.global_batch, "d"),
+        _stat(f.train_time_s, ".2f") + compiling,
+        _stat(f.samples_per_s),
+        _stat(f.tokens_per_s, ",.0f"),
+        _stat(f.mfu, ".1f", "%", 100),
+        memory,
+        _stat(f.host_rss_lifetime_max_gb, ".2f", " GiB"),
+        scores,
+        _num(group.vs_baseline, ".2f", "x"),
+        _stat(group.speedup, ".2f", "x"),
+        _stat(group.efficiency, ".0f", "%", 100),
+    ]
 
 
 def _escape(cell: str) -> str:
@@ -90,17 +120,21 @@ def _listing(labels: dict[str, list[str]]) -> str:
 def notes(groups: list[Group], base: Group | None) -> list[str]:
     """What the columns mean for these runs."""
     repeats = sorted({len(g.runs) for g in groups if g.runs}) or [0]
-    out = [f"Each row is one point (config x processes x nodes) over its {'/'.join(map(str, repeats))} run(s): "
-           "figures are the median, with the min-max in brackets where the runs differ."]
+    out = [
+        f"Each row is one point (config x processes x nodes) over its {'/'.join(map(str, repeats))} run(s): "
+        "figures are the median, with the min-max in brackets where the runs differ."
+    ]
     if base is None:
         out.append("vs baseline: no one-process run with a throughput among these, so none is computed.")
     elif base.figures.samples_per_s is None:
         out.append(f"vs baseline: `{base.key}` has no throughput, so none is computed.")
     else:
         out.append(f"vs baseline: median samples/s relative to `{base.key}`.")
-    out.append("Speed-up: median samples/s relative to the same config's smallest point with a throughput (fewest "
-               "processes, then nodes); its range divides each run's samples/s by that median. Efficiency: speed-up / "
-               "(processes / that point's processes).")
+    out.append(
+        "Speed-up: median samples/s relative to the same config's smallest point with a throughput (fewest "
+        "processes, then nodes); its range divides each run's samples/s by that median. Efficiency: speed-up / "
+        "(processes / that point's processes)."
+    )
     bases = dict.fromkeys(g.scale_base for g in groups if g.scale_base)
     if bases:
         out.append("Speed-up bases: " + ", ".join(f"`{b}`" for b in bases) + ".")
@@ -108,25 +142,34 @@ def notes(groups: list[Group], base: Group | None) -> list[str]:
     if kinds:
         out.append("Scaling: " + "; ".join(f"{label} {kind}" for label, kind in kinds.items()) + ".")
     if len({g.workload for g in groups if g.runs}) > 1:
-        out.append("These runs are of more than one model or sequence length: the labels say which, and speed-up, "
-                   "efficiency and vs baseline compare only runs of the same one.")
+        out.append(
+            "These runs are of more than one model or sequence length: the labels say which, and speed-up, "
+            "efficiency and vs baseline compare only runs of the same one."
+        )
     setups = _labels_by(groups, "setup")
     if len(setups) > 1:  # samples/s of another device or precision: vs baseline measures that too
-        out.append(f"These runs ran on more than one device or precision ({_listing(setups)}): vs baseline "
-                   "compares across them; repeats and speed-up only within one, the labels say which where a "
-                   "config has several.")
+        out.append(
+            f"These runs ran on more than one device or precision ({_listing(setups)}): vs baseline "
+            "compares across them; repeats and speed-up only within one, the labels say which where a "
+            "config has several."
+        )
     evals = _labels_by(groups, "eval_set")
     if len(evals) > 1:  # side by side in one column, scores of other questions read as better or worse training
-        out.append(f"EM / F1 are over more than one evaluation set ({_listing(evals)}): they compare only "
-                   "within one; SQuAD v2.0's count the no-answer questions (HasAns / NoAns: squad_v2 in "
-                   "metrics.json).")
+        out.append(
+            f"EM / F1 are over more than one evaluation set ({_listing(evals)}): they compare only "
+            "within one; SQuAD v2.0's count the no-answer questions (HasAns / NoAns: squad_v2 in "
+            "metrics.json)."
+        )
     failed = [f for g in groups for f in g.failed]
     if failed:
-        out.append("Failed or unfinished runs (no figures; `+ N failed` in the runs column): "
-                   + "; ".join(failed) + ".")
-    out.append("samples/s counts training windows and tokens/s their non-padding tokens, all ranks together. "
-               "Peak memory per rank is CUDA's max allocated on GPUs and the host RSS peak during training on CPU; "
-               "lifetime host RSS includes loading and evaluation. MFU needs a GPU with a known bf16/fp16 peak.")
+        out.append(
+            "Failed or unfinished runs (no figures; `+ N failed` in the runs column): " + "; ".join(failed) + "."
+        )
+    out.append(
+        "samples/s counts training windows and tokens/s their non-padding tokens, all ranks together. "
+        "Peak memory per rank is CUDA's max allocated on GPUs and the host RSS peak during training on CPU; "
+        "lifetime host RSS includes loading and evaluation. MFU needs a GPU with a known bf16/fp16 peak."
+    )
     return out
 
 
@@ -137,17 +180,25 @@ def markdown_report(groups: list[Group], base: Group | None, plots: list[str]) -
 
 # --- writing and logging ---------------------------------------------------------------------
 
+
 def write_report(rows: list[Row], groups: list[Group], base: Group | None, out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = {"throughput": throughput_figure(groups), "memory": memory_figure(groups),
-               "speedup": speedup_figure(groups)}
+    figures = {
+        "throughput": throughput_figure(groups),
+        "memory": memory_figure(groups),
+        "speedup": speedup_figure(groups),
+    }
     (out_dir / "speedup.png").unlink(missing_ok=True)  # a stale plot from an earlier sweep must not linger
     paths = {"markdown": out_dir / "report.md", "json": out_dir / "report.json"}
     paths.update({name: save_figure(fig, out_dir / f"{name}.png") for name, fig in figures.items() if fig is not None})
     paths["markdown"].write_text(markdown_report(groups, base, [n for n, fig in figures.items() if fig is not None]))
-    payload = {"baseline": base.key if base else None, "columns": list(COLUMNS),
-               "groups": [asdict(g) for g in groups], "rows": [asdict(r) for r in rows],
-               "table": [cells(g) for g in groups]}
+    payload = {
+        "baseline": base.key if base else None,
+        "columns": list(COLUMNS),
+        "groups": [asdict(g) for g in groups],
+        "rows": [asdict(r) for r in rows],
+        "table": [cells(g) for g in groups],
+    }
     paths["json"].write_text(json.dumps(payload, indent=2) + "\n")
     return paths
 
@@ -165,56 +216,66 @@ def wandb_group(run_dirs: list[str | Path]) -> str:
 def log_to_wandb(groups: list[Group], paths: dict[str, Path], project: str, group: str) -> None:
     """Table and plots to W&B, in the bench's group beside its runs, started as training runs start theirs
     (offline without credentials or an answering server); a failure only warns."""
-    from qa_train.trackers import start_wandb_run
+    from qa_train.observe.trackers import start_wandb_run
 
     out = paths["markdown"].parent
     try:
         import wandb
 
-        run = start_wandb_run(out, project=project, name="strategy-report", job_type="report", group=group,
-                              dir=str(out))
+        run = start_wandb_run(
+            out, project=project, name="strategy-report", job_type="report", group=group, dir=str(out)
+        )
         table = wandb.Table(columns=list(COLUMNS), data=[cells(g) for g in groups])
-        images = {f"report/{name}": wandb.Image(str(paths[name])) for name in ("throughput", "memory", "speedup")
-                  if name in paths}
+        images = {
+            f"report/{name}": wandb.Image(str(paths[name]))
+            for name in ("throughput", "memory", "speedup")
+            if name in paths
+        }
         run.log({"report/table": table, **images})
         run.finish()
     except Exception as err:  # noqa: BLE001 - the report files are written; W&B is a bonus
         warnings.warn(f"W&B logging of the report failed: {err}", stacklevel=2)
 
 
-def build_report(run_dirs: list[str | Path], out_dir: str | Path = "report", baseline: str | None = None,
-                 wandb_project: str | None = None) -> tuple[list[Group], dict[str, Path]]:
+def build_report(
+    run_dirs: list[str | Path],
+    out_dir: str | Path = "report",
+    baseline: str | None = None,
+    wandb_project: str | None = None,
+) -> tuple[list[Group], dict[str, Path]]:
     rows, groups, base = build_groups(find_runs(run_dirs), baseline)
     try:
         paths = write_report(rows, groups, base, Path(out_dir))
     except OSError as err:  # a typo'd or unwritable --output is the user's to fix, not a traceback
-        raise ReportError(f"--output {out_dir}: cannot write the report there ({err.strerror or err}: "
-                          f"{err.filename})") from None
+        raise ReportError(
+            f"--output {out_dir}: cannot write the report there ({err.strerror or err}: {err.filename})"
+        ) from None
     if wandb_project:
         log_to_wandb(groups, paths, wandb_project, wandb_group(run_dirs))
     return groups, paths
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m qa_train.report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="qa-train report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("run_dirs", nargs="+", help="Run directories (with metrics.json) or their parent.")
     p.add_argument("--output", default="report", help="Where report.md, report.json and the plots go.")
-    p.add_argument("--baseline", default=None,
-                   help="Config or run name for the vs-baseline column (default: the first 1-process point).")
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="Config or run name for the vs-baseline column (default: the first 1-process point).",
+    )
     p.add_argument("--wandb", action="store_true", help="Also log the table and plots to W&B.")
     p.add_argument("--wandb_project", default="qa-train")
     opts = p.parse_args(argv)
     try:
-        groups, paths = build_report(opts.run_dirs, opts.output, opts.baseline,
-                                   opts.wandb_project if opts.wandb else None)
+        groups, paths = build_report(
+            opts.run_dirs, opts.output, opts.baseline, opts.wandb_project if opts.wandb else None
+        )
     except ReportError as err:
-        print(f"qa_train.report: error: {err}", file=sys.stderr)
+        print(f"qa-train report: error: {err}", file=sys.stderr)
         return 2
     print(markdown_table(groups))
     print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

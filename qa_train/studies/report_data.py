@@ -19,12 +19,11 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from qa_train.__main__ import ERROR_PREFIX
-from qa_train.schema import MetricsFileError, PerRank, RunMetrics
-from qa_train.sweep import POINT_FILE, Point, read_point
+from qa_train.core.errors import ERROR_PREFIX
+from qa_train.observe.schema import MetricsFileError, PerRank, RunMetrics
+from qa_train.studies.sweep import POINT_FILE, Point, read_point
 
-
-LAUNCH_LOG = "launch.log"  # qa_train.bench's log of each run, in its run dir
+LAUNCH_LOG = "launch.log"  # qa_train.studies.bench's log of each run, in its run dir
 
 
 class ReportError(ValueError):
@@ -37,7 +36,7 @@ class Row:
 
     run: str
     run_dir: str
-    label: str          # the sweep point's config or ablation name; the run's name outside a sweep
+    label: str  # the sweep point's config or ablation name; the run's name outside a sweep
     repeat: int
     nodes: int
     strategy: str
@@ -56,12 +55,12 @@ class Row:
     host_rss_lifetime_max_gb: float | None
     exact_match: float | None
     f1: float | None
-    model: str | None = None           # --config_name, else --model_name_or_path
+    model: str | None = None  # --config_name, else --model_name_or_path
     max_seq_length: int | None = None
-    error: str | None = None           # why a sweep's run has no figures (no or unreadable metrics.json)
-    device: str | None = None          # GPU name, or cpu
+    error: str | None = None  # why a sweep's run has no figures (no or unreadable metrics.json)
+    device: str | None = None  # GPU name, or cpu
     mixed_precision: str | None = None
-    eval_set: str | None = None        # what EM / F1 were measured on (eval_set())
+    eval_set: str | None = None  # what EM / F1 were measured on (eval_set())
     compile_time_s: float | None = None  # --torch_compile's share of train_time_s
 
     @property
@@ -127,15 +126,15 @@ class Group:
     global_batch: int | None
     per_device_batch: int | None
     memory_source: str | None
-    runs: list[str]                  # the finished runs the figures are over
+    runs: list[str]  # the finished runs the figures are over
     figures: Figures
     failed: list[str] = field(default_factory=list)  # runs without figures, "name: why"
     workload: tuple[str | None, int | None] = (None, None)
-    setup: str | None = None         # device and precision (Row.setup)
-    eval_set: str | None = None      # what its EM / F1 are over (Row.eval_set)
-    speedup: Stat | None = None      # samples/s against the same label's smallest point with a throughput
-    efficiency: Stat | None = None   # speedup / (processes / that point's processes)
-    scale_base: str | None = None    # that point, e.g. "ddp x1"
+    setup: str | None = None  # device and precision (Row.setup)
+    eval_set: str | None = None  # what its EM / F1 are over (Row.eval_set)
+    speedup: Stat | None = None  # samples/s against the same label's smallest point with a throughput
+    efficiency: Stat | None = None  # speedup / (processes / that point's processes)
+    scale_base: str | None = None  # that point, e.g. "ddp x1"
     base_processes: int | None = None
     vs_baseline: float | None = None  # median samples/s against the baseline point's
 
@@ -145,6 +144,7 @@ class Group:
 
 
 # --- reading runs ----------------------------------------------------------------------------
+
 
 def is_run(path: Path) -> bool:
     """A finished run, or a sweep's run (finished or not: its sweep_point.json is written before it starts)."""
@@ -170,8 +170,19 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
 
 # The figures the report reads, each a finite number or null: a string ("37.7") or NaN from a hand-edited or
 # foreign file would otherwise end in a traceback or print `nan` and `nanx` as if measured.
-NUMBERS = ("train_samples_per_second", "train_tokens_per_second", "train_runtime_s", "timed_steps", "mfu",
-           "exact_match", "f1", "world_size", "global_batch_size", "per_device_train_batch_size", "max_seq_length")
+NUMBERS = (
+    "train_samples_per_second",
+    "train_tokens_per_second",
+    "train_runtime_s",
+    "timed_steps",
+    "mfu",
+    "exact_match",
+    "f1",
+    "world_size",
+    "global_batch_size",
+    "per_device_train_batch_size",
+    "max_seq_length",
+)
 PER_RANK_NUMBERS = ("peak_memory_gb", "train_host_rss_gb", "peak_host_rss_gb")
 
 
@@ -192,8 +203,12 @@ def load_metrics(run_dir: Path) -> RunMetrics:
     if odd:
         raise ReportError(f"{run_dir}: metrics.json: {', '.join(odd)} not per-rank figures (a file of another layout)")
     bad = [f"{name}={getattr(m, name)!r}" for name in NUMBERS if _not_a_number(getattr(m, name))]
-    bad += [f"{name}.{end}={getattr(getattr(m, name), end)!r}" for name in PER_RANK_NUMBERS for end in ("max", "mean")
-            if _not_a_number(getattr(getattr(m, name), end))]
+    bad += [
+        f"{name}.{end}={getattr(getattr(m, name), end)!r}"
+        for name in PER_RANK_NUMBERS
+        for end in ("max", "mean")
+        if _not_a_number(getattr(getattr(m, name), end))
+    ]
     if bad:
         raise ReportError(f"{run_dir}: metrics.json: {', '.join(bad)} not a finite number or null")
     if not isinstance(m.args, dict):
@@ -222,26 +237,52 @@ def make_row(run_dir: Path, m: RunMetrics) -> Row:
     untimed = m.timed_steps == 0
     point = read_point(run_dir)
     return Row(
-        run=name, run_dir=str(run_dir), label=point.label if point else name, repeat=point.repeat if point else 1,
-        nodes=point.nodes if point else 1, strategy=str(strategy), processes=int(m.world_size or 0),
-        global_batch=m.global_batch_size, per_device_batch=m.per_device_train_batch_size,
+        run=name,
+        run_dir=str(run_dir),
+        label=point.label if point else name,
+        repeat=point.repeat if point else 1,
+        nodes=point.nodes if point else 1,
+        strategy=str(strategy),
+        processes=int(m.world_size or 0),
+        global_batch=m.global_batch_size,
+        per_device_batch=m.per_device_train_batch_size,
         samples_per_s=None if untimed else m.train_samples_per_second,
         tokens_per_s=None if untimed else m.train_tokens_per_second,
-        train_time_s=m.train_runtime_s, mfu=None if untimed else m.mfu, memory_source=m.peak_memory_source,
-        memory_max_gb=m.peak_memory_gb.max, memory_mean_gb=m.peak_memory_gb.mean,
+        train_time_s=m.train_runtime_s,
+        mfu=None if untimed else m.mfu,
+        memory_source=m.peak_memory_source,
+        memory_max_gb=m.peak_memory_gb.max,
+        memory_mean_gb=m.peak_memory_gb.mean,
         gpu_allocated_max_gb=m.peak_memory_gb.max if on_gpu else None,
-        host_rss_train_max_gb=m.train_host_rss_gb.max, host_rss_lifetime_max_gb=m.peak_host_rss_gb.max,
-        exact_match=m.exact_match, f1=m.f1, model=m.args.get("config_name") or m.args.get("model_name_or_path"),
-        max_seq_length=m.max_seq_length, device=m.device, mixed_precision=m.mixed_precision,
-        eval_set=eval_set(m), compile_time_s=m.compile_time_s,
+        host_rss_train_max_gb=m.train_host_rss_gb.max,
+        host_rss_lifetime_max_gb=m.peak_host_rss_gb.max,
+        exact_match=m.exact_match,
+        f1=m.f1,
+        model=m.args.get("config_name") or m.args.get("model_name_or_path"),
+        max_seq_length=m.max_seq_length,
+        device=m.device,
+        mixed_precision=m.mixed_precision,
+        eval_set=eval_set(m),
+        compile_time_s=m.compile_time_s,
     )
 
 
 def failed_row(run_dir: Path, point: Point, why: str) -> Row:
     """A sweep's run without figures: its point, and why."""
     nothing = {f.name: None for f in fields(Row)}
-    return Row(**{**nothing, "run": point.name, "run_dir": str(run_dir), "label": point.label, "repeat": point.repeat,
-                  "nodes": point.nodes, "strategy": point.config, "processes": point.processes, "error": why})
+    return Row(
+        **{
+            **nothing,
+            "run": point.name,
+            "run_dir": str(run_dir),
+            "label": point.label,
+            "repeat": point.repeat,
+            "nodes": point.nodes,
+            "strategy": point.config,
+            "processes": point.processes,
+            "error": why,
+        }
+    )
 
 
 def read_row(run_dir: Path) -> Row:
@@ -273,6 +314,7 @@ def read_rows(run_dirs: list[Path]) -> list[Row]:
 
 # --- what must not be merged or compared --------------------------------------------------------
 
+
 def _short(model: str | None) -> str:
     return Path(model).name if model else "model ?"
 
@@ -290,8 +332,7 @@ def set_apart(rows: list[Row]) -> None:
     for r in done:
         setups.setdefault((r.label, r.workload), set()).add(r.setup)
     for r in done:
-        parts = ([_short(r.model)] if len(models) > 1 else []) + (
-            [f"seq {r.max_seq_length}"] if len(seqs) > 1 else [])
+        parts = ([_short(r.model)] if len(models) > 1 else []) + ([f"seq {r.max_seq_length}"] if len(seqs) > 1 else [])
         # Across labels another device or precision can be the point (the fp32 ablation); within one it is not.
         parts += [r.setup] if len(setups[r.label, r.workload]) > 1 else []
         if parts:
@@ -319,6 +360,7 @@ def _clashes(rows: list[Row]) -> set[tuple[str, int, int, int]]:
 
 # --- grouping --------------------------------------------------------------------------------
 
+
 def group_rows(rows: list[Row]) -> list[Group]:
     """Runs of the same label, processes and nodes become one point; points in the order their labels first
     appear, then by scale. A failed run joins its point (a SLURM point's process count, unknown before the job
@@ -330,15 +372,29 @@ def group_rows(rows: list[Row]) -> list[Group]:
         buckets.setdefault((row.label, processes, row.nodes), []).append(row)
     order = list(dict.fromkeys(r.label for r in rows))
     groups = []
-    for (label, processes, nodes), members in sorted(buckets.items(), key=lambda kv: (order.index(kv[0][0]),
-                                                                                       kv[0][1], kv[0][2])):
+    for (label, processes, nodes), members in sorted(
+        buckets.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1], kv[0][2])
+    ):
         members.sort(key=lambda r: r.repeat)
         done = [r for r in members if r.error is None]
         first = (done or members)[0]
-        groups.append(Group(label, first.strategy, nodes, processes, first.global_batch, first.per_device_batch,
-                            first.memory_source, [r.run for r in done], Figures.of(done),
-                            [f"{r.run}: {r.error}" for r in members if r.error is not None], first.workload,
-                            first.setup if done else None, next((r.eval_set for r in done if r.eval_set), None)))
+        groups.append(
+            Group(
+                label,
+                first.strategy,
+                nodes,
+                processes,
+                first.global_batch,
+                first.per_device_batch,
+                first.memory_source,
+                [r.run for r in done],
+                Figures.of(done),
+                [f"{r.run}: {r.error}" for r in members if r.error is not None],
+                first.workload,
+                first.setup if done else None,
+                next((r.eval_set for r in done if r.eval_set), None),
+            )
+        )
     return groups
 
 
@@ -367,8 +423,10 @@ def add_baseline(groups: list[Group], baseline: str | None = None) -> Group | No
     if baseline is not None:
         base = next((g for g in groups if baseline in (g.label, *g.runs)), None)
         if base is None:
-            raise ReportError(f"--baseline {baseline}: no run or config of that name among "
-                              f"{', '.join(dict.fromkeys(g.label for g in groups))}")
+            raise ReportError(
+                f"--baseline {baseline}: no run or config of that name among "
+                f"{', '.join(dict.fromkeys(g.label for g in groups))}"
+            )
     else:
         base = next((g for g in groups if g.processes == 1 and _rate(g)), None)
     base_rate = _rate(base) if base is not None else None

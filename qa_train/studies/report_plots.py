@@ -8,7 +8,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.figure import Figure
 
-from qa_train.report_data import Group, Stat
+from qa_train.studies.report_data import Group, Stat
 
 GPU_SERIES = "GPU peak allocated"
 HOST_SERIES = "host RSS during training"
@@ -51,12 +51,22 @@ def _heights_and_errors(stats: list[Stat | None]) -> tuple[list[float], list[lis
 
 def _value_labels(ax, bars: BarContainer, stats: list[Stat | None], fmt: str, color: str) -> None:
     """Each bar's median in it; a point without the figure (failed, or no timed step) says so instead of 0."""
-    ax.bar_label(bars, labels=["" if s is None else f"{s.median:{fmt}}" for s in stats], label_type="center",
-                 color=color)
+    ax.bar_label(
+        bars, labels=["" if s is None else f"{s.median:{fmt}}" for s in stats], label_type="center", color=color
+    )
     for bar, stat in zip(bars.patches, stats):
         if stat is None:
-            ax.annotate(NO_DATA, (bar.get_x() + bar.get_width() / 2, 0), xytext=(0, 6), textcoords="offset points",
-                        ha="center", va="bottom", rotation=90, color="grey", fontsize="small")
+            ax.annotate(
+                NO_DATA,
+                (bar.get_x() + bar.get_width() / 2, 0),
+                xytext=(0, 6),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                rotation=90,
+                color="grey",
+                fontsize="small",
+            )
 
 
 def throughput_figure(groups: list[Group]) -> Figure:
@@ -85,8 +95,9 @@ def memory_figure(groups: list[Group]) -> Figure:
     ax.bar([i - width / 2 for i in x], gpu, width, yerr=gpu_err, capsize=3, label=gpu_label, color="tab:green")
     host_stats = [g.figures.host_rss_train_max_gb for g in groups]
     host, host_err = _heights_and_errors(host_stats)
-    bars = ax.bar([i + width / 2 for i in x], host, width, yerr=host_err, capsize=3, label=HOST_SERIES,
-                  color="tab:orange")
+    bars = ax.bar(
+        [i + width / 2 for i in x], host, width, yerr=host_err, capsize=3, label=HOST_SERIES, color="tab:orange"
+    )
     _value_labels(ax, bars, host_stats, ".2f", "black")
     ax.set_xticks(x, bar_labels(groups))
     ax.margins(y=0.3)  # headroom for the legend and the value labels
@@ -98,8 +109,11 @@ def memory_figure(groups: list[Group]) -> Figure:
 
 def speedup_figure(groups: list[Group]) -> Figure | None:
     """Speed-up against processes per swept config, with min-max bars and the ideal line; None without a sweep."""
-    swept = [label for label in dict.fromkeys(g.label for g in groups)
-             if sum(1 for g in groups if g.label == label and g.speedup is not None) > 1]
+    swept = [
+        label
+        for label in dict.fromkeys(g.label for g in groups)
+        if sum(1 for g in groups if g.label == label and g.speedup is not None) > 1
+    ]
     if not swept:
         return None
     fig = _new_figure(4)
@@ -114,8 +128,13 @@ def speedup_figure(groups: list[Group]) -> Figure | None:
     # Ideal speed-up is the process ratio to each config's own base: one line per base where those differ.
     for base, xs in sorted(counts.items()):
         ticks = sorted(xs)
-        ax.plot(ticks, [n / base for n in ticks], linestyle="--", color="grey",
-                label=IDEAL if len(counts) == 1 else f"{IDEAL}, from {base}")
+        ax.plot(
+            ticks,
+            [n / base for n in ticks],
+            linestyle="--",
+            color="grey",
+            label=IDEAL if len(counts) == 1 else f"{IDEAL}, from {base}",
+        )
     ax.set_xticks(sorted(set().union(*counts.values())))
     ax.set_xlabel("processes")
     ax.set_ylabel("speed-up (samples/s vs smallest point)")
@@ -135,8 +154,10 @@ def line_data(fig: Figure) -> dict[str, tuple[list[float], list[float]]]:
     ax = fig.axes[0]
     lines = {c.get_label(): c.lines[0] for c in ax.containers if isinstance(c, ErrorbarContainer)}
     lines.update({line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")})
-    return {label: ([float(v) for v in line.get_xdata()], [float(v) for v in line.get_ydata()])
-            for label, line in lines.items()}
+    return {
+        label: ([float(v) for v in line.get_xdata()], [float(v) for v in line.get_ydata()])
+        for label, line in lines.items()
+    }
 
 
 def save_figure(fig: Figure, path: Path) -> Path:

@@ -1,7 +1,7 @@
 """The points of a benchmark sweep: config x processes (or nodes) x repeat, and the batch each one trains with.
 
-`qa_train.bench` runs them locally, `qa_train.slurm_sweep` submits them as SLURM jobs; both write each
-point beside the run's metrics.json (`sweep_point.json`), which is how `qa_train.report` groups the
+`qa_train.studies.bench` runs them locally, `qa_train.studies.slurm_sweep` submits them as SLURM jobs; both write each
+point beside the run's metrics.json (`sweep_point.json`), which is how `qa_train.studies.report` groups the
 repeats of a point and finds the smaller runs of the same config to compute speed-ups against.
 """
 
@@ -26,7 +26,7 @@ class Point:
 
     label: str
     config: str
-    processes: int           # in total over all nodes; 0 where the cluster decides (GPUs per node x nodes)
+    processes: int  # in total over all nodes; 0 where the cluster decides (GPUs per node x nodes)
     nodes: int = 1
     repeat: int = 1
     slurm: bool = False
@@ -95,8 +95,10 @@ def strong_scaling(points: list[Point], train_flags: list[str], global_batch: in
         per_device, left = divmod(total, accum * p.processes)
         if left or per_device < 1:
             counts = sorted({q.processes for q in points})
-            raise SweepError(f"--scaling strong: a global batch of {total} does not split evenly over {p.processes} "
-                             f"processes x {accum} accumulation step(s); give --global_batch_size as a multiple of "
-                             f"{accum} x each of {counts}")
+            raise SweepError(
+                f"--scaling strong: a global batch of {total} does not split evenly over {p.processes} "
+                f"processes x {accum} accumulation step(s); give --global_batch_size as a multiple of "
+                f"{accum} x each of {counts}"
+            )
         scaled.append(replace(p, extra=[*p.extra, "--per_device_train_batch_size", str(per_device)]))
     return scaled, total

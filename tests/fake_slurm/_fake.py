@@ -75,8 +75,15 @@ def sbatch(argv: list[str]) -> int:
     nodes = int(opts.get("nodes", "1"))
     job_id = os.environ.get("FAKE_SLURM_JOB_ID", str(4000 + os.getpid() % 1000))
     hosts = os.environ.get("FAKE_SLURM_NODELIST", ",".join(f"127.0.0.{i + 1}" for i in range(nodes)))
-    env = {**os.environ, "SLURM_JOB_ID": job_id, "SLURM_NNODES": str(nodes), "SLURM_JOB_NUM_NODES": str(nodes),
-           "SLURM_JOB_NODELIST": hosts, "SLURM_SUBMIT_DIR": os.getcwd(), "SLURM_JOB_NAME": opts.get("job-name", "job")}
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": job_id,
+        "SLURM_NNODES": str(nodes),
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_JOB_NODELIST": hosts,
+        "SLURM_SUBMIT_DIR": os.getcwd(),
+        "SLURM_JOB_NAME": opts.get("job-name", "job"),
+    }
     if "gpus-per-node" in opts:  # as SLURM does for a job that asks for GPUs per node
         env["SLURM_GPUS_PER_NODE"] = opts["gpus-per-node"]
     restarts, rc = 0, 0
@@ -109,16 +116,30 @@ def srun(argv: list[str]) -> int:
     hosts = expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
     procs = []
     for node in range(nodes):
-        env = {**os.environ, "SLURM_NODEID": str(node), "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
-               "SLURM_NTASKS": str(nodes), "SLURMD_NODENAME": hosts[node], "SLURM_STEP_ID": "0"}
+        env = {
+            **os.environ,
+            "SLURM_NODEID": str(node),
+            "SLURM_PROCID": str(node),
+            "SLURM_LOCALID": "0",
+            "SLURM_NTASKS": str(nodes),
+            "SLURMD_NODENAME": hosts[node],
+            "SLURM_STEP_ID": "0",
+        }
         out = None
         if "output" in opts:
-            path = Path(opts["output"].replace("%n", str(node)).replace("%t", str(node))
-                        .replace("%j", os.environ["SLURM_JOB_ID"]))
+            path = Path(
+                opts["output"]
+                .replace("%n", str(node))
+                .replace("%t", str(node))
+                .replace("%j", os.environ["SLURM_JOB_ID"])
+            )
             path.parent.mkdir(parents=True, exist_ok=True)
             out = path.open("a")
-        procs.append(subprocess.Popen(rest, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                      start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                rest, env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True
+            )
+        )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, lambda s, f: [p.send_signal(s) for p in procs if p.poll() is None])
     codes: list[int | None] = [None] * nodes

@@ -1,0 +1,20 @@
+"""Exit codes of a training run, and the one-line form every refusal and failure takes.
+
+Exit codes: 0 finished; 1 crashed (a traceback says where); 2 refused input (flags, data, output dir,
+checkpoint, a torch.compile backend that cannot compile), before any training; 3 diverged (non-finite loss,
+gradients or weights; nothing exported); 4 the export failed (metrics.json is written); 5 a checkpoint could
+not be saved (its partial folder removed, earlier ones intact), or a write found the disk or quota full
+(ENOSPC, EDQUOT): free space, then resume with --resume_from_checkpoint latest; 6 a collective waited past
+--ddp_timeout for a rank that stopped answering (resume with --resume_from_checkpoint latest); 7 out of device
+or host memory (the line says where and what to change); 75 preempted (checkpoint saved, resume with
+--resume_from_checkpoint latest).
+"""
+
+from __future__ import annotations
+
+# A launcher that cannot see its workers' exit codes (torchrun reports any failure as 1) names a file
+# here, and the main process writes its code into it.
+STATUS_FILE_ENV = "QA_TRAIN_STATUS_FILE"
+FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, SAVE_FAILED = 0, 1, 2, 3, 4, 5
+HUNG, OUT_OF_MEMORY, PREEMPTED = 6, 7, 75
+ERROR_PREFIX = "qa_train: error: "  # the report finds a failed run's reason in its log by it

@@ -1,0 +1,187 @@
+"""The accelerator for the config in use, its mixed precision, and which strategy is running.
+
+The train loop never branches on the strategy; what the libraries force is handled in this package.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from qa_train.config.settings import ConfigError, TrainArgs
+from qa_train.strategy.checks import LaunchError
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("qa_train")
+
+
+def resolve_mixed_precision(flag: str, env: dict[str, str], on_cuda: bool, bf16_capable: bool) -> str:
+    """auto: the accelerate config's choice (ACCELERATE_MIXED_PRECISION) if it set one, else bf16 where capable.
+    fp16 without CUDA is refused: accelerate (1.15) then applies neither autocast nor a loss scaler, so a single
+    or DDP run trains in fp32 under the fp16 label, FSDP2 computes in fp16 unscaled, and DeepSpeed fails."""
+    chosen = flag if flag != "auto" else env.get("ACCELERATE_MIXED_PRECISION", "no")
+    if chosen == "fp16" and not on_cuda:
+        said = "--mixed_precision fp16" if flag == "fp16" else "the accelerate config's mixed_precision: fp16"
+        raise ConfigError(
+            f"{said}: fp16 needs a CUDA GPU (on CPU accelerate applies neither autocast nor a "
+            "loss scaler); use --mixed_precision bf16 or no"
+        )
+    if chosen in ("fp16", "bf16") or flag != "auto":
+        return chosen
+    return "bf16" if bf16_capable else "no"
+
+
+def launch_precision(flag: str) -> str:
+    """--mixed_precision as this launch resolves it (alike on every rank), before any data is read."""
+    import torch
+
+    on_cuda = torch.cuda.is_available()
+    return resolve_mixed_precision(flag, dict(os.environ), on_cuda, on_cuda and torch.cuda.is_bf16_supported())
+
+
+def make_accelerator(args: TrainArgs, log_with: list[Any], mixed_precision: str) -> Any:
+    """The Accelerator for this launch (with its unstarted trackers), in `launch_precision`'s mixed precision."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    on_cuda = torch.cuda.is_available()
+    # Without gloo named, DeepSpeed on CPU initialises its own group while accelerate sees a world of 1.
+    backend = None if on_cuda or int(os.environ.get("WORLD_SIZE", "1")) == 1 else "gloo"
+    handlers = [process_group_kwargs(backend, args.system.ddp_timeout)]
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.optim.gradient_accumulation_steps,
+        mixed_precision=mixed_precision,
+        kwargs_handlers=handlers,
+        log_with=log_with or None,
+        # Seeded per-epoch shuffling: a resumed run sees the batches the interrupted one would have.
+        # non_blocking: accelerate's default copy of each (pinned) batch waits for the GPU to finish the queued
+        # step, so the host could not prepare the next one meanwhile.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=on_cuda),
+    )
+    _shard_on_cpu(accelerator, mixed_precision)
+    if accelerator.device.type == "cpu":
+        # accelerate's unwrap_model imports DeepSpeed in every run where it is installed, and DeepSpeed's own
+        # device detection then warns on CPU that it "was unable to detect" a GPU: told, it says nothing. (A
+        # DeepSpeed strategy imports it inside Accelerator(), too early for this: qa_train.strategy.launch --cpu sets it.)
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    return accelerator
+
+
+def process_group_kwargs(backend: str | None, timeout_s: float) -> Any:
+    """The process group's backend (None: accelerate's choice) and --ddp_timeout, for every strategy."""
+    from accelerate.utils import InitProcessGroupKwargs
+
+    kwargs = {"timeout": timedelta(seconds=timeout_s), **({"backend": backend} if backend else {})}
+    handler = InitProcessGroupKwargs(**kwargs)
+    # accelerate passes on only the fields that differ from its NCCL defaults (600 s): a gloo group asked for
+    # exactly 600 s would get torch's 1800.
+    handler.to_kwargs = lambda: kwargs
+    return handler
+
+
+def _shard_on_cpu(accelerator, mixed_precision: str) -> None:
+    """FSDP2 on CPU processes (gloo). accelerate 1.15 keeps an FSDP launch on CPU as plain MULTI_CPU data
+    parallelism (its state applies the FSDP plugin only to accelerator device types), although torch's
+    fully_shard runs there; nothing in Accelerator's own set-up depends on the type, so it is set after."""
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    if (
+        os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true"
+        or accelerator.distributed_type != DistributedType.MULTI_CPU
+    ):
+        return
+    plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* variables, as Accelerator reads them
+    if plugin.fsdp_version != 2 or fsdp_offloads(plugin):
+        raise LaunchError(
+            "FSDP on CPU processes runs FSDP2 without parameter offload: set fsdp_version: 2 and "
+            "fsdp_offload_params: false in the accelerate config"
+        )
+    if mixed_precision != "no":
+        plugin.set_mixed_precision(mixed_precision)
+    accelerator.state.distributed_type = DistributedType.FSDP
+    accelerator.state.fsdp_plugin = plugin
+    # Every later AcceleratorState() copies PartialState's type over its own, as accelerate's GPU path expects.
+    PartialState().distributed_type = DistributedType.FSDP
+
+
+@dataclass
+class Strategy:
+    name: str  # single, ddp, fsdp, zero1, zero2, zero3
+    zero_stage: int | None
+    offload: str  # none, optimizer, optimizer+params, params
+    distributed_type: str
+
+    def as_dict(self) -> dict[str, object]:
+        """Under metrics.json's names for these fields (the tracker's run config)."""
+        return {
+            "strategy": self.name,
+            "zero_stage": self.zero_stage,
+            "offload": self.offload,
+            "distributed_type": self.distributed_type,
+        }
+
+
+def checkpoint_layout(strategy: Strategy, accelerator) -> str:
+    """What save_state writes under this strategy, in words: DeepSpeed's files per ZeRO stage, FSDP's per state-dict
+    type (sharded DCP files, or one full file), else accelerate's model.safetensors and optimizer.bin."""
+    if strategy.zero_stage is not None:
+        return f"DeepSpeed ZeRO-{strategy.zero_stage} files"
+    if strategy.name == "fsdp":
+        kind = accelerator.state.fsdp_plugin.state_dict_type
+        return f"FSDP {str(getattr(kind, 'name', kind)).lower()} files"
+    return "model.safetensors and optimizer.bin"
+
+
+def _offload_device(section: dict | None) -> bool:
+    return bool(section) and str(section.get("device", "none")).lower() not in ("none", "")
+
+
+def fsdp_offloads(plugin) -> bool:
+    """Whether an FSDP plugin offloads parameters to the host: FSDP2's policy is a CPUOffloadPolicy (no offload is
+    its base class OffloadPolicy, an object that is always true), FSDP1's a CPUOffload(offload_params=...)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    cpu = getattr(plugin, "cpu_offload", None)
+    return isinstance(cpu, CPUOffloadPolicy) or bool(getattr(cpu, "offload_params", False))
+
+
+def detect_strategy(accelerator) -> Strategy:
+    """Read the strategy from the live accelerator state, never from a file name."""
+    from accelerate.utils import DistributedType
+
+    dtype = accelerator.distributed_type
+    if dtype == DistributedType.DEEPSPEED:
+        zero = accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
+        stage = int(zero.get("stage", 0))
+        opt, par = _offload_device(zero.get("offload_optimizer")), _offload_device(zero.get("offload_param"))
+        offload = {
+            (False, False): "none",
+            (True, False): "optimizer",
+            (True, True): "optimizer+params",
+            (False, True): "params",
+        }[(opt, par)]
+        return Strategy(f"zero{stage}" if stage else "deepspeed", stage, offload, dtype.value)
+    if dtype == DistributedType.FSDP:
+        offload = "optimizer+params" if fsdp_offloads(accelerator.state.fsdp_plugin) else "none"
+        return Strategy("fsdp", None, offload, dtype.value)
+    if dtype in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU, DistributedType.MULTI_XPU):
+        return Strategy("ddp", None, "none", dtype.value)
+    return Strategy("single", None, "none", dtype.value)
+
+
+def resolved_config(accelerator) -> dict[str, Any]:
+    """The strategy's live settings for the run's tracker config: DeepSpeed's config with every "auto"
+    resolved, or the FSDP plugin's settings."""
+    if accelerator.state.deepspeed_plugin is not None:
+        return {"deepspeed_config": accelerator.state.deepspeed_plugin.deepspeed_config}
+    fsdp = getattr(accelerator.state, "fsdp_plugin", None)
+    if fsdp is not None:
+        return {"fsdp_config": {k: str(v) for k, v in vars(fsdp).items() if not k.startswith("_")}}
+    return {}

@@ -1,0 +1,59 @@
+"""Launch sanity before any work: one process per device, a recompute that the strategy can run, CPU threads per rank."""
+
+from __future__ import annotations
+
+import os
+
+
+class LaunchError(RuntimeError):
+    """The processes that started do not form the world the launcher meant."""
+
+
+def check_world(accelerator) -> None:
+    """Refuse a launch whose processes do not form one data-parallel world.
+
+    `accelerate launch --multi_gpu` on a machine without CUDA starts N processes that each believe
+    they are alone (num_processes == 1), or, once a gloo group exists, that see N processes but
+    run without any distributed wrapper (distributed_type NO): either way N separate models.
+    """
+    from accelerate.utils import DistributedType
+
+    launcher = int(os.environ.get("WORLD_SIZE", "1"))
+    seen = accelerator.num_processes
+    if launcher != seen or (launcher > 1 and accelerator.distributed_type == DistributedType.NO):
+        raise LaunchError(
+            f"the launcher started WORLD_SIZE={launcher} processes but this one sees a world of {seen} "
+            f"(distributed type {accelerator.distributed_type.value}): they would train separate models. "
+            "On a CPU-only machine use `qa-train launch --cpu --config_file ...` (torchrun with "
+            "ACCELERATE_USE_CPU=true for DDP, gloo for DeepSpeed and FSDP)."
+        )
+
+
+def check_recompute(accelerator, gradient_checkpointing: bool) -> None:
+    """FSDP's own activation checkpointing (an accelerate config's `fsdp_activation_checkpointing: true`) with
+    --gradient_checkpointing would wrap every layer twice and recompute it twice; Trainer refuses the pair too."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)  # unset outside FSDP
+    if gradient_checkpointing and getattr(plugin, "activation_checkpointing", False):
+        raise LaunchError(
+            "--gradient_checkpointing: the accelerate config already sets fsdp_activation_checkpointing: "
+            "true, which recomputes the layers itself; keep one of the two"
+        )
+
+
+def cpu_threads(processes_per_node: int) -> int:
+    """Threads for each of a node's CPU ranks: the cores this process may use, split evenly."""
+    return max(1, len(os.sched_getaffinity(0)) // processes_per_node)
+
+
+def cpu_thread_warning(device_type: str, threads: int, local_processes: int) -> str | None:
+    """One line when a CPU rank runs on 1 thread where its share of the cores (what qa_train.strategy.launch would give it)
+    is more: accelerate launch sets OMP_NUM_THREADS=1 on a machine without a GPU unless given --cpu or
+    --num_cpu_threads_per_process."""
+    share = cpu_threads(local_processes)
+    if device_type != "cpu" or threads != 1 or share < 2:
+        return None
+    return (
+        f"training on CPU with 1 thread per process where the cores allow {share} (OMP_NUM_THREADS=1, which "
+        "accelerate launch sets unless given --cpu or --num_cpu_threads_per_process); "
+        f"qa-train launch --cpu sets it from the cores, or set OMP_NUM_THREADS={share}"
+    )
