@@ -171,8 +171,8 @@ def entry(argv: list[str] | None = None) -> int:
 
     catch_early_stop_signals()  # before the seconds of imports and loading that precede the trainer's own handler
     code = _report_status(main(argv))
-    # Out of the collector's sight, the objects left are not walked once more by its collection at exit (~0.8 s
-    # of every rank, for memory the OS takes back anyway).
+    # Out of the collector's sight, the objects left are not walked once more by its collection at exit, for memory
+    # the OS takes back anyway (docs/benchmarks/2026-11-26-cpu-test-suite.md).
     gc.freeze()
     return code
 

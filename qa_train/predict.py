@@ -9,7 +9,7 @@ path end to end: the tokenizer, model and attention choice of modeling.py, the w
 the batches of batching.py, evaluation's inference (accelerate places the model: CUDA when there is
 one) and post-processing, so its answers are evaluation's answers. A file of questions (SQuAD JSON or
 JSON lines; answers may be absent) gives `predict_predictions.json` and `predict_nbest_predictions.json`,
-as `--do_predict` writes them; `accelerate launch -m qa_train.predict ...` shares the windows over GPUs.
+as `--do_predict` writes them; `accelerate launch -m qa_train.cli predict ...` shares the windows over GPUs.
 """
 
 from __future__ import annotations

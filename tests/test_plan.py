@@ -67,7 +67,8 @@ def test_model_states_agree_with_deepspeeds_estimators(gpus: int, nodes: int) ->
 
 def test_the_planners_reduce_bucket_is_the_one_our_zero_configs_set() -> None:
     """accelerate's "auto" would be hidden_size^2 elements (0.59M for BERT-base): about 150 reductions a step,
-    each a trip through DeepSpeed's Python, where an explicit bucket makes 3 (docs/benchmarks.md)."""
+    each a trip through DeepSpeed's Python, where an explicit bucket makes 3
+    (docs/benchmarks/2026-11-22-cpu-zero-reduce-bucket.md)."""
     for name in memplan.REDUCE_BUCKETS:
         cfg = json.loads((ROOT / "ds_configs" / f"{name}.json").read_text())
         assert cfg["zero_optimization"]["reduce_bucket_size"] == memplan.ZERO_REDUCE_BUCKET, name

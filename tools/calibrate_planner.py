@@ -5,7 +5,7 @@
 Trains each shape below for 6 steps in one process (fp32, every batch padded to the full length, so the
 sequence length is exact), then fits measured = model states + scale x activations (the tensor count) +
 overhead by least squares on the relative error, and prints every run's estimate against its measurement,
-raw and calibrated. The result goes into `CPU_CALIBRATION` in qa_train/memplan.py by hand. Development
+raw and calibrated. The result goes into `CPU_CALIBRATION` in qa_train/studies/memory_model.py by hand. Development
 only: not shipped in the package.
 """
 

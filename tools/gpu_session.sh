@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU evidence of docs/benchmarks.md, in parts that each fit one device command:
+# The GPU evidence of docs/benchmarks/ (the *-gpu-*.md files), in parts that each fit one device command:
 #
 #   bash tools/gpu_session.sh PART... [--out DIR]
 #
@@ -219,7 +219,7 @@ part_ablation() {  # ~11 min with two repeats: a 540 s deadline leaves the last 
   log "ablation"
   data
   # 384 tokens: at the ablation's own 192 every shuffled batch of 32 pads to 192, so dynamic padding changed
-  # nothing (2026-11-26). Repeats, interleaved: that session's single runs of identical work were 0.69x apart.
+  # nothing; repeats, interleaved, since single runs of identical work lay far apart (docs/benchmarks/2026-11-26-gpu-h200.md).
   $PY -m qa_train.cli bench "${cpu[@]}" --ablation --timeout_s 180 --max_train_steps $ablation_steps \
     --repeats $ablation_repeats --output_dir "$RUNS/ablation" -- \
     --config_name $BASE --tokenizer_name $MINILM --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" \
@@ -260,8 +260,8 @@ part_twoepochs() {  # the 90 s target: compiled, cold (empty caches) then warm (
   local cache=/tmp/qa_train_inductor run
   # Inductor's FX graph and autotuning caches, and Triton's kernels (by default under ~/.triton), in one place:
   # the cold run empties and fills it, the warm one reads it. TWOEPOCHS=warm runs the second alone (a later
-  # command on the same machine). The whole model by default: by layer, the grouped step ran no faster than eager
-  # on the H100 (2026-11-26), its host time spread over 14 compiled calls. TWOEPOCHS_FLAGS="--torch_compile_mode
+  # command on the same machine). The whole model by default: by layer, the grouped step ran no faster than eager,
+  # its host time spread over 14 compiled calls (docs/benchmarks/2026-11-26-gpu-h100.md). TWOEPOCHS_FLAGS="--torch_compile_mode
   # reduce-overhead" adds CUDA graphs (one per padded width).
   export TORCHINDUCTOR_CACHE_DIR=$cache TRITON_CACHE_DIR=$cache/triton TORCH_LOGS=recompiles
   local flags=(${TWOEPOCHS_FLAGS:---torch_compile}) tag=${TWOEPOCHS_TAG:-compiled}

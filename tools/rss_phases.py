@@ -6,7 +6,7 @@
 
 RSS and the kernel's high-water mark (VmHWM, restarted before each phase) above the RSS before the model was
 built, in GiB. Nothing of qa_train is involved: this separates what the tensors need from what the allocator
-keeps (docs/benchmarks.md, "Gradient checkpointing").
+keeps (docs/benchmarks/2026-11-23-cpu-gradient-checkpointing.md).
 """
 
 from __future__ import annotations

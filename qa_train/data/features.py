@@ -170,9 +170,8 @@ def question_room(tpl: PairTemplate, max_seq_length: int, doc_stride: int) -> in
     return room
 
 
-# Texts go to the tokenizer in chunks: one call over all of SQuAD's contexts holds every offset as a
-# Python tuple at once: measured on SQuAD-sized data, featurising train peaked at 1.09 GiB that way
-# and at 0.67 GiB in chunks, for what ends up as ~25 MB of int32 arrays.
+# Texts go to the tokenizer in chunks: one call over all of SQuAD's contexts holds every offset as a Python tuple
+# at once, far above the int32 arrays they end as (docs/benchmarks/2026-11-22-cpu-data-and-host-memory.md).
 TOKENIZE_CHUNK = 2048
 
 

@@ -12,16 +12,11 @@ from pathlib import Path
 import psutil
 
 GIB = 1024**3
-# glibc keeps freed heap pages mapped. Batches of changing shapes (dynamic padding) fragment the
-# heap, so RSS creeps up by hundreds of MB with nothing live in it, by a different amount each run
-# (measured: 1.05-1.87 GiB peak for the same tiny-model run on SQuAD-sized data). malloc_trim gives
-# the free pages back, but pages the next step uses again are then faulted back in: trimming after
-# every batch cost ~30% throughput on the tiny model, and at BERT-base size, where a step's
-# activations come and go by GBs, a fixed 256 MiB allowance trimmed on every step (1.6x the page
-# faults of transformers' example, 0.89x its speed). So the allowance is learnt: the first
-# LEARN_STEPS batches of a phase are never trimmed and the allowance grows to cover their rise
-# (with a quarter to spare), and whatever the very next batch takes back after a trim counts as
-# working set too. Only creep beyond the working set is trimmed.
+# glibc keeps freed heap pages mapped, and batches of changing shapes fragment the heap, so RSS creeps up with
+# nothing live in it; malloc_trim gives the pages back, but a trim too often faults the next step's pages back in.
+# So the allowance is learnt: the first LEARN_STEPS batches of a phase are never trimmed and the allowance grows to
+# cover their rise (a quarter to spare), and what the next batch takes back after a trim counts as working set
+# too; only creep beyond it is trimmed (docs/benchmarks/2026-11-22-cpu-data-and-host-memory.md).
 MIN_SLACK_BYTES = 256 * 2**20
 LEARN_STEPS = 8
 SPARE = 1.25

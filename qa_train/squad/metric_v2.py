@@ -4,7 +4,7 @@ Inputs and outputs are those of the hub's "squad_v2" metric, so code written for
 evaluate.load("squad_v2") (transformers' run_qa examples with --version_2_with_negative) works
 unchanged, offline, with the official script's numbers:
 
-    metric = evaluate.load(qa_train.squad_v2_metric.SCRIPT)
+    metric = evaluate.load(qa_train.squad.metric_v2.SCRIPT)
     metric.compute(
         predictions=[{"id": "q1", "prediction_text": "", "no_answer_probability": 0.0}],
         references=[{"id": "q1", "answers": {"text": [], "answer_start": []}}],

@@ -137,7 +137,7 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     if opts.cpu:  # DeepSpeed otherwise guesses its accelerator, and warns once per rank that it chose the CPU
         env.setdefault("DS_ACCELERATOR", "cpu")
         # torchrun gives several ranks 1 thread each whatever the cores, accelerate launch without its own --cpu every
-        # rank, a lone one too (on 2 cores: 1.7x the time, docs/benchmarks.md); a setting of the user's is kept.
+        # rank, a lone one too (docs/benchmarks/2026-11-25-cpu-vs-hf-example.md); a setting of the user's is kept.
         env.setdefault("OMP_NUM_THREADS", str(cpu_threads(procs // machines)))
     if opts.cpu and kind != "DEEPSPEED":  # ranks that form a gloo group on CPU, in fp32 unless asked
         env["ACCELERATE_USE_CPU"] = "true"

@@ -163,7 +163,8 @@ def _replace(tmp: Path, final: Path, run_id: str) -> None:
 
 def _write_manifest(folder: Path) -> None:
     # Sizes catch truncation (a full disk, a kill or a lost node mid-write); CRC32s catch damage at the same size.
-    # zlib's CRC32 of files just written (in the page cache) costs about 0.3 s per GB (docs/benchmarks.md).
+    # zlib's CRC32 of files just written (still in the page cache) is cheap beside writing them
+    # (docs/benchmarks/2026-11-25-cpu-checkpoint-checksums.md).
     files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
     manifest = {"format": 2, "files": files, "crc32": file_crcs(folder, list(files))}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))

@@ -32,21 +32,20 @@ class Calibration:
     source: str
 
 
-# CPU (fp32; memory = host RSS during training above the idle baseline, the kernel's high-water mark):
-# `python tools/calibrate_planner.py` trains 12 BERT shapes of 0.9M-88M parameters at batch 4-32 x
-# 128-256 with SDPA and fits scale and overhead by least squares on the relative error; every one of them
-# is then within 10% (docs/benchmarks.md, "Memory planner"; eager attention, checked but not fitted,
-# reads 13% low). The overhead is what a step needs besides tensors (oneDNN scratch, the autograd graph,
-# thread stacks); the scale is glibc's heap slack between steps (freed activations it keeps mapped) and
-# small copies the count leaves out.
-CPU_CALIBRATION = Calibration(1.09, 29 * 2**20, "calibrated on CPU runs: x1.09 + 29 MiB, docs/benchmarks.md")
-# DDP on CPU processes: what gloo and DDP's reducer hold besides the buckets, the same at 0.9M and 14.8M
-# parameters (81 and 85 MiB above the single-process figure; docs/benchmarks.md). NCCL's buffers on GPUs
-# sit outside PyTorch's allocator and its peak, so there is no such term for CUDA.
+# CPU (fp32; memory = host RSS during training above the idle baseline, the kernel's high-water mark): scale and
+# overhead fitted by `python tools/calibrate_planner.py` over BERT shapes with SDPA
+# (docs/benchmarks/2026-11-22-planner-calibration.md). The overhead is what a step needs besides tensors (oneDNN
+# scratch, the autograd graph, thread stacks); the scale is glibc's heap slack between steps and small copies the
+# count leaves out.
+CPU_CALIBRATION = Calibration(
+    1.09, 29 * 2**20, "calibrated on CPU runs: x1.09 + 29 MiB, docs/benchmarks/2026-11-22-planner-calibration.md"
+)
+# DDP on CPU processes: what gloo and DDP's reducer hold besides the buckets, the same at two model sizes
+# (docs/benchmarks/2026-11-22-planner-calibration.md). NCCL's buffers on GPUs sit outside PyTorch's allocator and
+# its peak, so there is no such term for CUDA.
 CPU_DDP_RUNTIME_BYTES = 85 * 2**20
-# CUDA: the tensor count as it stands. Checked on one H100 (docs/benchmarks.md): estimate / CUDA max allocated
-# 0.99-1.10 over 8 runs (BERT-base shape and MiniLM; single, DDP, ZeRO-1/2/3): slightly high, which a
-# "will it fit" answer can afford, so no scale is fitted from one GPU's runs.
+# CUDA: the tensor count as it stands. Checked on one H100 it reads slightly high, which a "will it fit" answer can
+# afford, so no scale is fitted from one GPU's runs (docs/benchmarks/2026-11-22-planner-calibration.md).
 CUDA_CALIBRATION = Calibration(1.0, 0.0, "the count unscaled: 0.99-1.10x the CUDA peak of 8 runs on one H100")
 # ZeRO's gradient reduce bucket, in elements: what ds_configs' zero1, zero2, zero3 and zero3_offload set (a test
 # holds them equal). In the gradients' dtype: two for ZeRO-1/2 (overlap_comm), one for ZeRO-3.
@@ -183,8 +182,8 @@ def model_states(config: str, shape: ModelShape, setup: Setup) -> tuple[float, s
         )
     if config == "fsdp":
         # FSDP2 keeps fp32 shards of weights, gradients and Adam state and gathers one unit at a time: DeepSpeed's
-        # ZeRO-3 allowance for the gathered unit. Not yet measured on GPUs; on CPU it reads low where glibc's heap
-        # keeps the gathered buffers (docs/benchmarks.md, "FSDP on CPU processes").
+        # ZeRO-3 allowance for the gathered unit. It read high on one H100 (docs/benchmarks/2026-11-25-gpu-h100.md), and
+        # low on CPU where glibc's heap keeps the gathered buffers (docs/benchmarks/2026-11-25-cpu-fsdp.md).
         cpu = setup.device == "cpu"
         heap = "; on CPU glibc's heap keeps the gathers unless MALLOC_MMAP_THRESHOLD_=131072" if cpu else ""
         return 16.0 * p / n + FP32 * big, f"16P/N + 4L (fp32 shards; L = largest unit, gathered{heap})", None
