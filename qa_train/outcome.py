@@ -16,6 +16,7 @@ import torch
 
 from qa_train import __version__
 from qa_train.config.settings import ModelArgs
+from qa_train.core.errors import one_line
 from qa_train.data.loaders import collator, inference_loader
 from qa_train.evaluation import EvalResult, EvalSet, answer, predict_logits, span_rules, write_answers
 from qa_train.model.modeling import load_config, load_model, resolve_attention
@@ -99,9 +100,8 @@ def export(t: Trainer, final_scores: EvalResult | None) -> Path | None:
     except Exception as err:  # a full disk surfaces as OSError, or as safetensors' own error type
         if faults.run_fault(err):
             raise  # not the export's fault: exit 7 or 6, as anywhere else in the run
-        reason = " ".join(str(err).split())[:300]
         raise ExportError(
-            f"export to {t.output_dir / 'final'} failed: {type(err).__name__}: {reason}; "
+            f"export to {t.output_dir / 'final'} failed: {one_line(err)}; "
             "metrics.json is written, and the last checkpoint (if any) still holds the "
             "weights"
         ) from err

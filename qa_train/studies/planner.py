@@ -16,6 +16,7 @@ never downloads: bert-base/-large (cased and uncased) are built in; other models
 from __future__ import annotations
 
 from qa_train.config.settings import ConfigError, ModelArgs
+from qa_train.core.errors import one_line
 from qa_train.model.modeling import check_checkpointing, qa_model_class, resolve_attention
 from qa_train.studies.memory_model import (
     CONFIGS,
@@ -59,10 +60,9 @@ def load_config(model_name_or_path: str | None, config_name: str | None):
     try:
         return AutoConfig.from_pretrained(name, local_files_only=True)
     except (OSError, ValueError) as err:
-        reason = " ".join(str(err).split())[:200]
         raise PlanError(
             f"{flag} {name}: no config for it on this machine, and the planner never downloads; pass a "
-            f"folder with config.json, or one of {', '.join(BUILTIN)} ({reason})"
+            f"folder with config.json, or one of {', '.join(BUILTIN)} ({one_line(err, limit=200)})"
         ) from None
 
 
