@@ -19,7 +19,7 @@ from qa_train.config.settings import ModelArgs
 from qa_train.core.errors import one_line
 from qa_train.data.loaders import collator, inference_loader
 from qa_train.evaluation import EvalResult, EvalSet, answer, predict_logits, span_rules, write_answers
-from qa_train.model.modeling import load_config, load_model, resolve_attention
+from qa_train.model.modeling import load_model, load_model_config, resolve_attention
 from qa_train.observe.metrics import RankFigures, gather_figures, lifetime_rss_gib, summarize
 from qa_train.observe.schema import RunMetrics
 from qa_train.strategy import best, faults, sharded
@@ -72,7 +72,7 @@ def _best_for_inference(t: Trainer) -> torch.nn.Module:
         attn_implementation=resolve_attention(t.args.model, t.model_config),
     )
     with sharded.built_whole(t.accelerator):
-        model = load_model(source, t.tokenizer, load_config(source))
+        model = load_model(source, t.tokenizer, load_model_config(source))
     return model.to(t.accelerator.device)
 
 

@@ -42,18 +42,18 @@ from qa_train.model.modeling import (
     enable_checkpointing,
     flop_coefficients,
     import_model_code,
-    load_config,
     load_model,
+    load_model_config,
     load_tokenizer,
     loading,
     uses_token_types,
 )
-from qa_train.model.optimization import batches_per_rank, build_optimizer, hyperparameters, plan_steps, reapply
+from qa_train.model.optimization import batches_per_rank, build_optimizer, hyperparameters, reapply, step_plan
 from qa_train.observe.hostmem import HostMemory
 from qa_train.observe.metrics import BatchCount, DeviceMemory, ThroughputMeter, device_name, peak_tflops
 from qa_train.observe.monitor import IntervalMonitor, ModelCost, interval_log
 from qa_train.observe.profiling import start_profiler
-from qa_train.observe.progress import Progress
+from qa_train.observe.progress import Progress, ProgressOutput
 from qa_train.observe.recorder import Tracker
 from qa_train.observe.schema import RunMetrics
 from qa_train.observe.trackers import build_trackers
@@ -109,7 +109,7 @@ class Trainer:
         with loading("--tokenizer_name" if m.tokenizer_name else "--model_name_or_path", m.tokenizer_source):
             self.tokenizer = load_tokenizer(m)
         with loading("--config_name" if m.config_name else "--model_name_or_path", m.config_source):
-            self.model_config = load_config(m)
+            self.model_config = load_model_config(m)
         check_checkpointing(self.model_config, args.system.gradient_checkpointing)
         check_weights(m)
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
@@ -207,10 +207,10 @@ class Trainer:
             enable_checkpointing(model)
         if args.system.torch_compile:
             compile_model(model, args.system, dynamic=not args.data.pad_to_max_length)
-        self.plan = plan_steps(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
-        self.log_every = every_n_steps(args.output.logging_steps, self.plan.total_steps)
-        self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.plan.total_steps)
-        optimizer, scheduler = build_optimizer(accelerator, model, args, self.plan)
+        self.steps = step_plan(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
+        self.log_every = every_n_steps(args.output.logging_steps, self.steps.total_steps)
+        self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.steps.total_steps)
+        optimizer, scheduler = build_optimizer(accelerator, model, args, self.steps)
         deepspeed_json.reconcile_with_flags(accelerator, args, self.mixed_precision)
         sharded.fit_fsdp_wrap(accelerator, model)
         loaders = [self.train_dl] + ([self.eval_dl] if self.eval_dl is not None else [])
@@ -227,7 +227,7 @@ class Trainer:
             global_batch_size=self.global_batch_size,
             per_device_train_batch_size=self.args.data.per_device_train_batch_size,
             gradient_accumulation_steps=self.args.optim.gradient_accumulation_steps,
-            total_steps=self.plan.total_steps,
+            total_steps=self.steps.total_steps,
             seed=self.args.system.seed,
             group_by_length=self.args.data.group_by_length,
             num_train_windows=len(self.inputs.train_features),
@@ -269,7 +269,7 @@ class Trainer:
             "device": self.device,
             "mixed_precision": self.mixed_precision,
             "global_batch_size": self.global_batch_size,
-            "total_steps": self.plan.total_steps,
+            "total_steps": self.steps.total_steps,
             "qa_train_version": __version__,
             **build.resolved_config(self.accelerator),
         }
@@ -291,12 +291,12 @@ class Trainer:
 
     def fit(self) -> bool:
         """Train to the planned step count. False when a stop request ended it early (its checkpoint is written)."""
-        plan, system = self.plan, self.args.system
+        steps, system = self.steps, self.args.system
         log.info(
             "training %d steps (%d epochs of %d updates), global batch %d",
-            plan.total_steps,
-            plan.num_epochs,
-            plan.updates_per_epoch,
+            steps.total_steps,
+            steps.num_epochs,
+            steps.updates_per_epoch,
             self.global_batch_size,
         )
         if self.state.eval_owed:  # the stopped run's last step owed an evaluation
@@ -317,7 +317,7 @@ class Trainer:
             else None
         )
         self.progress = self._progress(
-            "train", plan.total_steps, self.state.completed_steps, "step", self.global_batch_size
+            "train", steps.total_steps, self.state.completed_steps, "step", self.global_batch_size
         )
         # What compiled before (--eval_on_start's graphs, an owed evaluation's) is not training's compile.
         before = compile_figures() if system.torch_compile else (math.nan, math.nan)
@@ -325,7 +325,7 @@ class Trainer:
         self.meter.start()
         self.monitor.start()  # the first interval is timed from here, not from before --eval_on_start
         self.model.train()
-        while self.state.completed_steps < plan.total_steps and not self.preempted:
+        while self.state.completed_steps < steps.total_steps and not self.preempted:
             self._train_epoch(profiler)
         self.progress.close()
         self.meter.finish(self._sync)
@@ -342,14 +342,8 @@ class Trainer:
 
     def _progress(self, label: str, total: int, done: int, unit: str, samples_per_unit: int) -> Progress:
         out = self.args.output
-        return Progress(
-            label,
-            total,
-            done,
-            unit,
-            samples_per_unit,
-            (self.is_main and not out.disable_tqdm, out.progress_interval_s, None),
-        )
+        shown = ProgressOutput(enabled=self.is_main and not out.disable_tqdm, interval_s=out.progress_interval_s)
+        return Progress(label, total, done, unit, samples_per_unit, output=shown)
 
     def _sync(self) -> None:
         if self.on_cuda:
@@ -380,7 +374,7 @@ class Trainer:
                 break
         if self.preempted:
             return
-        if state.completed_steps < self.plan.total_steps or state.batches_in_epoch >= len(self.train_dl):
+        if state.completed_steps < self.steps.total_steps or state.batches_in_epoch >= len(self.train_dl):
             state.epoch += 1
             state.batches_in_epoch = 0
             if self.args.eval.eval_strategy == "epoch":
@@ -428,7 +422,7 @@ class Trainer:
         if profiler is not None:
             profiler.step()
         self.stop.hold_if_asked(state.completed_steps, self.accelerator.process_index)
-        logging_step = state.completed_steps % self.log_every == 0 or state.completed_steps == self.plan.total_steps
+        logging_step = state.completed_steps % self.log_every == 0 or state.completed_steps == self.steps.total_steps
         if logging_step:
             stopping = self._log_interval()
         else:  # a stop asked for during start-up (minutes on SQuAD) must not wait --logging_steps more steps
@@ -449,7 +443,7 @@ class Trainer:
         every = out.checkpoint_every
         if isinstance(every, int) and state.completed_steps % every == 0:
             self._save_checkpoint()
-        return state.completed_steps >= self.plan.total_steps
+        return state.completed_steps >= self.steps.total_steps
 
     def _log_interval(self) -> bool:
         """The only host sync of the loop: the interval's figures over all ranks, and whether any rank must stop."""
@@ -482,7 +476,7 @@ class Trainer:
         self.meter.exclude(time.perf_counter() - t0)
 
     def _evaluate_during_training(self) -> None:
-        if self.state.completed_steps >= self.plan.total_steps and self.args.eval.do_eval:
+        if self.state.completed_steps >= self.steps.total_steps and self.args.eval.do_eval:
             return  # the final evaluation follows
         with self._not_training():
             result = self.evaluate()

@@ -115,9 +115,9 @@ def load_tokenizer(args: ModelArgs):
     return tokenizer
 
 
-def load_config(args: ModelArgs):
-    """The model's config; a family without a QA head or an attention kernel it lacks is refused here,
-    before any data is read."""
+def load_model_config(args: ModelArgs):
+    """The config of the model a run trains or answers with (--config_name, else --model_name_or_path); a family
+    without a QA head or an attention kernel it lacks is refused here, before any data is read."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(args.config_source)

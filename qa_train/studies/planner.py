@@ -50,8 +50,10 @@ class PlanError(ValueError):
 # --- the model -----------------------------------------------------------------------------------
 
 
-def load_config(model_name_or_path: str | None, config_name: str | None):
-    """A transformers config from a built-in shape, a local folder or the local cache; never the network."""
+def load_shape_config(model_name_or_path: str | None, config_name: str | None):
+    """The config the planner reads a model's shape from (sizes, not weights): a built-in BERT shape, a local
+    folder or the local cache; never the network. Training's own, checked for a QA head, is
+    modeling.load_model_config."""
     from transformers import AutoConfig, BertConfig
 
     name, flag = (config_name, "--config_name") if config_name else (model_name_or_path, "--model_name_or_path")
