@@ -50,7 +50,7 @@ def _out_of_space(err: OSError, output_dir: str) -> str:
 def _compile_failed(cause: BaseException, backend: str | None) -> str:
     """torch.compile's failure (a backend's package missing, no C++ compiler for inductor on CPU) in one line;
     its own message spans lines and points at TORCHDYNAMO_VERBOSE."""
-    from qa_train.strategy.checkpoint import one_line
+    from qa_train.core.errors import one_line
 
     flag = f"--torch_compile_backend {backend}" if backend else "--torch_compile (backend inductor)"
     return f"{flag}: compiling the model failed ({one_line(cause)}); choose another backend or drop it"

@@ -1,7 +1,7 @@
 """What a fitted run hands over: answers to --test_file, metrics.json's figures, and the exported model.
 
-Each is a phase of the run after `Trainer.fit` (run.py calls them in order), reading the trainer's state; every
-rank calls each one (they gather or save collectively).
+Each is a phase of the run after `Trainer.fit` (run.py calls them in order), working from what the trainer was
+built with and what fit and evaluation returned; every rank calls each one (they gather or save collectively).
 """
 
 from __future__ import annotations
@@ -10,16 +10,18 @@ import dataclasses
 import logging
 import math
 import shutil
+import time
 from pathlib import Path
 
 import torch
 
 from qa_train import __version__
 from qa_train.config.settings import ModelArgs
+from qa_train.core.errors import one_line
 from qa_train.data.loaders import collator, inference_loader
 from qa_train.evaluation import EvalResult, EvalSet, answer, predict_logits, span_rules, write_answers
-from qa_train.model.modeling import load_config, load_model, resolve_attention
-from qa_train.observe.metrics import RankFigures, gather_figures, lifetime_rss_gib, summarize
+from qa_train.model.modeling import load_model, load_model_config, resolve_attention
+from qa_train.observe.metrics import RankFigures, TrainSummary, gather_figures, peak_tflops, summarize
 from qa_train.observe.schema import RunMetrics
 from qa_train.strategy import best, faults, sharded
 from qa_train.trainer import Trainer
@@ -71,7 +73,7 @@ def _best_for_inference(t: Trainer) -> torch.nn.Module:
         attn_implementation=resolve_attention(t.args.model, t.model_config),
     )
     with sharded.built_whole(t.accelerator):
-        model = load_model(source, t.tokenizer, load_config(source))
+        model = load_model(source, t.tokenizer, load_model_config(source))
     return model.to(t.accelerator.device)
 
 
@@ -99,47 +101,39 @@ def export(t: Trainer, final_scores: EvalResult | None) -> Path | None:
     except Exception as err:  # a full disk surfaces as OSError, or as safetensors' own error type
         if faults.run_fault(err):
             raise  # not the export's fault: exit 7 or 6, as anywhere else in the run
-        reason = " ".join(str(err).split())[:300]
         raise ExportError(
-            f"export to {t.output_dir / 'final'} failed: {type(err).__name__}: {reason}; "
+            f"export to {t.output_dir / 'final'} failed: {one_line(err)}; "
             "metrics.json is written, and the last checkpoint (if any) still holds the "
             "weights"
         ) from err
 
 
-def run_metrics(t: Trainer, scores: EvalResult | None, initial: EvalResult | None) -> RunMetrics | None:
-    """Gather every rank's figures (a collective) and build metrics.json's content on the main process."""
-    m = t.meter
-    mine = RankFigures(
-        *m.timed,
-        m.elapsed,
-        m.timed_steps,
-        *t.train_memory,
-        t.host_memory.baseline_gib,
-        lifetime_rss_gib(),
-        t.last_loss,
-        *t.compiled,
-    )
-    ranks = gather_figures(t.accelerator, mine)
+def run_metrics(
+    t: Trainer, trained: TrainSummary, final: EvalResult | None, initial: EvalResult | None, *, started: float
+) -> RunMetrics | None:
+    """metrics.json's content, complete, on the main process (None elsewhere): every rank's `trained` gathered (a
+    collective: every rank must call it), the final and initial evaluations' results, and what the run was.
+    `started`: time.perf_counter() when the run began, for total_runtime_s."""
+    ranks = gather_figures(t.accelerator, RankFigures.measured(trained))
     if not t.is_main:
         return None
-    model = t.accelerator.unwrap_model(t.model)
-    seq, device = t.args.data.max_seq_length, t.device
-    figures = summarize(ranks, t.monitor.cost.peak_tflops, t.on_cuda)
+    figures = summarize(ranks, peak_tflops(t.device, t.mixed_precision), t.on_cuda)
     inputs, s = t.inputs, t.strategy
     return RunMetrics(
         **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},
-        exact_match=scores.exact_match if scores else None,
-        f1=scores.f1 if scores else None,
-        **t.best.fields(scores, t.state.completed_steps, t.args.output.save_final_model),
+        exact_match=final.exact_match if final else None,
+        f1=final.f1 if final else None,
+        **t.best.fields(final, trained.steps, t.args.output.save_final_model),
         initial_exact_match=initial.exact_match if initial else None,
         initial_f1=initial.f1 if initial else None,
         initial_eval_step=t.first_step if initial else None,
-        train_runtime_s=round(t.train_runtime_s, 3),
-        checkpoint_runtime_s=round(t.checkpoint_runtime_s, 3),
-        eval_runtime_s=scores.runtime_s if scores else None,
-        train_steps=t.state.completed_steps,
-        train_loss=t.last_loss if math.isfinite(t.last_loss) else None,  # NaN: no step was logged
+        squad_v2=final.squad_v2 if final else None,
+        train_runtime_s=round(trained.runtime_s, 3),
+        checkpoint_runtime_s=round(trained.checkpoint_s, 3),
+        eval_runtime_s=final.runtime_s if final else None,
+        total_runtime_s=round(time.perf_counter() - started, 3),
+        train_steps=trained.steps,
+        train_loss=trained.last_loss if math.isfinite(trained.last_loss) else None,  # NaN: no step was logged
         train_loss_per_rank=[r.last_loss if math.isfinite(r.last_loss) else None for r in ranks],
         world_size=t.accelerator.num_processes,
         strategy=s.name,
@@ -147,15 +141,15 @@ def run_metrics(t: Trainer, scores: EvalResult | None, initial: EvalResult | Non
         offload=s.offload,
         distributed_type=s.distributed_type,
         mixed_precision=t.mixed_precision,
-        device=device,
-        num_parameters=sharded.num_parameters(model),
+        device=t.device,
+        num_parameters=sharded.num_parameters(t.accelerator.unwrap_model(t.model)),
         num_train_examples=inputs.num_train_examples,
         num_train_features=len(inputs.train_features),
         num_eval_examples=len(inputs.eval_examples) if inputs.eval_examples else 0,
         num_eval_features=len(inputs.eval_features) if inputs.eval_features else 0,
         global_batch_size=t.global_batch_size,
         per_device_train_batch_size=t.args.data.per_device_train_batch_size,
-        max_seq_length=seq,
+        max_seq_length=t.args.data.max_seq_length,
         output_dir=str(t.output_dir),
         qa_train_version=__version__,
         args=t.args.to_dict(),

@@ -53,7 +53,13 @@ class Predictor:
         import torch
         from accelerate import Accelerator
 
-        from qa_train.model.modeling import check_positions, load_config, load_model, load_tokenizer, uses_token_types
+        from qa_train.model.modeling import (
+            check_positions,
+            load_model,
+            load_model_config,
+            load_tokenizer,
+            uses_token_types,
+        )
         from qa_train.strategy.build import resolve_mixed_precision
 
         if device not in DEVICES:
@@ -66,7 +72,7 @@ class Predictor:
         model_args = ModelArgs(model_name_or_path=model_dir)
         with loading("MODEL_DIR", model_dir, "the model"):
             self.tokenizer = load_tokenizer(model_args)
-            config = load_config(model_args)
+            config = load_model_config(model_args)
         check_positions(config, self.tokenizer, self.data.max_seq_length, self.data.doc_stride)
         on_cuda = device != "cpu" and torch.cuda.is_available()
         precision = resolve_mixed_precision(

@@ -21,7 +21,7 @@ class Preempted(Exception):
 
 def run(args: TrainArgs) -> RunMetrics | None:
     """Train, evaluate, record and export. Returns metrics on the main process (None elsewhere)."""
-    t_start = time.perf_counter()
+    started = time.perf_counter()
     trainer = Trainer(args)
     initial = trainer.evaluate() if args.eval.eval_on_start else None
     trainer.log_eval(initial)
@@ -30,11 +30,12 @@ def run(args: TrainArgs) -> RunMetrics | None:
         label = f"at step {start} (resumed)" if start else "before training"
         log.info("%s: exact_match %.2f, f1 %.2f", label, initial.exact_match, initial.f1)
 
-    if not trainer.fit():
+    trained = trainer.fit()
+    if not trained.finished:
         if trainer.is_main:  # every rank stops, and a non-main rank still shows warnings: one line is enough
             log.warning(
                 "stop requested: checkpoint saved at step %d; rerun with --resume_from_checkpoint latest",
-                trainer.state.completed_steps,
+                trained.steps,
             )
         trainer.finish()
         raise Preempted
@@ -42,12 +43,9 @@ def run(args: TrainArgs) -> RunMetrics | None:
     scores = trainer.evaluate(Path(args.output.output_dir) / "eval_predictions.json") if args.eval.do_eval else None
     trainer.log_eval(scores)
     trainer.log_samples(scores)
-    metrics = outcome.run_metrics(trainer, scores, initial)
-    if metrics is not None:
-        metrics.total_runtime_s = round(time.perf_counter() - t_start, 3)
-        metrics.squad_v2 = scores.squad_v2 if scores else None
-        if metrics.squad_v2:
-            log.info("SQuAD v2.0: %s", ", ".join(f"{k} {v:.4g}" for k, v in metrics.squad_v2.items()))
+    metrics = outcome.run_metrics(trainer, trained, scores, initial, started=started)
+    if metrics is not None and metrics.squad_v2:
+        log.info("SQuAD v2.0: %s", ", ".join(f"{k} {v:.4g}" for k, v in metrics.squad_v2.items()))
     trainer.record(metrics)  # before the export: a full disk there must not lose EM/F1
     if args.eval.do_predict:
         outcome.predict(trainer, scores)  # with the model the export will be: with --save_best, maybe not the last

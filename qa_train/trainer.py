@@ -1,5 +1,6 @@
-"""The Trainer: everything one run trains with, as named attributes; fit and evaluate are its phases
-(outcome.py hands over what it trained: predictions, metrics.json's figures, the export).
+"""The Trainer: everything one run trains with, as named attributes; fit and evaluate are its phases, and each
+returns what it did as a value (`TrainSummary`, `EvalResult`) for outcome.py to hand over: predictions,
+metrics.json's figures, the export.
 
 The loop never knows which strategy it runs under: that is the accelerate config's business, and
 the strategy package's (qa_train/strategy/) where a library forces a difference.
@@ -7,13 +8,11 @@ the strategy package's (qa_train/strategy/) where a library forces a difference.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -42,18 +41,18 @@ from qa_train.model.modeling import (
     enable_checkpointing,
     flop_coefficients,
     import_model_code,
-    load_config,
     load_model,
+    load_model_config,
     load_tokenizer,
     loading,
     uses_token_types,
 )
-from qa_train.model.optimization import batches_per_rank, build_optimizer, hyperparameters, plan_steps, reapply
+from qa_train.model.optimization import batches_per_rank, build_optimizer, hyperparameters, reapply, step_plan
 from qa_train.observe.hostmem import HostMemory
-from qa_train.observe.metrics import BatchCount, DeviceMemory, ThroughputMeter, device_name, peak_tflops
-from qa_train.observe.monitor import IntervalMonitor, ModelCost, interval_log
+from qa_train.observe.metrics import BatchCount, DeviceMemory, TrainSummary, device_name, peak_tflops
+from qa_train.observe.monitor import ModelCost, TrainingMetrics, interval_log
 from qa_train.observe.profiling import start_profiler
-from qa_train.observe.progress import Progress
+from qa_train.observe.progress import Progress, ProgressOutput
 from qa_train.observe.recorder import Tracker
 from qa_train.observe.schema import RunMetrics
 from qa_train.observe.trackers import build_trackers
@@ -109,7 +108,7 @@ class Trainer:
         with loading("--tokenizer_name" if m.tokenizer_name else "--model_name_or_path", m.tokenizer_source):
             self.tokenizer = load_tokenizer(m)
         with loading("--config_name" if m.config_name else "--model_name_or_path", m.config_source):
-            self.model_config = load_config(m)
+            self.model_config = load_model_config(m)
         check_checkpointing(self.model_config, args.system.gradient_checkpointing)
         check_weights(m)
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
@@ -166,20 +165,16 @@ class Trainer:
         self.device = device_name(self.accelerator.device)
         self.tracker = Tracker(self.accelerator, self.output_dir)
         self.tracker.start(out.wandb_project, self._run_config(), resumed_at=self.first_step)
-        self.meter = ThroughputMeter(args.system.throughput_warmup_steps)
         cost = ModelCost(*flop_coefficients(self.model_config), peak_tflops(self.device, self.mixed_precision))
-        self.monitor = IntervalMonitor(self.accelerator, self.device_memory, self.host_memory, cost)
+        self._metrics = TrainingMetrics(
+            self.accelerator, self.device_memory, self.host_memory, cost, args.system.throughput_warmup_steps
+        )
         # fp16's loss scaler expects overflowing gradients now and then and skips those steps itself.
         self.guard_grad_norm = self.mixed_precision != "fp16"
         self.best = best.BestModel(
             self.accelerator, self.output_dir, args.eval.save_best, self.first_step > 0, self.state.best_eval
         )
-        self.last_loss = float("nan")
-        self.preempted = False
-        self.train_runtime_s = 0.0
-        self.checkpoint_runtime_s = 0.0
-        self.train_memory = (math.nan, math.nan, math.nan)  # CUDA allocated, reserved, host RSS (GiB)
-        self.compiled = (math.nan, math.nan)  # seconds compiling, graphs (modeling.compile_figures)
+        self._preempted = False
 
     # --- building ------------------------------------------------------------------------------
 
@@ -207,10 +202,10 @@ class Trainer:
             enable_checkpointing(model)
         if args.system.torch_compile:
             compile_model(model, args.system, dynamic=not args.data.pad_to_max_length)
-        self.plan = plan_steps(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
-        self.log_every = every_n_steps(args.output.logging_steps, self.plan.total_steps)
-        self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.plan.total_steps)
-        optimizer, scheduler = build_optimizer(accelerator, model, args, self.plan)
+        self.steps = step_plan(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
+        self.log_every = every_n_steps(args.output.logging_steps, self.steps.total_steps)
+        self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.steps.total_steps)
+        optimizer, scheduler = build_optimizer(accelerator, model, args, self.steps)
         deepspeed_json.reconcile_with_flags(accelerator, args, self.mixed_precision)
         sharded.fit_fsdp_wrap(accelerator, model)
         loaders = [self.train_dl] + ([self.eval_dl] if self.eval_dl is not None else [])
@@ -227,7 +222,7 @@ class Trainer:
             global_batch_size=self.global_batch_size,
             per_device_train_batch_size=self.args.data.per_device_train_batch_size,
             gradient_accumulation_steps=self.args.optim.gradient_accumulation_steps,
-            total_steps=self.plan.total_steps,
+            total_steps=self.steps.total_steps,
             seed=self.args.system.seed,
             group_by_length=self.args.data.group_by_length,
             num_train_windows=len(self.inputs.train_features),
@@ -269,7 +264,7 @@ class Trainer:
             "device": self.device,
             "mixed_precision": self.mixed_precision,
             "global_batch_size": self.global_batch_size,
-            "total_steps": self.plan.total_steps,
+            "total_steps": self.steps.total_steps,
             "qa_train_version": __version__,
             **build.resolved_config(self.accelerator),
         }
@@ -289,71 +284,65 @@ class Trainer:
 
     # --- training ------------------------------------------------------------------------------
 
-    def fit(self) -> bool:
-        """Train to the planned step count. False when a stop request ended it early (its checkpoint is written)."""
-        plan, system = self.plan, self.args.system
+    def fit(self) -> TrainSummary:
+        """Train to the planned step count, or until a stop request (then `finished` is False and the checkpoint is
+        written); what this rank trained, as a value."""
+        steps, system = self.steps, self.args.system
         log.info(
             "training %d steps (%d epochs of %d updates), global batch %d",
-            plan.total_steps,
-            plan.num_epochs,
-            plan.updates_per_epoch,
+            steps.total_steps,
+            steps.num_epochs,
+            steps.updates_per_epoch,
             self.global_batch_size,
         )
         if self.state.eval_owed:  # the stopped run's last step owed an evaluation
             self._evaluate_during_training()
             self.state.eval_owed = False
-        # Peaks from here on are the training phase's alone: loading, resuming and evaluation are not training.
-        self.host_memory.reset()
-        self.device_memory.reset()
-        profiler = (
-            start_profiler(
-                self.output_dir,
-                system.throughput_warmup_steps,
-                self.accelerator.process_index,
-                self.is_main,
-                self.on_cuda,
-            )
-            if system.profile
-            else None
-        )
+        profiler = self._profiler() if system.profile else None
         self.progress = self._progress(
-            "train", plan.total_steps, self.state.completed_steps, "step", self.global_batch_size
+            "train", steps.total_steps, self.state.completed_steps, "step", self.global_batch_size
         )
         # What compiled before (--eval_on_start's graphs, an owed evaluation's) is not training's compile.
         before = compile_figures() if system.torch_compile else (math.nan, math.nan)
         t0 = time.perf_counter()
-        self.meter.start()
-        self.monitor.start()  # the first interval is timed from here, not from before --eval_on_start
+        self._metrics.start()  # loading, resuming and evaluation before this are not training
         self.model.train()
-        while self.state.completed_steps < plan.total_steps and not self.preempted:
+        while self.state.completed_steps < steps.total_steps and not self._preempted:
             self._train_epoch(profiler)
         self.progress.close()
-        self.meter.finish(self._sync)
+        throughput = self._metrics.finish()
         if profiler is not None:
             profiler.stop()
-        self.train_runtime_s = time.perf_counter() - t0
-        self.train_memory = (*self.device_memory.peaks_gib(), self.host_memory.peak_gib)
-        if system.torch_compile:
-            after = compile_figures()
-            self.compiled = (after[0] - before[0], after[1] - before[1])
-        if not self.preempted:
+        runtime_s = time.perf_counter() - t0
+        memory = self._metrics.memory()
+        after = compile_figures() if system.torch_compile else (math.nan, math.nan)
+        if not self._preempted:
             self._check_weights()  # the last update is after the last loss that was read
-        return not self.preempted
+        return TrainSummary(
+            finished=not self._preempted,
+            steps=self.state.completed_steps,
+            runtime_s=runtime_s,
+            checkpoint_s=self._metrics.checkpoint_s,
+            last_loss=self._metrics.last_loss,
+            throughput=throughput,
+            memory=memory,
+            compile_s=after[0] - before[0],
+            compiled_graphs=after[1] - before[1],
+        )
+
+    def _profiler(self):
+        return start_profiler(
+            self.output_dir,
+            self.args.system.throughput_warmup_steps,
+            self.accelerator.process_index,
+            self.is_main,
+            self.on_cuda,
+        )
 
     def _progress(self, label: str, total: int, done: int, unit: str, samples_per_unit: int) -> Progress:
         out = self.args.output
-        return Progress(
-            label,
-            total,
-            done,
-            unit,
-            samples_per_unit,
-            (self.is_main and not out.disable_tqdm, out.progress_interval_s, None),
-        )
-
-    def _sync(self) -> None:
-        if self.on_cuda:
-            torch.cuda.synchronize()
+        shown = ProgressOutput(enabled=self.is_main and not out.disable_tqdm, interval_s=out.progress_interval_s)
+        return Progress(label, total, done, unit, samples_per_unit, output=shown)
 
     def _train_epoch(self, profiler) -> None:
         state = self.state
@@ -378,9 +367,9 @@ class Trainer:
                 ) from err
             if self.accelerator.sync_gradients and self._after_update(profiler):
                 break
-        if self.preempted:
+        if self._preempted:
             return
-        if state.completed_steps < self.plan.total_steps or state.batches_in_epoch >= len(self.train_dl):
+        if state.completed_steps < self.steps.total_steps or state.batches_in_epoch >= len(self.train_dl):
             state.epoch += 1
             state.batches_in_epoch = 0
             if self.args.eval.eval_strategy == "epoch":
@@ -399,16 +388,15 @@ class Trainer:
             if accelerator.sync_gradients:
                 # Only a clipping run measures the norm (as transformers' Trainer): measuring costs a pass.
                 clipped = accelerator.clip_grad_norm_(self.model.parameters(), max_norm) if max_norm > 0 else None
-                self.monitor.update(sharded.global_grad_norm(accelerator, self.model, clipped))
+                self._metrics.update(sharded.global_grad_norm(accelerator, self.model, clipped))
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.state.batches_in_epoch += 1
         samples, width = batch["input_ids"].shape
-        count = BatchCount(samples, real, padded, self.monitor.cost.batch_flops(padded, width))
-        self.monitor.micro_batch(loss, count)
-        self.meter.micro_batch(count)
-        self.host_memory.step()
+        self._metrics.micro_batch(
+            loss, BatchCount(samples, real, padded, self._metrics.cost.batch_flops(padded, width))
+        )
 
     def _window_scale(self) -> float:
         """accelerate (and DeepSpeed's engine) divide every micro-batch's loss by --gradient_accumulation_steps, also
@@ -424,11 +412,11 @@ class Trainer:
         """Count the update, log, checkpoint; True when the epoch loop must end (done or stopping)."""
         state, out = self.state, self.args.output
         state.completed_steps += 1
-        self.meter.optimizer_step(self._sync)
+        self._metrics.optimizer_step()
         if profiler is not None:
             profiler.step()
         self.stop.hold_if_asked(state.completed_steps, self.accelerator.process_index)
-        logging_step = state.completed_steps % self.log_every == 0 or state.completed_steps == self.plan.total_steps
+        logging_step = state.completed_steps % self.log_every == 0 or state.completed_steps == self.steps.total_steps
         if logging_step:
             stopping = self._log_interval()
         else:  # a stop asked for during start-up (minutes on SQuAD) must not wait --logging_steps more steps
@@ -442,49 +430,38 @@ class Trainer:
             state.eval_owed = self._eval_due(state.completed_steps)
             self._save_checkpoint()
             self.stop.clear(self.is_main)
-            self.preempted = True
+            self._preempted = True
             return True
         if self._eval_due(state.completed_steps):
             self._evaluate_during_training()
         every = out.checkpoint_every
         if isinstance(every, int) and state.completed_steps % every == 0:
             self._save_checkpoint()
-        return state.completed_steps >= self.plan.total_steps
+        return state.completed_steps >= self.steps.total_steps
 
     def _log_interval(self) -> bool:
         """The only host sync of the loop: the interval's figures over all ranks, and whether any rank must stop."""
-        figures = self.monitor.collect(self.stop.requested())
-        self.last_loss = figures.loss
+        figures = self._metrics.collect(self.stop.requested())
         bad_norms = figures.bad_grad_norms if self.guard_grad_norm else 0
-        if not math.isfinite(self.last_loss) or bad_norms:  # every rank sees the same figures: all stop together
+        if not math.isfinite(figures.loss) or bad_norms:  # every rank sees the same figures: all stop together
             what = (
-                f"loss is {self.last_loss}"
-                if not math.isfinite(self.last_loss)
+                f"loss is {figures.loss}"
+                if not math.isfinite(figures.loss)
                 else (f"{bad_norms} gradient norm(s) were not finite")
             )
             raise TrainingDiverged(self._diverged(what))
         lr = self.scheduler.get_last_lr()[0]
-        self.progress.note(loss=self.last_loss, lr=lr)
-        self.tracker.log_step(self.state.completed_steps, interval_log(figures, self.monitor.cost, lr, self.epoch))
+        self.progress.note(loss=figures.loss, lr=lr)
+        self.tracker.log_step(self.state.completed_steps, interval_log(figures, self._metrics.cost, lr, self.epoch))
         return figures.stop_requested
 
     def _eval_due(self, step: int) -> bool:
         return self.args.eval.eval_strategy == "steps" and step % self.eval_every == 0
 
-    @contextlib.contextmanager
-    def _not_training(self, memory: bool = True) -> Iterator[None]:
-        """Work inside the loop that is not a step (evaluation, checkpoint saves) is left out of the throughput
-        clocks; with `memory`, out of the training memory peaks too."""
-        self._sync()  # the last step's queued kernels are the step's time, not this work's
-        t0 = time.perf_counter()
-        with self.monitor.excluded(memory):
-            yield
-        self.meter.exclude(time.perf_counter() - t0)
-
     def _evaluate_during_training(self) -> None:
-        if self.state.completed_steps >= self.plan.total_steps and self.args.eval.do_eval:
+        if self.state.completed_steps >= self.steps.total_steps and self.args.eval.do_eval:
             return  # the final evaluation follows
-        with self._not_training():
+        with self._metrics.excluded("evaluation"):
             result = self.evaluate()
             if result is not None:  # the terminal and a SLURM log see each score, not only the trackers
                 log.info(
@@ -522,14 +499,11 @@ class Trainer:
 
     def _save_checkpoint(self) -> None:
         # A save's time depends on the disk and --checkpointing_steps, not on the strategy's step: it is reported
-        # apart (checkpoint_runtime_s) instead of diluting samples/s. Its memory stays in the training peaks: a
-        # save that runs out of memory ends the run as a step would.
-        with self._not_training(memory=False):
-            t0 = time.perf_counter()
+        # apart (checkpoint_runtime_s) instead of diluting samples/s.
+        with self._metrics.excluded("checkpoint"):
             self._check_weights()
             self.state.best_eval = self.best.as_record()
             saving.save_checkpoint(self.accelerator, self.output_dir, self.state, self.args.output.save_total_limit)
-            self.checkpoint_runtime_s += time.perf_counter() - t0
 
     def _check_weights(self) -> None:
         """Non-finite weights are never checkpointed or exported (each rank checks what it holds)."""

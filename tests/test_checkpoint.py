@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
+import pickle
 import shutil
 import zlib
 from dataclasses import asdict
@@ -672,8 +674,31 @@ def test_a_missing_rng_file_is_a_warning_naming_it(tmp_path: Path, caplog) -> No
     assert caplog.records[-1].getMessage().startswith(f"{path / 'random_states_0.pkl'}: missing; ")
 
 
-def test_load_says_checkpoints_must_be_trusted() -> None:
-    assert "must be trusted" in load_checkpoint.__doc__
+class RunsOnLoad:
+    """Unpickled, it makes a folder: what any code a checkpoint file carries could do instead."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return os.mkdir, (str(self.path),)
+
+
+def test_deepspeeds_loader_runs_what_a_checkpoint_file_holds_so_checkpoints_must_be_trusted(tmp_path: Path) -> None:
+    """load_checkpoint's docstring says checkpoints must be trusted: DeepSpeed's engine reads its optimizer shards
+    with torch.load(weights_only=False), which runs what the file holds. If this stops failing open, the warning
+    (and this test) can go; accelerate's own RNG files are read with weights_only and refuse it."""
+    import torch
+    from accelerate.utils import load
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    shard = tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    torch.save({"optimizer_state_dict": RunsOnLoad(tmp_path / "ran")}, shard)
+    with pytest.raises(pickle.UnpicklingError):
+        load(shard)
+    assert not (tmp_path / "ran").exists()
+    TorchCheckpointEngine().load(str(shard))
+    assert (tmp_path / "ran").is_dir()
 
 
 # --- run_id, the resume contract fields, older formats (the contract itself: test_train_state.py) -----

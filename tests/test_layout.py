@@ -172,3 +172,28 @@ def test_strategy_specific_code_lives_in_strategy() -> None:
                 if any(m == lib or m.startswith(f"{lib}.") for lib in STRATEGY_LIBRARIES)
             ]
     assert not offenders, offenders
+
+
+def settings_tuples(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """Parameters annotated as a tuple of different types (`tuple[bool, float, IO | None]`): settings bundled
+    anonymously, which the six-parameter rule would not see."""
+    a = node.args
+    found = []
+    for p in (*a.posonlyargs, *a.args, *a.kwonlyargs):
+        ann = p.annotation
+        if isinstance(ann, ast.Subscript) and ast.unparse(ann.value) in ("tuple", "Tuple"):
+            parts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
+            kinds = {ast.unparse(e) for e in parts if ast.unparse(e) != "..."}
+            if len(kinds) > 1:
+                found.append(f"{p.arg}: {ast.unparse(ann)}")
+    return found
+
+
+def test_no_parameter_is_an_anonymous_tuple_of_settings() -> None:
+    bundled = [f"{where} ({', '.join(found)})" for where, node in functions() if (found := settings_tuples(node))]
+    assert not bundled, bundled
+
+
+def test_the_tuple_rule_sees_a_bundle_and_passes_data(tmp_path: Path) -> None:
+    fn = ast.parse("def f(a, s: tuple[bool, float, IO[str] | None], x: tuple[int, int], y: tuple[str, ...]): ...")
+    assert settings_tuples(fn.body[0]) == ["s: tuple[bool, float, IO[str] | None]"]

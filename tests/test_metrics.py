@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 
 import pytest
 import torch
 
 from qa_train.model.modeling import flop_coefficients
-from qa_train.observe.metrics import BatchCount, RankFigures, peak_tflops, summarize
-from qa_train.observe.monitor import ModelCost
+from qa_train.observe.hostmem import GIB, HostMemory
+from qa_train.observe.metrics import (
+    BatchCount,
+    DeviceMemory,
+    RankFigures,
+    Throughput,
+    TrainMemory,
+    TrainSummary,
+    peak_tflops,
+    summarize,
+)
+from qa_train.observe.monitor import ModelCost, TrainingMetrics
 from qa_train.observe.schema import MetricsFileError, PerRank, RunMetrics, Scores, TrainFigures
 
 NAN = float("nan")
@@ -63,6 +74,31 @@ def test_on_cuda_memory_is_the_allocator_peak_and_mfu_is_against_the_peak() -> N
     assert fig.peak_memory_source == "cuda_max_allocated"
     assert fig.peak_memory_gb.per_rank == [20.0, 22.0] and fig.peak_memory_reserved_gb.max == 27.5
     assert fig.train_host_rss_gb.max == 3.2
+
+
+def test_a_ranks_figures_are_what_it_trained_field_by_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qa_train.observe import metrics
+
+    monkeypatch.setattr(metrics, "lifetime_rss_gib", lambda: 3.5)  # read when the figures are made, after evaluation
+    trained = TrainSummary(
+        finished=True,
+        steps=12,
+        runtime_s=9.0,
+        checkpoint_s=1.0,
+        last_loss=0.25,
+        throughput=Throughput(BatchCount(16, 1400, 2048, 2e9), elapsed_s=4.0, timed_steps=10),
+        memory=TrainMemory(cuda_allocated_gib=NAN, cuda_reserved_gib=NAN, host_rss_gib=1.5, host_baseline_gib=1.0),
+        compile_s=12.5,
+        compiled_graphs=2.0,
+    )
+    mine = RankFigures.measured(trained)
+    assert (mine.samples, mine.tokens, mine.padded_tokens, mine.flops) == (16, 1400, 2048, 2e9)
+    assert (mine.elapsed_s, mine.timed_steps, mine.last_loss) == (4.0, 10, 0.25)
+    assert (mine.train_rss_gib, mine.baseline_rss_gib, mine.lifetime_rss_gib) == (1.5, 1.0, 3.5)
+    assert math.isnan(mine.cuda_allocated_gib) and (mine.compile_s, mine.compiled_graphs) == (12.5, 2.0)
+    fig = summarize([mine], None, False)
+    assert fig.train_samples_per_second == 4.0 and fig.train_step_time_s_mean == 0.4
+    assert fig.host_rss_baseline_gb.max == 1.0 and fig.peak_host_rss_gb.max == 3.5 and fig.compiled_graphs == 2
 
 
 def test_rank_figures_travel_as_rows_by_field_name() -> None:
@@ -171,23 +207,31 @@ def test_every_schema_field_is_documented() -> None:
                     )
 
 
+def training(warmup_steps: int) -> TrainingMetrics:
+    """The loop's metrics on one CPU rank, host memory scripted (no reading of this process's own)."""
+    one_rank = types.SimpleNamespace(device=torch.device("cpu"), gather=lambda t: t)
+    host = HostMemory(trim=False, read_rss=lambda: GIB)
+    return TrainingMetrics(one_rank, DeviceMemory(torch.device("cpu")), host, ModelCost(1.0, 0.0, None), warmup_steps)
+
+
+BATCH = BatchCount(8, 700, 1024, 1e9)
+
+
 def test_a_run_no_longer_than_its_warm_up_is_timed_whole() -> None:
     """Two steps with a warm-up of two used to report 0 samples/s: nothing was counted after the warm-up."""
-    from qa_train.observe.metrics import ThroughputMeter
-
-    meter = ThroughputMeter(warmup_steps=2)
+    meter = training(warmup_steps=2)
     meter.start()
     for _ in range(2):
-        meter.micro_batch(BatchCount(8, 700, 1024, 1e9))
-        meter.optimizer_step(lambda: None)
-    meter.finish(lambda: None)
-    assert (meter.timed_steps, meter.timed) == (2, (16, 1400, 2048, 2e9))
-    longer = ThroughputMeter(warmup_steps=1)
+        meter.micro_batch(torch.tensor(1.0), BATCH)
+        meter.optimizer_step()
+    timed = meter.finish()
+    assert (timed.timed_steps, timed.counted) == (2, BatchCount(16, 1400, 2048, 2e9))
+    longer = training(warmup_steps=1)
     for _ in range(3):
-        longer.micro_batch(BatchCount(8, 700, 1024, 1e9))
-        longer.optimizer_step(lambda: None)
-    longer.finish(lambda: None)
-    assert (longer.timed_steps, longer.timed[0]) == (2, 16), "past the warm-up only the timed steps count"
+        longer.micro_batch(torch.tensor(1.0), BATCH)
+        longer.optimizer_step()
+    timed = longer.finish()
+    assert (timed.timed_steps, timed.counted.samples) == (2, 16), "past the warm-up only the timed steps count"
 
 
 def test_no_timed_step_means_no_throughput_not_zero() -> None:
@@ -203,40 +247,39 @@ def test_evaluation_during_training_is_left_out_of_the_clock_with_any_warm_up(
 ) -> None:
     """With --throughput_warmup_steps 0, or a run no longer than its warm-up, the clock runs from the first step;
     evaluations in the loop used to count in it (a 1 s step with a 10 s evaluation after each read as 11 s)."""
-    from qa_train.observe import metrics
+    from qa_train.observe import monitor
 
     now = [100.0]
-    monkeypatch.setattr(metrics.time, "perf_counter", lambda: now[0])
-    meter = metrics.ThroughputMeter(warmup_steps=warmup)
+    monkeypatch.setattr(monitor.time, "perf_counter", lambda: now[0])
+    meter = training(warmup_steps=warmup)
     meter.start()
     for _ in range(steps):
-        meter.micro_batch(BatchCount(8, 700, 1024, 1e9))
+        meter.micro_batch(torch.tensor(1.0), BATCH)
         now[0] += 1.0  # the step
-        meter.optimizer_step(lambda: None)
-        now[0] += 10.0  # an evaluation (Trainer._not_training)
-        meter.exclude(10.0)
-    meter.finish(lambda: None)
-    assert (meter.timed_steps, meter.timed[0]) == (steps, 8 * steps)
-    assert meter.elapsed == pytest.approx(steps * 1.0)
+        meter.optimizer_step()
+        with meter.excluded("evaluation"):
+            now[0] += 10.0
+    timed = meter.finish()
+    assert (timed.timed_steps, timed.counted.samples) == (steps, 8 * steps)
+    assert timed.elapsed_s == pytest.approx(steps * 1.0)
 
 
 def test_an_evaluation_before_training_starts_is_not_taken_off_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """A resumed run's owed evaluation runs before the clock's start: excluding it again from a run timed from its
     start (no more steps than warm-up) took 10 s off 2 s of steps."""
-    from qa_train.observe import metrics
+    from qa_train.observe import monitor
 
     now = [100.0]
-    monkeypatch.setattr(metrics.time, "perf_counter", lambda: now[0])
-    meter = metrics.ThroughputMeter(warmup_steps=5)
-    now[0] += 10.0  # the owed evaluation (Trainer._not_training), before fit starts the meter
-    meter.exclude(10.0)
+    monkeypatch.setattr(monitor.time, "perf_counter", lambda: now[0])
+    meter = training(warmup_steps=5)
+    with meter.excluded("evaluation"):  # the owed evaluation, before fit starts the metrics
+        now[0] += 10.0
     meter.start()
     for _ in range(2):
-        meter.micro_batch(BatchCount(8, 700, 1024, 1e9))
+        meter.micro_batch(torch.tensor(1.0), BATCH)
         now[0] += 1.0
-        meter.optimizer_step(lambda: None)
-    meter.finish(lambda: None)
-    assert meter.elapsed == pytest.approx(2.0)
+        meter.optimizer_step()
+    assert meter.finish().elapsed_s == pytest.approx(2.0)
 
 
 def test_compile_time_is_the_slowest_ranks_and_absent_without_compiling() -> None:

@@ -1,4 +1,5 @@
-"""qa_train.observe.monitor: per-interval figures reduced across ranks, peaks reset per interval, evaluation left out."""
+"""qa_train.observe.monitor: per-interval figures reduced across ranks, peaks reset per interval, evaluation left out;
+the run's throughput from the same counts on the same clock."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from qa_train.observe.hostmem import GIB, HostMemory
 from qa_train.observe.metrics import BatchCount, DeviceMemory
-from qa_train.observe.monitor import COLUMNS, IntervalMonitor, ModelCost, interval_log, reduce_ranks
+from qa_train.observe.monitor import COLUMNS, ModelCost, TrainingMetrics, interval_log, reduce_ranks
 
 
 def rank(**values: float) -> dict[str, float]:
@@ -98,7 +99,7 @@ def test_host_peak_is_per_interval_and_evaluation_is_left_out() -> None:
     rss = [1 * GIB]
     host = HostMemory(trim=False, read_rss=lambda: rss[0])
     host.reset()
-    monitor = IntervalMonitor(OneRank(), DeviceMemory(torch.device("cpu")), host, ModelCost(1.0, 0.0, None))
+    monitor = TrainingMetrics(OneRank(), DeviceMemory(torch.device("cpu")), host, ModelCost(1.0, 0.0, None), 0)
     for value in (2, 3, 2):
         rss[0] = value * GIB
         host.step()
@@ -108,7 +109,7 @@ def test_host_peak_is_per_interval_and_evaluation_is_left_out() -> None:
     rss[0] = 2 * GIB
     host.step()
     monitor.micro_batch(torch.tensor(3.0), BatchCount(4, 10, 12, 12.0))
-    with monitor.excluded():  # evaluation: a higher peak and time that are not training's
+    with monitor.excluded("evaluation"):  # a higher peak and time that are not training's
         rss[0] = 9 * GIB
         host.step()
         time.sleep(0.2)
@@ -121,15 +122,66 @@ def test_host_peak_is_per_interval_and_evaluation_is_left_out() -> None:
 def test_the_first_interval_is_timed_from_the_start_of_training() -> None:
     """The monitor is built before --eval_on_start's evaluation; timed from then, the first interval's samples/s
     counted that evaluation (measured: 3.4 samples/s at step 5 against 19 after it, with a 5 s evaluation)."""
-    monitor = IntervalMonitor(
-        OneRank(), DeviceMemory(torch.device("cpu")), HostMemory(trim=False), ModelCost(1.0, 0.0, None)
-    )
+    host = HostMemory(trim=False, read_rss=lambda: GIB)  # start() resets it: not this process's own peak
+    monitor = TrainingMetrics(OneRank(), DeviceMemory(torch.device("cpu")), host, ModelCost(1.0, 0.0, None), 0)
     monitor.micro_batch(torch.tensor(7.0), BatchCount(4, 10, 12, 12.0))  # anything counted before training is forgotten
     time.sleep(0.3)  # the evaluation before training
     monitor.start()
     monitor.micro_batch(torch.tensor(1.0), BatchCount(4, 10, 12, 12.0))
     first = monitor.collect(stop_requested=False)
     assert first.loss == 1.0 and first.samples_per_second > 4 / 0.3
+
+
+def test_each_micro_batch_is_counted_once_for_its_interval_and_for_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Intervals and the run read the same counts: an interval's are those since the last collect, the run's those
+    since the warm-up ended."""
+    from qa_train.observe import monitor as module
+
+    now = [0.0]
+    monkeypatch.setattr(module.time, "perf_counter", lambda: now[0])
+    host = HostMemory(trim=False, read_rss=lambda: GIB)
+    metrics = TrainingMetrics(OneRank(), DeviceMemory(torch.device("cpu")), host, ModelCost(1.0, 0.0, None), 1)
+    metrics.start()
+    for step, loss in enumerate((4.0, 2.0, 1.0), 1):
+        metrics.micro_batch(torch.tensor(loss), BatchCount(4, 10, 12, 12.0))
+        now[0] += 2.0
+        metrics.optimizer_step()
+        if step == 2:
+            first = metrics.collect(stop_requested=False)
+    last = metrics.collect(stop_requested=False)
+    timed = metrics.finish()
+    assert (first.loss, first.samples_per_second, first.tokens_per_second) == (3.0, 2.0, 5.0)  # 8 samples in 4 s
+    assert (last.loss, last.samples_per_second) == (1.0, 2.0) and metrics.last_loss == 1.0
+    assert (timed.timed_steps, timed.counted, timed.elapsed_s) == (2, BatchCount(8, 20, 24, 24.0), 4.0)
+
+
+def test_one_clock_leaves_evaluation_and_checkpoints_out_of_intervals_and_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An evaluation and a checkpoint save stop the clock both readings use; the save's seconds are kept apart, and
+    its memory stays in the training peak while the evaluation's does not."""
+    from qa_train.observe import monitor as module
+
+    now, rss = [0.0], [1 * GIB]
+    monkeypatch.setattr(module.time, "perf_counter", lambda: now[0])
+    host = HostMemory(trim=False, read_rss=lambda: rss[0])
+    metrics = TrainingMetrics(OneRank(), DeviceMemory(torch.device("cpu")), host, ModelCost(1.0, 0.0, None), 0)
+    metrics.start()
+    for work, seconds, gib in (("evaluation", 10.0, 9), ("checkpoint", 5.0, 3), (None, 0.0, 1)):
+        metrics.micro_batch(torch.tensor(1.0), BatchCount(4, 10, 12, 12.0))
+        now[0] += 1.0
+        metrics.optimizer_step()
+        if work is not None:
+            with metrics.excluded(work):
+                now[0] += seconds
+                rss[0] = gib * GIB
+                host.step()
+            rss[0] = 1 * GIB
+    interval = metrics.collect(stop_requested=False)
+    timed = metrics.finish()
+    assert interval.samples_per_second == 4.0 and timed.elapsed_s == 3.0  # 12 samples in 3 s of steps
+    assert metrics.checkpoint_s == 5.0
+    assert interval.host_rss_gib == 3.0 and metrics.memory().host_rss_gib == 3.0  # the save's 3 GiB, not the 9
 
 
 def test_device_memory_on_cpu_is_nan() -> None:
@@ -163,7 +215,7 @@ from accelerate.utils import DistributedType
 from qa_train.strategy.sharded import global_grad_norm, nonfinite_tensors
 from qa_train.observe.hostmem import HostMemory
 from qa_train.observe.metrics import BatchCount, DeviceMemory
-from qa_train.observe.monitor import IntervalMonitor, ModelCost
+from qa_train.observe.monitor import ModelCost, TrainingMetrics
 
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 try:
@@ -172,7 +224,7 @@ try:
     norm = DTensor.from_local(torch.tensor(5.0), mesh, [Partial("sum")])
     accelerator = types.SimpleNamespace(distributed_type=DistributedType.FSDP, device=torch.device("cpu"),
                                         gather=lambda t: t)
-    monitor = IntervalMonitor(accelerator, DeviceMemory(torch.device("cpu")), HostMemory(trim=False), ModelCost(1.0, 0.0, None))
+    monitor = TrainingMetrics(accelerator, DeviceMemory(torch.device("cpu")), HostMemory(trim=False), ModelCost(1.0, 0.0, None), 0)
     monitor.micro_batch(torch.tensor(1.0), BatchCount(4, 10, 12, 12.0))
     monitor.update(global_grad_norm(accelerator, None, norm))
     print("grad_norm", monitor.collect(stop_requested=False).grad_norm)

@@ -33,7 +33,7 @@ def write_config(folder: Path, **sizes: object) -> Path:
 def shape_and_model(config_dir: str | Path):
     from transformers import AutoModelForQuestionAnswering
 
-    config = planner.load_config(None, str(config_dir))
+    config = planner.load_shape_config(None, str(config_dir))
     return planner.model_shape(config), AutoModelForQuestionAnswering.from_config(config)
 
 
@@ -167,7 +167,7 @@ def test_activation_count_matches_what_autograd_saves(
 ) -> None:
     from transformers import AutoModelForQuestionAnswering
 
-    config = planner.load_config(None, str(write_config(tmp_path / "model", **sizes)))
+    config = planner.load_shape_config(None, str(write_config(tmp_path / "model", **sizes)))
     shape = planner.model_shape(config)
     model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=attention)
     batch, seq = 4, 128
@@ -214,7 +214,7 @@ def test_checkpointed_count_matches_what_autograd_keeps_and_recomputes(
     batch, seq = 4, 128
     saved = {}
     for layers in (2, 3):
-        config = planner.load_config(
+        config = planner.load_shape_config(
             None, str(write_config(tmp_path / f"l{layers}", num_hidden_layers=layers, **sizes))
         )
         model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=attention)
@@ -292,7 +292,7 @@ def test_check_plans_a_run_with_the_checkpointing_it_trained_with(tmp_path: Path
             host_rss_baseline_gb={"per_rank": [0.4], "max": 0.4, "mean": 0.4},
         )
         estimates[flag] = check_run(run).estimate_gib
-    shape = planner.model_shape(planner.load_config(None, str(TINY)))
+    shape = planner.model_shape(planner.load_shape_config(None, str(TINY)))
     setups = [Setup(1, 1, 8, 192, "no", "sdpa", "cpu", flag) for flag in (False, True)]  # fake_metrics' batch
     planned = [memplan.estimate("single", shape, s).total / GIB for s in setups]
     assert planned[1] < planned[0] and [estimates[False], estimates[True]] == pytest.approx(planned)
@@ -518,7 +518,7 @@ def test_attention_is_what_training_resolves_auto_to(tmp_path: Path, capsys: pyt
     )
     payload = json.loads(out)
     assert code == 0 and payload["setup"]["attention"] == "eager"
-    shape = planner.model_shape(planner.load_config(None, str(deberta)))
+    shape = planner.model_shape(planner.load_shape_config(None, str(deberta)))
     eager = memplan.estimate("single", shape, Setup(1, 1, 32, 384, "bf16", "eager")).total
     sdpa = memplan.estimate("single", shape, Setup(1, 1, 32, 384, "bf16", "sdpa")).total
     assert eager > 1.5 * sdpa

@@ -15,7 +15,7 @@ from conftest import ASSETS, TINY, tiny_flags
 
 from qa_train.config.outputdir import claim, clear_previous_run
 from qa_train.config.settings import ConfigError, ModelArgs, OutputArgs
-from qa_train.model.modeling import check_positions, load_config, load_model, load_tokenizer
+from qa_train.model.modeling import check_positions, load_model, load_model_config, load_tokenizer
 
 
 def finished_run(out: Path) -> Path:
@@ -222,10 +222,10 @@ def test_a_tokenizer_with_the_classifier_token_last_or_left_padding_is_refused(t
 def test_master_weights_are_fp32_whatever_the_checkpoint_stores(stored: torch.dtype, tmp_path: Path) -> None:
     args = ModelArgs(config_name=str(TINY), tokenizer_name=str(TINY))
     tokenizer = load_tokenizer(args)
-    model = load_model(args, tokenizer, load_config(args))
+    model = load_model(args, tokenizer, load_model_config(args))
     model.to(stored).save_pretrained(tmp_path / "half")
     pretrained = ModelArgs(model_name_or_path=str(tmp_path / "half"), tokenizer_name=str(TINY))
-    loaded = load_model(pretrained, tokenizer, load_config(pretrained))
+    loaded = load_model(pretrained, tokenizer, load_model_config(pretrained))
     assert {p.dtype for p in loaded.parameters()} == {torch.float32}
 
 
@@ -235,16 +235,16 @@ def test_config_name_with_a_model_loads_the_models_weights(tmp_path: Path) -> No
     scratch = ModelArgs(config_name=str(TINY), tokenizer_name=str(TINY))
     tokenizer = load_tokenizer(scratch)
     torch.manual_seed(1)
-    trained = load_model(scratch, tokenizer, load_config(scratch))
+    trained = load_model(scratch, tokenizer, load_model_config(scratch))
     trained.save_pretrained(tmp_path / "model")
     both = ModelArgs(model_name_or_path=str(tmp_path / "model"), config_name=str(TINY), tokenizer_name=str(TINY))
     assert not both.from_scratch and scratch.from_scratch
     torch.manual_seed(2)
-    loaded = load_model(both, tokenizer, load_config(both))
+    loaded = load_model(both, tokenizer, load_model_config(both))
     for (name, p), q in zip(trained.named_parameters(), loaded.parameters()):
         assert torch.equal(p, q), name
     torch.manual_seed(2)
-    fresh = load_model(scratch, tokenizer, load_config(scratch))
+    fresh = load_model(scratch, tokenizer, load_model_config(scratch))
     assert not torch.equal(fresh.qa_outputs.weight, trained.qa_outputs.weight)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import PY, ROOT, tiny_flags
 
-from qa_train.observe.progress import Progress
+from qa_train.observe.progress import Progress, ProgressOutput
 
 
 class Terminal(io.StringIO):
@@ -21,7 +21,7 @@ class Terminal(io.StringIO):
 
 def test_a_terminal_gets_a_bar_with_throughput_and_the_last_loss() -> None:
     screen = Terminal()
-    progress = Progress("train", 4, 0, "step", 16, (True, 30.0, screen))
+    progress = Progress("train", 4, 0, "step", 16, output=ProgressOutput(True, 30.0, screen))
     for _ in range(4):
         progress.update()
         progress.note(loss=2.5, lr=1e-3)
@@ -34,7 +34,7 @@ def test_a_terminal_gets_a_bar_with_throughput_and_the_last_loss() -> None:
 def test_a_log_file_gets_a_line_per_interval_and_at_the_end(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="qa_train")
     log_file = io.StringIO()  # not a terminal
-    progress = Progress("train", 10, 2, "step", 8, (True, 3600.0, log_file))
+    progress = Progress("train", 10, 2, "step", 8, output=ProgressOutput(True, 3600.0, log_file))
     for _ in range(8):
         progress.update()
     assert log_file.getvalue() == ""  # no bar
@@ -44,7 +44,7 @@ def test_a_log_file_gets_a_line_per_interval_and_at_the_end(caplog: pytest.LogCa
 
 def test_every_step_with_interval_zero_and_resumed_counts(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="qa_train")
-    progress = Progress("train", 6, 3, "step", 8, (True, 0.0, io.StringIO()))
+    progress = Progress("train", 6, 3, "step", 8, output=ProgressOutput(True, 0.0, io.StringIO()))
     progress.note(loss=1.25)
     for _ in range(3):
         progress.update()
@@ -56,7 +56,7 @@ def test_every_step_with_interval_zero_and_resumed_counts(caplog: pytest.LogCapt
 def test_disabled_progress_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="qa_train")
     screen = Terminal()
-    progress = Progress("eval", 3, 0, "batch", 64, (False, 0.0, screen))
+    progress = Progress("eval", 3, 0, "batch", 64, output=ProgressOutput(False, 0.0, screen))
     assert list(progress.over(range(3))) == [0, 1, 2]
     progress.close()
     assert screen.getvalue() == "" and not caplog.records

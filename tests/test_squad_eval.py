@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from qa_train.data.load import load_file
 from qa_train.squad.files import load_references
 from qa_train.squad.scoring import exact_match, f1, normalize_answer, score
 
@@ -176,8 +177,11 @@ def test_load_references_jsonl_with_raw_line_separators_in_strings(tmp_path: Pat
 def test_load_references_malformed_jsonl_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "broken.jsonl"
     path.write_text(json.dumps(FLAT[0]) + "\n{not json\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"broken\.jsonl: line 2: not valid JSON"):
+    with pytest.raises(ValueError, match=r"broken\.jsonl: line 2: not valid JSON: .* at column 2$"):
         load_references(path)
+    # Training's loader reads the same lines with the same reader, and says the same.
+    with pytest.raises(ValueError, match=r"broken\.jsonl: line 2: not valid JSON: .* at column 2$"):
+        load_file(path)
 
 
 def test_load_references_malformed_nested_names_file_and_location(tmp_path: Path) -> None:

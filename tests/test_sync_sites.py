@@ -44,16 +44,16 @@ def test_sites_are_recorded_by_step_and_phase(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_sites: ModuleType
 ) -> None:
     from qa_train.observe import monitor
+    from qa_train.trainer import Trainer
 
-    monkeypatch.setattr(monitor.IntervalMonitor, "micro_batch", syncing(monitor.IntervalMonitor.micro_batch))
+    hooked = ("_train_epoch", "_micro_step", "_after_update", "_save_checkpoint", "_evaluate_during_training")
+    before = {name: Trainer.__dict__[name] for name in hooked}
+    monkeypatch.setattr(monitor.TrainingMetrics, "micro_batch", syncing(monitor.TrainingMetrics.micro_batch))
     sites = recorded(sync_sites, tmp_path, "--max_train_steps", "4", "--no_eval")
     assert [(step, phase) for step, phase, *_ in sites] == [(0, "step"), (1, "step"), (2, "step"), (3, "step")]
     assert all(Path(f).name == "test_sync_sites.py" for _, _, f, _ in sites)
-    from qa_train.trainer import Trainer
-
-    assert (Trainer._train_epoch.__name__, Trainer._micro_step.__name__) == ("_train_epoch", "_micro_step"), (
-        "the tool's hooks stayed"
-    )
+    stayed = [name for name in hooked if Trainer.__dict__[name] is not before[name]]
+    assert not stayed, f"the tool's hooks stayed on {stayed}: a later run in this process would be recorded"
 
 
 def test_evaluation_is_its_own_phase_and_work_after_it_the_update_s(

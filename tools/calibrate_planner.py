@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from qa_train.observe.schema import RunMetrics  # noqa: E402
 from qa_train.studies import memory_model as memplan  # noqa: E402
-from qa_train.studies.planner import load_config, model_shape  # noqa: E402
+from qa_train.studies.planner import load_shape_config, model_shape  # noqa: E402
 from qa_train.studies.planner_check import measured_gib  # noqa: E402
 
 TINY = ROOT / "qa_train" / "assets" / "tiny-bert"
@@ -109,7 +109,7 @@ def train(run: tuple, out: Path) -> Path:
 def terms(run_dir: Path) -> tuple[float, float, float, RunMetrics]:
     """(model states, activation tensor count, measured) in bytes, and the metrics."""
     m = RunMetrics.read(run_dir)
-    shape = model_shape(load_config(None, m.args["config_name"]))
+    shape = model_shape(load_shape_config(None, m.args["config_name"]))
     setup = memplan.Setup(
         1, 1, m.per_device_train_batch_size, m.max_seq_length, "no", m.args["attn_implementation"], "cpu"
     )

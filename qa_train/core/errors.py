@@ -18,3 +18,11 @@ STATUS_FILE_ENV = "QA_TRAIN_STATUS_FILE"
 FINISHED, CRASHED, REFUSED, DIVERGED, EXPORT_FAILED, SAVE_FAILED = 0, 1, 2, 3, 4, 5
 HUNG, OUT_OF_MEMORY, PREEMPTED = 6, 7, 75
 ERROR_PREFIX = "qa_train: error: "  # the report finds a failed run's reason in its log by it
+
+
+def one_line(err: BaseException, limit: int = 300) -> str:
+    """An error as one line for people: its type and the first line of its message, spaces collapsed, cut at
+    `limit` characters. Libraries' messages span lines (tracebacks of their own, hints); a refusal is one line."""
+    lines = str(err).strip().splitlines()
+    text = f"{type(err).__name__}: {' '.join(lines[0].split())}" if lines else type(err).__name__
+    return text if len(text) <= limit else text[:limit] + "..."

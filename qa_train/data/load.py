@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qa_train.data.json_lines import json_lines
+
 # DataError and AnswerRule are imported from here by the rest of qa_train; records.py only checks.
 from qa_train.data.records import AnswerRule, DataError, check_record, json_kind, place, shown_id
 
@@ -97,25 +99,6 @@ def _decode(path: Path, raw: bytes) -> str:
         ) from None
 
 
-def text_lines(text: str) -> list[str]:
-    r"""Lines ended by \n, \r\n or \r. Not str.splitlines: it also breaks at U+2028, U+2029 and U+0085,
-    which JSON allows raw inside strings, and would cut a valid record in two."""
-    if "\r" in text:  # raw \r cannot occur inside a JSON string, so it can only end a line
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return text.split("\n")
-
-
-def _json_lines(path: Path, text: str) -> Iterator[Located]:
-    for lineno, line in enumerate(text_lines(text), 1):
-        if line.strip():
-            try:
-                yield f"line {lineno}", json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}: line {lineno}: not valid JSON: {err.msg} at column {err.colno}") from None
-            except RecursionError as err:  # nested too deeply
-                raise DataError(f"{path}: line {lineno}: not valid JSON: {err}") from None
-
-
 def _list_at(path: Path, where: str, value: Any, of: str) -> list:
     if not isinstance(value, list):
         raise DataError(f"{path}: {where} must be a list of {of}, found {json_kind(value)}")
@@ -173,17 +156,17 @@ def _flat_records(path: Path, text: str) -> Iterator[Located]:
     """Located flat records from nested SQuAD JSON, a JSON list/`{"data": [flat]}`, or JSON lines."""
     if not text.strip():
         raise DataError(f"{path}: the file is empty")
-    json_lines = False
+    one_per_line = False
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
         if err.msg != "Extra data":
             raise DataError(f"{path}: not valid JSON: {err}") from None
-        json_lines = True  # one document per line
+        one_per_line = True
     except RecursionError as err:
         raise DataError(f"{path}: not valid JSON: {err}") from None
-    if json_lines:
-        yield from _json_lines(path, text)
+    if one_per_line:
+        yield from json_lines(path, text)
         return
     if isinstance(doc, dict) and "data" not in doc and "question" in doc:
         yield "line 1", doc  # JSON lines holding a single record

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from qa_train.config.settings import ConfigError, ModelArgs, SystemArgs
+from qa_train.core.errors import one_line
 from qa_train.data.features import PairTemplate, question_room
 
 log = logging.getLogger("qa_train")
@@ -60,8 +61,7 @@ def loading(flag: str, source: str, what: str = "it") -> Iterator[None]:
     except ConfigError:
         raise
     except (OSError, ValueError) as err:
-        reason = " ".join((str(err).strip().splitlines() or [""])[0].split())[:300]
-        raise ConfigError(f"{flag} {source}: cannot load {what} ({type(err).__name__}: {reason})") from None
+        raise ConfigError(f"{flag} {source}: cannot load {what} ({one_line(err)})") from None
 
 
 def check_weights(args: ModelArgs) -> None:
@@ -115,9 +115,9 @@ def load_tokenizer(args: ModelArgs):
     return tokenizer
 
 
-def load_config(args: ModelArgs):
-    """The model's config; a family without a QA head or an attention kernel it lacks is refused here,
-    before any data is read."""
+def load_model_config(args: ModelArgs):
+    """The config of the model a run trains or answers with (--config_name, else --model_name_or_path); a family
+    without a QA head or an attention kernel it lacks is refused here, before any data is read."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(args.config_source)

@@ -12,7 +12,9 @@ from qa_train.strategy import deepspeed_json
 
 
 @dataclass
-class Plan:
+class StepPlan:
+    """How many optimizer steps the run takes, per epoch and in all, and how many of them warm up."""
+
     updates_per_epoch: int
     total_steps: int
     num_epochs: int
@@ -24,13 +26,13 @@ def batches_per_rank(batches: int, num_processes: int) -> int:
     return max(1, -(-batches // num_processes))
 
 
-def plan_steps(optim: OptimArgs, batches_per_epoch: int) -> Plan:
+def step_plan(optim: OptimArgs, batches_per_epoch: int) -> StepPlan:
     per_epoch = max(1, math.ceil(batches_per_epoch / optim.gradient_accumulation_steps))
     total = (
         optim.max_train_steps if optim.max_train_steps is not None else math.ceil(optim.num_train_epochs * per_epoch)
     )
     warmup = optim.num_warmup_steps or math.ceil(optim.warmup_ratio * total)
-    return Plan(per_epoch, total, math.ceil(total / per_epoch) if total else 0, warmup)
+    return StepPlan(per_epoch, total, math.ceil(total / per_epoch) if total else 0, warmup)
 
 
 # torch's normalisation layers by type; RMSNorm (absent before torch 2.4) and the families' own norms
@@ -63,7 +65,7 @@ def param_groups(model, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(accelerator, model, args: TrainArgs, plan: Plan):
+def build_optimizer(accelerator, model, args: TrainArgs, steps: StepPlan):
     """The optimizer and LR schedule for this strategy, sized so every strategy follows the same LR curve."""
     from transformers import get_scheduler
 
@@ -74,8 +76,8 @@ def build_optimizer(accelerator, model, args: TrainArgs, plan: Plan):
         return get_scheduler(
             o.lr_scheduler_type,
             optimizer,
-            num_warmup_steps=plan.warmup_steps * factor,
-            num_training_steps=plan.total_steps * factor,
+            num_warmup_steps=steps.warmup_steps * factor,
+            num_training_steps=steps.total_steps * factor,
         )
 
     def adamw(groups: list[dict]) -> torch.optim.Optimizer:

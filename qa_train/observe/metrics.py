@@ -1,15 +1,14 @@
-"""Throughput, MFU and device memory: counted by the train loop, turned into figures here.
+"""Throughput, MFU and device memory: what the train loop counted (monitor.TrainingMetrics), turned into figures.
 
-Callbacks observe only: nothing here changes training state. Each rank measures its own
-`RankFigures`; they are gathered (named fields, one row per rank) before any figure is reported.
+Nothing here changes training state. `Trainer.fit` hands over what each rank trained as a `TrainSummary`; each
+rank's `RankFigures` are gathered (named fields, one row per rank) before any figure is reported.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -48,7 +47,7 @@ def device_name(device: torch.device) -> str:
 
 @dataclass(frozen=True)
 class BatchCount:
-    """One micro-batch's work, as the meters count it."""
+    """One micro-batch's work, or the sum of several."""
 
     samples: int
     tokens: int
@@ -56,66 +55,71 @@ class BatchCount:
     flops: float
     """Training FLOPs at the batch's padded width (ModelCost.batch_flops)."""
 
+    def __add__(self, other: BatchCount) -> BatchCount:
+        return BatchCount(
+            self.samples + other.samples,
+            self.tokens + other.tokens,
+            self.padded_tokens + other.padded_tokens,
+            self.flops + other.flops,
+        )
 
-NOTHING_COUNTED = dataclasses.astuple(BatchCount(0, 0, 0, 0.0))
+    def __sub__(self, other: BatchCount) -> BatchCount:
+        return BatchCount(
+            self.samples - other.samples,
+            self.tokens - other.tokens,
+            self.padded_tokens - other.padded_tokens,
+            self.flops - other.flops,
+        )
 
 
-@dataclass
-class ThroughputMeter:
-    """Counts samples and tokens per optimizer step; the first `warmup_steps` steps are not timed, unless that
-    would leave none timed (then every step is)."""
+NOTHING_COUNTED = BatchCount(0, 0, 0, 0.0)
 
-    warmup_steps: int
-    steps: int = 0
-    timed_steps: int = 0
-    t_start: float | None = None
-    t_end: float | None = None
-    t_first: float = field(default_factory=time.perf_counter)
-    excluded_s: float = 0.0  # evaluation during training, warm-up included
-    counted: tuple[float, ...] = NOTHING_COUNTED  # BatchCount's fields summed over every step, warm-up included
-    before_clock: tuple[float, ...] = NOTHING_COUNTED  # what `counted` held when the clock started
-    excluded_before_clock: float = 0.0  # and what `excluded_s` held
 
-    def start(self) -> None:
-        """Training begins (what came before, such as an evaluation before training, is not timed)."""
-        self.t_first = time.perf_counter()
-        self.excluded_s = 0.0  # an evaluation the resumed run owed came before this, outside every clock
-        if self.warmup_steps == 0:  # no warm-up: the clock runs from here, so evaluations are left out of it
-            self._start_clock(self.t_first)
+@dataclass(frozen=True)
+class Throughput:
+    """One rank's timed steps (those after --throughput_warmup_steps, or every step of a run no longer than its
+    warm-up): what they counted and how long they took on the training clock (evaluation and checkpoints left
+    out)."""
 
-    def micro_batch(self, count: BatchCount) -> None:
-        self.counted = tuple(a + b for a, b in zip(self.counted, dataclasses.astuple(count)))
+    counted: BatchCount
+    elapsed_s: float
+    timed_steps: int
 
-    def optimizer_step(self, sync) -> None:
-        self.steps += 1
-        if self.steps == self.warmup_steps:
-            sync()  # the clock starts once queued warm-up work has finished
-            self._start_clock(time.perf_counter())
-        elif self.steps > self.warmup_steps:
-            self.timed_steps += 1
 
-    def finish(self, sync) -> None:
-        sync()
-        self.t_end = time.perf_counter()
-        if self.timed_steps == 0:  # no more steps than warm-up: time everything rather than nothing
-            self.t_start, self.timed_steps, self.before_clock = self.t_first, self.steps, NOTHING_COUNTED
-            self.excluded_before_clock = 0.0  # the warm-up's evaluations are now inside the clock
+@dataclass(frozen=True)
+class TrainMemory:
+    """One rank's memory over the training phase, GiB."""
 
-    @property
-    def timed(self) -> tuple[float, ...]:
-        """Samples, tokens, padded tokens and FLOPs of the timed steps."""
-        return tuple(a - b for a, b in zip(self.counted, self.before_clock))
+    cuda_allocated_gib: float
+    """CUDA's max allocated; NaN on CPU."""
+    cuda_reserved_gib: float
+    """CUDA's max reserved by the caching allocator; NaN on CPU."""
+    host_rss_gib: float
+    """The host RSS peak of training (evaluation left out)."""
+    host_baseline_gib: float
+    """Host RSS right before the model's parameters existed (HostMemory.mark_baseline)."""
 
-    def _start_clock(self, now: float) -> None:
-        self.t_start, self.before_clock, self.excluded_before_clock = now, self.counted, self.excluded_s
 
-    def exclude(self, seconds: float) -> None:
-        self.excluded_s += seconds
+@dataclass(frozen=True)
+class TrainSummary:
+    """What `Trainer.fit` trained, as this rank measured it."""
 
-    @property
-    def elapsed(self) -> float:
-        excluded = self.excluded_s - self.excluded_before_clock
-        return max((self.t_end or time.perf_counter()) - (self.t_start or self.t_first) - excluded, 1e-9)
+    finished: bool
+    """False when a stop request ended training early (its checkpoint is written)."""
+    steps: int
+    """Optimizer steps completed, a resumed run's earlier ones included."""
+    runtime_s: float
+    """Wall seconds of the training loop, first step to last, evaluations and checkpoints in it included."""
+    checkpoint_s: float
+    """Wall seconds of the checkpoint saves in the loop."""
+    last_loss: float
+    """Loss over all ranks in the last logging interval; NaN when no step was logged."""
+    throughput: Throughput
+    memory: TrainMemory
+    compile_s: float
+    """Seconds torch.compile spent compiling in the loop; NaN without --torch_compile."""
+    compiled_graphs: float
+    """Graphs compiled in the loop; NaN without --torch_compile."""
 
 
 class DeviceMemory:
@@ -178,6 +182,28 @@ class RankFigures:
     last_loss: float
     compile_s: float  # NaN without --torch_compile
     compiled_graphs: float
+
+    @classmethod
+    def measured(cls, trained: TrainSummary) -> RankFigures:
+        """This rank's figures from what it trained, with its lifetime host peak as of now (call it after the final
+        evaluation, whose memory that peak includes)."""
+        counted, memory = trained.throughput.counted, trained.memory
+        return cls(
+            samples=counted.samples,
+            tokens=counted.tokens,
+            padded_tokens=counted.padded_tokens,
+            flops=counted.flops,
+            elapsed_s=trained.throughput.elapsed_s,
+            timed_steps=trained.throughput.timed_steps,
+            cuda_allocated_gib=memory.cuda_allocated_gib,
+            cuda_reserved_gib=memory.cuda_reserved_gib,
+            train_rss_gib=memory.host_rss_gib,
+            baseline_rss_gib=memory.host_baseline_gib,
+            lifetime_rss_gib=lifetime_rss_gib(),
+            last_loss=trained.last_loss,
+            compile_s=trained.compile_s,
+            compiled_graphs=trained.compiled_graphs,
+        )
 
     def as_row(self) -> list[float]:
         return [float(getattr(self, f.name)) for f in dataclasses.fields(self)]

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import IO, Any
 
@@ -25,26 +26,32 @@ def _clock(seconds: float) -> str:
     return str(timedelta(seconds=int(seconds)))
 
 
+@dataclass(frozen=True)
+class ProgressOutput:
+    """Whether and where progress shows."""
+
+    enabled: bool
+    """On the main process, unless --disable_tqdm."""
+    interval_s: float
+    """Seconds between log lines where the stream is not a terminal (--progress_interval_s)."""
+    stream: IO[str] | None = None
+    """stderr unless given."""
+
+
 class Progress:
     """`update()` once per step (or batch); `note()` whenever a fresh loss or learning rate is known."""
 
     def __init__(
-        self,
-        label: str,
-        total: int,
-        done: int,
-        unit: str,
-        samples_per_unit: int,
-        settings: tuple[bool, float, IO[str] | None],
+        self, label: str, total: int, done: int, unit: str, samples_per_unit: int, *, output: ProgressOutput
     ) -> None:
-        enabled, self.interval_s, stream = settings
+        self.interval_s = output.interval_s
         self.label, self.total, self.unit, self.samples_per_unit = label, total, unit, samples_per_unit
         self.start_done = self.done = done
         self.fields: dict[str, str] = {}
         self.t0 = self.last_line = time.monotonic()
-        stream = stream or sys.stderr
+        stream = output.stream or sys.stderr
         self.bar = None
-        self.enabled = enabled and total > done
+        self.enabled = output.enabled and total > done
         if self.enabled and stream.isatty():
             from tqdm.auto import tqdm
 

@@ -20,6 +20,7 @@ from typing import Any
 from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, WandBTracker, on_main_process
 
 from qa_train.config.settings import ConfigError
+from qa_train.core.errors import one_line
 
 log = logging.getLogger("qa_train")
 # wandb.init waits 90 s for an unreachable server by default (and its service 10 s more) while every other
@@ -61,12 +62,10 @@ def _start_online(wandb: Any, output_dir: Path, kwargs: dict[str, Any]) -> Any:
     try:
         return wandb.init(mode="online", settings=wandb.Settings(init_timeout=timeout), **kwargs)
     except Exception as err:  # noqa: BLE001 - CommError on timeout, AuthenticationError, ...
-        reason = (str(err).strip().splitlines() or [""])[0][:200]
         log.warning(
-            "W&B online run did not start (%s: %s; init timeout %g s): logging offline to %s, "
+            "W&B online run did not start (%s; init timeout %g s): logging offline to %s, "
             "upload later with `wandb sync %s`",
-            type(err).__name__,
-            reason,
+            one_line(err, limit=200),
             timeout,
             output_dir / "wandb",
             output_dir / "wandb" / "offline-run-*",

@@ -4,10 +4,10 @@ predictions and no-answer probabilities, each refused in one line naming the fil
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
-from qa_train.data.load import text_lines
+from qa_train.data.json_lines import json_lines
 
 
 def _read_json(path: Path) -> object:
@@ -73,15 +73,6 @@ def _flat_references(path: Path, records: Iterable[tuple[str, object]]) -> dict[
     return refs
 
 
-def _json_lines(path: Path, lines: list[str]) -> Iterator[tuple[str, object]]:
-    for lineno, line in enumerate(lines, start=1):
-        if line.strip():
-            try:
-                yield f"line {lineno}", json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}: line {lineno}: not valid JSON: {err}") from err
-
-
 def _is_flat(records: object) -> bool:
     """A list of flat records (as training also reads them), not of nested articles."""
     return (
@@ -119,8 +110,7 @@ def read_references(path: Path) -> tuple[dict[str, list[str]], str | None]:
             "expected official SQuAD JSON, a list of records, or one record per line"
         )
     else:
-        # data's line splitting: str.splitlines also breaks at the U+2028 JSON allows raw inside a string.
-        refs = _flat_references(path, _json_lines(path, text_lines(text)))
+        refs = _flat_references(path, json_lines(path, text))  # as training reads them
     if not refs:
         raise ValueError(f"{path}: contains no questions")
     return refs, version

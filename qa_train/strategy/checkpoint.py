@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from qa_train.core.errors import one_line
 from qa_train.strategy.faults import failed_ranks, run_fault
 from qa_train.strategy.train_state import TrainerState, is_int, resume_conflicts, state_from_json
 
@@ -54,12 +55,6 @@ def own_error(err: BaseException) -> BaseException:
     """The error behind a CheckpointException (its lowest failing rank's), else `err` itself."""
     failures = getattr(err, "failures", None)
     return failures[min(failures)][0] if isinstance(failures, dict) and failures else err
-
-
-def one_line(err: BaseException, limit: int = 300) -> str:
-    lines = str(err).strip().splitlines()
-    text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # --- finding and checking checkpoints ----------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from qa_train.config.outputdir import remove_entry
+from qa_train.core.errors import one_line
 from qa_train.strategy.checkpoint import (
     MANIFEST,
     STATE_FILE,
@@ -29,7 +30,6 @@ from qa_train.strategy.checkpoint import (
     latest_usable,
     library_errors,
     move_aside,
-    one_line,
     own_error,
     run_id_of,
     verify,

@@ -148,13 +148,13 @@ def recompute_refusal(train_flags: list[str]) -> str | None:
     not on this machine or has no QA class (the runs themselves then say so)."""
     from qa_train.config.settings import ConfigError
     from qa_train.model.modeling import checkpointing_unsupported
-    from qa_train.studies.planner import PlanError, load_config
+    from qa_train.studies.planner import PlanError, load_shape_config
 
     model, config_name = flag_value(train_flags, "model_name_or_path"), flag_value(train_flags, "config_name")
     if not (model or config_name):
         return None
     try:
-        return checkpointing_unsupported(load_config(model, config_name))
+        return checkpointing_unsupported(load_shape_config(model, config_name))
     except (PlanError, ConfigError):
         return None
 

@@ -16,7 +16,7 @@ from qa_train.studies.planner import (
     attention_of,
     check_recompute,
     describe,
-    load_config,
+    load_shape_config,
     model_shape,
     plan,
     render,
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print(check_runs(opts.check))
             return 0
-        config = load_config(opts.model_name_or_path, opts.config_name)
+        config = load_shape_config(opts.model_name_or_path, opts.config_name)
         limit = position_limit(config)
         if limit and opts.max_seq_length > limit:
             raise PlanError(f"--max_seq_length {opts.max_seq_length}: the model has {limit} position embeddings")

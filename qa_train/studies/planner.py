@@ -16,6 +16,7 @@ never downloads: bert-base/-large (cased and uncased) are built in; other models
 from __future__ import annotations
 
 from qa_train.config.settings import ConfigError, ModelArgs
+from qa_train.core.errors import one_line
 from qa_train.model.modeling import check_checkpointing, qa_model_class, resolve_attention
 from qa_train.studies.memory_model import (
     CONFIGS,
@@ -49,8 +50,10 @@ class PlanError(ValueError):
 # --- the model -----------------------------------------------------------------------------------
 
 
-def load_config(model_name_or_path: str | None, config_name: str | None):
-    """A transformers config from a built-in shape, a local folder or the local cache; never the network."""
+def load_shape_config(model_name_or_path: str | None, config_name: str | None):
+    """The config the planner reads a model's shape from (sizes, not weights): a built-in BERT shape, a local
+    folder or the local cache; never the network. Training's own, checked for a QA head, is
+    modeling.load_model_config."""
     from transformers import AutoConfig, BertConfig
 
     name, flag = (config_name, "--config_name") if config_name else (model_name_or_path, "--model_name_or_path")
@@ -59,10 +62,9 @@ def load_config(model_name_or_path: str | None, config_name: str | None):
     try:
         return AutoConfig.from_pretrained(name, local_files_only=True)
     except (OSError, ValueError) as err:
-        reason = " ".join(str(err).split())[:200]
         raise PlanError(
             f"{flag} {name}: no config for it on this machine, and the planner never downloads; pass a "
-            f"folder with config.json, or one of {', '.join(BUILTIN)} ({reason})"
+            f"folder with config.json, or one of {', '.join(BUILTIN)} ({one_line(err, limit=200)})"
         ) from None
 
 

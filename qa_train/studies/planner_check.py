@@ -16,7 +16,7 @@ from pathlib import Path
 from qa_train.config.settings import DEFAULT_MODEL
 from qa_train.observe.schema import RunMetrics
 from qa_train.studies.memory_model import CONFIGS, GIB, Setup, estimate, unplanned
-from qa_train.studies.planner import PlanError, attention_of, load_config, model_shape
+from qa_train.studies.planner import PlanError, attention_of, load_shape_config, model_shape
 from qa_train.studies.report_data import ReportError, find_runs, load_metrics
 from qa_train.studies.sweep import read_point
 
@@ -84,7 +84,7 @@ def check_run(run_dir: Path) -> Check:
     if config not in ("single", *CONFIGS):
         return Check(name, config, world, None, measured, padded, f"the planner has no formula for {config}")
     try:
-        model_config = load_config(args.get("model_name_or_path"), args.get("config_name"))
+        model_config = load_shape_config(args.get("model_name_or_path"), args.get("config_name"))
         if not args.get("model_name_or_path"):
             grow_vocabulary(model_config, args.get("tokenizer_name") or DEFAULT_MODEL)
         # the kernel the run used: its flag is "auto" by default, eager for models without SDPA (DeBERTa)

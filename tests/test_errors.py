@@ -1,0 +1,20 @@
+"""qa_train.core.errors: the one line every refusal and failure shows for a library's error."""
+
+from __future__ import annotations
+
+from qa_train.core.errors import one_line
+
+
+def test_a_multi_line_message_is_its_type_and_first_line_with_spaces_collapsed() -> None:
+    err = OSError("  Can't load   the config for 'x'.\n\nIf you were trying to load it from the hub ...\n")
+    assert one_line(err) == "OSError: Can't load the config for 'x'."
+
+
+def test_a_long_line_is_cut_at_the_limit_and_marked() -> None:
+    text = one_line(ValueError("y" * 500), limit=50)
+    assert text == "ValueError: " + "y" * 38 + "..." and len(text) == 53
+
+
+def test_an_error_without_a_message_is_its_type() -> None:
+    assert one_line(KeyboardInterrupt()) == "KeyboardInterrupt"
+    assert one_line(RuntimeError("   \n  ")) == "RuntimeError"
