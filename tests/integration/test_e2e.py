@@ -1,5 +1,5 @@
 """The real entry point end to end on CPU: one process, and a refused launch. (Two DDP processes end to end,
-evaluation included, are tests/test_strategies.py's reference run.)"""
+evaluation included, are tests/integration/test_strategies.py's reference run.)"""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 from conftest import DEMO_DEV, PY, port, read_metrics, run_cmd, run_ok, tiny_flags
-
-pytestmark = pytest.mark.distributed
 
 
 @pytest.fixture(scope="module")

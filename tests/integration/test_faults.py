@@ -20,8 +20,6 @@ import torch
 from conftest import DEMO_DEV, PY, ROOT, TINY, base_env, error_lines, run_cmd, run_ok, tiny_flags
 from safetensors.torch import load_file
 
-pytestmark = pytest.mark.distributed  # real runs of the entry point, like test_e2e
-
 
 def flags(out: Path, *extra: str) -> list[str]:
     return tiny_flags(out, "--no_eval", *extra)

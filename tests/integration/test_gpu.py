@@ -1,7 +1,7 @@
 """On one CUDA GPU: every config, and compiled runs, train in bf16 and export a model that answers as evaluation
 did; FSDP and ZeRO-3 resume after a kill; bf16 follows fp32; offload takes model states off the GPU.
 
-    pytest -m gpu tests/test_gpu.py          # on a GPU machine (tools/gpu_session.sh tests)
+    pytest -m gpu tests/integration/test_gpu.py          # on a GPU machine (tools/gpu_session.sh tests)
 
 pyproject's addopts deselect the `gpu` marker, so CPU machines and CI neither run nor count these.
 Each test launches the real entry point through `qa-train launch` (accelerate launch on GPUs),

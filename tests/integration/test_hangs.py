@@ -13,7 +13,6 @@ from conftest import PY, ROOT, base_env, error_lines, port, tiny_flags
 
 from qa_train.core.preemption import HOLD_ENV, HOLD_RANKS_ENV
 
-pytestmark = pytest.mark.distributed
 # Every collective of the run gets it, start-up's and featurisation's too: long enough for a loaded 2-core machine's
 # skew between ranks there, short beside torch's default.
 TIMEOUT_S = 15

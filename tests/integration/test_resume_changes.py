@@ -17,8 +17,6 @@ from qa_train.run import Preempted, run
 from qa_train.strategy.checkpoint import read_state
 from qa_train.trainer import Trainer
 
-pytestmark = pytest.mark.distributed  # real training runs
-
 
 def scripted_f1(monkeypatch: pytest.MonkeyPatch, f1s: list[float], preempt_at: int | None = None) -> list[int]:
     """Each evaluation reports the next F1 of `f1s`; returns the steps evaluated, in order. The evaluation at step

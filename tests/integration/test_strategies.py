@@ -20,7 +20,6 @@ from safetensors.torch import load_file
 
 from qa_train.strategy.supervise import runs_module
 
-pytestmark = pytest.mark.distributed
 STEPS = 8
 PORTS = iter(range(port(29620), port(29700)))
 
@@ -208,7 +207,7 @@ def test_the_deepspeed_export_holds_every_tensor_in_fp32(stage: int, tmp_path: P
             "2",
             "--master_port",
             str(next(PORTS)),
-            str(ROOT / "tests" / "deepspeed_export_probe.py"),
+            str(Path(__file__).with_name("deepspeed_export_probe.py")),
             str(stage),
             str(saved),
         ],

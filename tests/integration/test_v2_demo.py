@@ -11,7 +11,6 @@ from conftest import ASSETS, PY, TINY, base_env, read_metrics, run_ok
 
 from qa_train.squad.files import load_references
 
-pytestmark = pytest.mark.distributed
 V2_TRAIN, V2_DEV = ASSETS / "demo-v2" / "train.json", ASSETS / "demo-v2" / "dev.json"
 THRESHOLD = "-1.5"
 

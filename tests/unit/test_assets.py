@@ -10,11 +10,12 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import ROOT
 
 import qa_train
 
 ASSETS = Path(qa_train.__file__).resolve().parent / "assets"
-GENERATOR = Path(__file__).resolve().parents[1] / "tools" / "make_assets.py"
+GENERATOR = ROOT / "tools" / "make_assets.py"
 MODEL_DIR = ASSETS / "tiny-bert"
 SPLITS = ("train", "dev")
 

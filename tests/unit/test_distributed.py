@@ -6,11 +6,11 @@ import copy
 import json
 import re
 from datetime import timedelta
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import ROOT
 
 from qa_train.config.flags import parse_args
 from qa_train.config.settings import ConfigError
@@ -20,7 +20,6 @@ from qa_train.strategy.deepspeed_json import reconcile_deepspeed, scheduler_step
 from qa_train.strategy.faults import collective_fault
 from qa_train.strategy.sharded import num_parameters
 
-ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "ds_configs/test.json"
 ARGS = parse_args(
     [

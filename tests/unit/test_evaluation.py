@@ -1,6 +1,6 @@
 """Answers are a function of the weights alone: the same model gives the same answers for any evaluation
 batch size and padding, on a model whose padding logits beat every real token's (the worst case for
-picking candidates over the padded row). Across processes: tests/test_predict.py."""
+picking candidates over the padded row). Across processes: tests/integration/test_predict_runs.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The strategy report from synthetic runs, and the benchmark driver end to end on CPU."""
+"""The strategy report from synthetic runs (fake_runs.py), and the benchmark driver's plans and environment."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import PY, TINY, base_env, read_metrics, run_cmd, run_ok
+from conftest import TINY
+from fake_runs import fake_metrics, rewrite, three_runs
 
-from qa_train.observe.schema import PerRank, RunMetrics
 from qa_train.studies import report, report_data, report_plots
 from qa_train.studies.report_plots import IDEAL
 from qa_train.studies.sweep import Point
@@ -16,72 +16,9 @@ from qa_train.studies.sweep import Point
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def fake_metrics(
-    out: Path,
-    strategy: str,
-    world: int,
-    samples_s: float,
-    rss: float,
-    em: float | None = None,
-    f1: float | None = None,
-    offload: str = "none",
-    gpu: float | None = None,
-    point: Point | None = None,
-    batch: int = 8,
-    compile_s: float | None = None,
-) -> Path:
-    """A metrics.json written from the one schema run.py writes it from, with the figures the report reads;
-    with `point`, the sweep_point.json a bench sweep writes beside it."""
-    out.mkdir(parents=True)
-    if point is not None:
-        point.write(out)
-    mem = gpu if gpu is not None else rss
-
-    def per_rank(v: float | None) -> PerRank:
-        return PerRank(None if v is None else [v] * world, v, None if v is None else v * 0.9)
-
-    metrics = RunMetrics(
-        exact_match=em,
-        f1=f1,
-        train_samples_per_second=samples_s,
-        train_tokens_per_second=samples_s * 150,
-        train_padded_tokens_per_second=samples_s * 192,
-        train_step_time_s_mean=0.5,
-        tflops_per_device=0.01,
-        mfu=0.412 if gpu is not None else None,
-        peak_memory_source="cuda_max_allocated" if gpu is not None else "host_rss_during_training",
-        peak_memory_gb=per_rank(mem),
-        peak_memory_reserved_gb=per_rank(gpu),
-        train_host_rss_gb=per_rank(rss),
-        peak_host_rss_gb=per_rank(rss + 0.25),
-        train_runtime_s=round(6 * 8 * world / samples_s, 3),
-        train_steps=6,
-        world_size=world,
-        strategy=strategy,
-        zero_stage=int(strategy[-1]) if strategy.startswith("zero") else None,
-        offload=offload,
-        mixed_precision="no",
-        device="cpu",
-        global_batch_size=batch * world,
-        per_device_train_batch_size=batch,
-        max_seq_length=192,
-        num_parameters=1000,
-        output_dir=str(out),
-        args={"run_name": out.name},
-        compile_time_s=compile_s,
-        compiled_graphs=None if compile_s is None else 1,
-    )
-    (out / "metrics.json").write_text(json.dumps(metrics.to_json()))
-    return out
-
-
 @pytest.fixture
 def runs(tmp_path: Path) -> Path:
-    root = tmp_path / "runs"
-    fake_metrics(root / "single", "single", 1, 40.0, 0.5, em=10.0, f1=20.5)
-    fake_metrics(root / "ddp", "ddp", 2, 60.0, 0.6, em=11.0, f1=21.0)
-    fake_metrics(root / "zero2", "zero2", 2, 50.0, 0.55, offload="optimizer")  # --no_eval: no EM/F1
-    return root
+    return three_runs(tmp_path / "runs")
 
 
 def table_rows(markdown: str) -> list[dict[str, str]]:
@@ -263,44 +200,6 @@ def test_errors_name_the_run_dir(runs: Path, tmp_path: Path) -> None:
         report_data.build_groups([runs / "single"], baseline="nope")
 
 
-def test_cli_prints_the_table_and_refuses_a_bad_dir(runs: Path, tmp_path: Path) -> None:
-    env = base_env(tmp_path)
-    proc = run_ok([PY, "-m", "qa_train.cli", "report", str(runs), "--output", str(tmp_path / "out")], env)
-    assert "| run | strategy | nodes | processes |" in proc.stdout and "1.50x" in proc.stdout
-    assert (tmp_path / "out" / "report.md").is_file()
-    proc = run_cmd([PY, "-m", "qa_train.cli", "report", str(tmp_path / "missing")], env)
-    assert proc.returncode == 2 and str(tmp_path / "missing") in proc.stderr
-
-
-def test_wandb_logging_goes_offline_without_credentials(runs: Path, tmp_path: Path) -> None:
-    """`report --wandb` as a user runs it (its own process: no other W&B run in it), without credentials."""
-    env = {k: v for k, v in base_env(tmp_path).items() if k not in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_RUN_GROUP")}
-    env["NETRC"] = str(tmp_path / "no-netrc")
-    run_ok(
-        [
-            PY,
-            "-m",
-            "qa_train.cli",
-            "report",
-            str(runs),
-            "--output",
-            str(tmp_path / "report"),
-            "--wandb",
-            "--wandb_project",
-            "qa-train-test",
-        ],
-        env,
-    )
-    (run_file,) = list((tmp_path / "report" / "wandb").glob("offline-run-*/run-*.wandb"))
-    import wandb_records as w
-
-    recs = w.records(run_file)
-    (run,) = [r.run for r in recs if r.WhichOneof("record_type") == "run"]
-    assert (run.run_group, run.job_type) == (f"bench-{runs.name}", "report")  # beside the bench's runs
-    table = w.summary(recs)["report/table"]
-    assert table["_type"] == "table-file" and table["nrows"] >= 2
-
-
 def test_bench_runs_share_the_reports_wandb_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from qa_train.studies import bench
     from qa_train.studies.sweep import Point
@@ -312,101 +211,6 @@ def test_bench_runs_share_the_reports_wandb_group(tmp_path: Path, monkeypatch: p
     assert report.wandb_group([tmp_path / "study" / "zero2-p2-r1", tmp_path / "study" / "ddp-p2-r1"]) == "bench-study"
     monkeypatch.setenv("WANDB_RUN_GROUP", "mine")
     assert bench.run_env(Point("ddp", "ddp", 1), opts)["WANDB_RUN_GROUP"] == "mine"
-
-
-@pytest.mark.distributed
-def test_bench_sweeps_processes_with_repeats_under_strong_scaling(tmp_path: Path) -> None:
-    """One command: ddp at 1 and 2 processes, twice each, global batch fixed; the report's medians,
-    speed-up against the 1-process runs and efficiency come from the runs' own metrics."""
-    out = tmp_path / "bench"
-    proc = run_ok(
-        [
-            PY,
-            "-m",
-            "qa_train.cli",
-            "bench",
-            "--configs",
-            "ddp",
-            "--num_processes",
-            "1",
-            "2",
-            "--repeats",
-            "2",
-            "--scaling",
-            "strong",
-            "--cpu",
-            "--max_train_steps",
-            "4",
-            "--output_dir",
-            str(out),
-            "--",
-            "--no_eval",
-            "--logging_steps",
-            "2",
-            "--max_train_samples",
-            "300",
-        ],
-        base_env(tmp_path),
-    )
-    names = ["ddp-p1-r1", "ddp-p2-r1", "ddp-p1-r2", "ddp-p2-r2"]  # every point once, then again
-    started = [line.split()[1].rstrip(":") for line in proc.stdout.splitlines() if line.startswith("[bench] ddp-")]
-    assert started == names
-    metrics = {name: read_metrics(out / name) for name in names}
-    for name, m in metrics.items():
-        world = 1 if "-p1-" in name else 2
-        assert (m["world_size"], m["train_steps"], m["global_batch_size"]) == (world, 4, 8), name
-        assert m["per_device_train_batch_size"] == 8 // world and m["args"]["run_name"] == name
-        assert json.loads((out / name / "sweep_point.json").read_text())["label"] == "ddp"
-    assert metrics["ddp-p1-r1"]["strategy"] == "single" and metrics["ddp-p2-r1"]["strategy"] == "ddp"
-    saved = json.loads((out / "report" / "report.json").read_text())
-    one, two = saved["groups"]
-    assert (one["processes"], one["runs"], two["processes"], two["runs"]) == (1, names[0::2], 2, names[1::2])
-    rate = {n: m["train_samples_per_second"] for n, m in metrics.items()}
-    base = (rate["ddp-p1-r1"] + rate["ddp-p1-r2"]) / 2  # the median of two
-    expected = [rate["ddp-p2-r1"] / base, rate["ddp-p2-r2"] / base]
-    assert two["speedup"]["median"] == pytest.approx(sum(expected) / 2)
-    assert (two["speedup"]["lo"], two["speedup"]["hi"]) == pytest.approx((min(expected), max(expected)))
-    assert two["efficiency"]["median"] == pytest.approx(sum(expected) / 4) and one["speedup"]["median"] == 1.0
-    text = (out / "report" / "report.md").read_text()
-    assert "Scaling: ddp strong (global batch 8)." in text and "over its 2 run(s)" in text
-    assert (out / "report" / "speedup.png").read_bytes()[:8] == PNG_MAGIC
-    assert "[bench] strong scaling: global batch 8 at every process count" in proc.stdout
-    assert "4 of 4 runs finished" in proc.stdout
-
-
-@pytest.mark.distributed
-def test_bench_reports_failed_runs_and_goes_on(tmp_path: Path) -> None:
-    """Each failed run is named with its log and why; the next run still starts; the exit is 1."""
-    out = tmp_path / "bench"
-    proc = run_cmd(
-        [
-            PY,
-            "-m",
-            "qa_train.cli",
-            "bench",
-            "--configs",
-            "single",
-            "ddp",
-            "fsdp",
-            "--cpu",
-            "--max_train_steps",
-            "2",
-            "--output_dir",
-            str(out),
-            "--",
-            "--no_eval",
-            "--max_seq_length",
-            "0",
-        ],
-        base_env(tmp_path),
-    )
-    assert proc.returncode == 1
-    for name in ("single-p1-r1", "ddp-p2-r1", "fsdp-p2-r1"):  # FSDP runs on CPU processes too
-        assert f"FAILED {name}" in proc.stderr and str(out / name / "launch.log") in proc.stderr
-    assert "--max_seq_length: must be positive" in proc.stderr  # the last lines of the log say why
-    assert "0 of 3 runs finished; failed: single-p1-r1, ddp-p2-r1, fsdp-p2-r1" in proc.stdout
-    # The report names each run's own error line as its reason.
-    assert "ddp-p2-r1: --max_seq_length: must be positive, got 0" in (out / "report" / "report.md").read_text()
 
 
 @pytest.mark.parametrize("on_cpu", [True, False])
@@ -485,16 +289,6 @@ def test_a_failed_runs_reason_is_its_own_error_line(tmp_path: Path) -> None:
     by = {g.processes: g for g in groups}
     assert by[2].failed == [f"ddp-p2-r1: {oom}"] and by[1].runs == ["ddp-p1-r1"]
     assert f"ddp-p2-r1: {oom}" in paths["markdown"].read_text()
-
-
-def rewrite(run: Path, args: dict | None = None, **changes: object) -> Path:
-    """Set keys of a fake run's metrics.json (None is written as null) and of its flags."""
-    path = run / "metrics.json"
-    payload = json.loads(path.read_text())
-    payload.update(changes)
-    payload["args"].update(args or {})
-    path.write_text(json.dumps(payload))
-    return run
 
 
 def test_a_sweeps_failed_and_torn_runs_are_rows_and_speedup_names_its_base(tmp_path: Path) -> None:

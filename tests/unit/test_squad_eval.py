@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from squad_cases import NESTED
 
 from qa_train.squad.files import load_references
 from qa_train.squad.scoring import exact_match, f1, normalize_answer, score
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -93,34 +90,6 @@ def test_score_rejects_bad_references() -> None:
         score({"q1": "Denver"}, {"q1": "Denver"})
 
 
-NESTED = {
-    "version": "1.1",
-    "data": [
-        {
-            "title": "Super_Bowl_50",
-            "paragraphs": [
-                {
-                    "context": "Super Bowl 50 was played in Santa Clara, California.",
-                    "qas": [
-                        {
-                            "id": "q1",
-                            "question": "Where was Super Bowl 50 played?",
-                            "answers": [
-                                {"text": "Santa Clara, California", "answer_start": 28},
-                                {"text": "Santa Clara", "answer_start": 28},
-                            ],
-                        },
-                        {
-                            "id": "q2",
-                            "question": "Which Super Bowl?",
-                            "answers": [{"text": "50", "answer_start": 11}],
-                        },
-                    ],
-                }
-            ],
-        }
-    ],
-}
 FLAT = [
     {
         "id": "q1",
@@ -213,38 +182,3 @@ def test_load_references_rejects_duplicate_ids_and_empty_answers(tmp_path: Path)
     no_answer = dict(FLAT[1], answers={"text": [], "answer_start": []})
     with pytest.raises(ValueError, match=r"empty\.jsonl: question q2: expected a non-empty list"):
         load_references(_write_jsonl(tmp_path / "empty.jsonl", [FLAT[0], no_answer]))
-
-
-def _run_cli(*args: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "qa_train.cli", "score", *map(str, args)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def test_cli_prints_official_json(tmp_path: Path) -> None:
-    dataset = tmp_path / "dev.json"
-    dataset.write_text(json.dumps(NESTED), encoding="utf-8")
-    predictions = tmp_path / "predictions.json"
-    # q1: "santa clara" matches the second gold -> EM 1, F1 1; q2 missing -> 0.
-    predictions.write_text(json.dumps({"q1": "Santa Clara"}), encoding="utf-8")
-    proc = _run_cli(dataset, predictions)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"exact_match": 50.0, "f1": 50.0}
-    assert "1 of 2 questions have no prediction" in proc.stderr
-    assert "q2" in proc.stderr
-
-
-def test_cli_reports_malformed_file(tmp_path: Path) -> None:
-    dataset = tmp_path / "bad.jsonl"
-    dataset.write_text('{"id": "q1"}\n', encoding="utf-8")
-    predictions = tmp_path / "predictions.json"
-    predictions.write_text("{}", encoding="utf-8")
-    proc = _run_cli(dataset, predictions)
-    assert proc.returncode == 1
-    assert str(dataset) in proc.stderr
-    assert "line 1" in proc.stderr
-    assert proc.stdout == ""

@@ -1,32 +1,11 @@
-"""SQuAD v2.0 metrics: hand-computed cases with the official script's semantics, and its CLI interface."""
+"""SQuAD v2.0 metrics: hand-computed cases with the official script's semantics (the cases in squad_cases.py)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from squad_cases import GOLD, NA_PROBS, PREDICTIONS
 
-from qa_train.squad.files import load_references
 from qa_train.squad.scoring import f1, f1_v2, score, score_v2
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CONTEXT = "Super Bowl 50 was played at Levi's Stadium in Santa Clara, California, in 1990."
-
-# q5's only gold answer is "The", which normalises to nothing: the official script then scores it against ""
-# (so a "" prediction matches), but still counts it as answerable (its file lists an answer).
-GOLD = {
-    "q1": ["Denver Broncos", "the Broncos"],
-    "q2": ["Santa Clara, California"],
-    "q3": [],
-    "q4": [],
-    "q5": ["The"],
-    "q6": ["1990"],
-}
-PREDICTIONS = {"q1": "Broncos", "q2": "Santa Clara", "q3": "", "q4": "Levi's Stadium", "q5": "", "q6": ""}
-NA_PROBS = {"q1": 0.1, "q2": 0.5, "q3": 0.9, "q4": 0.3, "q5": 0.7, "q6": 0.95}
 
 
 def test_f1_when_either_side_is_empty() -> None:
@@ -102,59 +81,6 @@ def test_refusals() -> None:
         score_v2({}, {})
     with pytest.raises(ValueError, match="question q2: a prediction without a no-answer probability"):
         score_v2(GOLD, PREDICTIONS, {"q1": 0.0})
-
-
-def _v2_file(tmp_path: Path) -> Path:
-    qas = [
-        {
-            "id": qid,
-            "question": f"Question {qid}?",
-            "is_impossible": not golds,
-            "answers": [{"text": g, "answer_start": 0} for g in golds],
-        }
-        for qid, golds in GOLD.items()
-    ]
-    path = tmp_path / "dev-v2.0.json"
-    path.write_text(
-        json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": [{"context": CONTEXT, "qas": qas}]}]}),
-        encoding="utf-8",
-    )
-    return path
-
-
-def _cli(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "qa_train.cli", "score", *map(str, args)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def test_cli_has_the_official_v2_interface(tmp_path: Path) -> None:
-    data = _v2_file(tmp_path)
-    assert load_references(data, allow_empty=True) == GOLD
-    with pytest.raises(ValueError, match="question q3: expected a non-empty list"):
-        load_references(data)  # v1.1 callers still refuse unanswerable questions
-    preds, probs = tmp_path / "pred.json", tmp_path / "na_prob.json"
-    preds.write_text(json.dumps(PREDICTIONS))
-    probs.write_text(json.dumps(NA_PROBS))
-    proc = _cli(data, preds)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == pytest.approx(score_v2(GOLD, PREDICTIONS))
-    proc = _cli(data, preds, "-n", probs, "-t", "0.6", "-o", tmp_path / "eval.json")
-    assert proc.returncode == 0 and proc.stdout == "", proc.stderr
-    written = json.loads((tmp_path / "eval.json").read_text())
-    assert written == pytest.approx(score_v2(GOLD, PREDICTIONS, NA_PROBS, 0.6)) and written["best_f1_thresh"] == 0.7
-
-
-def test_cli_refuses_bad_no_answer_file(tmp_path: Path) -> None:
-    preds, probs = tmp_path / "pred.json", tmp_path / "na_prob.json"
-    preds.write_text(json.dumps(PREDICTIONS))
-    probs.write_text(json.dumps({**NA_PROBS, "q2": "high"}))
-    proc = _cli(_v2_file(tmp_path), preds, "--na-prob-file", probs)
-    assert proc.returncode == 1 and "na_prob.json: question q2: no-answer probability must be a number" in proc.stderr
 
 
 def test_missing_prediction_scores_zero_at_every_threshold() -> None:

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import DEMO_DEV
 
 from qa_train.squad.files import load_references
 from qa_train.squad.scoring import score
-
-DEMO_DEV = Path(__file__).resolve().parents[1] / "qa_train" / "assets" / "demo" / "dev.json"
 
 # Hub "squad" rows. Hand-computed per question (EM, F1):
 #   several: "the denver broncos" normalises to "denver broncos", gold 1 -> (1, 1)
@@ -149,16 +146,6 @@ def test_duplicate_ids_are_refused_and_unmatched_ids_warned(squad_metric: Module
     with pytest.warns(UserWarning, match="1 of 4 reference ids have no prediction and score 0: wrong"):
         got = squad_metric.Squad().compute(predictions=renamed, references=REFERENCES)
     assert got == squad_eval_numbers(renamed, REFERENCES) == pytest.approx(HAND)
-
-
-def test_qa_train_does_not_import_evaluate() -> None:
-    """Only qa_train.squad.metric pays for evaluate's import; the CLI must start fast."""
-    code = (
-        "import sys, qa_train, qa_train.__main__, qa_train.squad.scoring; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'evaluate'))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
 
 
 V2_REFERENCES = [

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
+from fake_runs import fake_metrics
 
 from qa_train.studies import bench, slurm_sweep
 from qa_train.studies.sweep import Point, SweepError, flag_value, read_point, strong_scaling, with_repeats
@@ -149,7 +148,6 @@ def test_configs_named_twice_run_once() -> None:
 def fake_bench(monkeypatch: pytest.MonkeyPatch, results: dict[str, int | type[BaseException]]):
     """bench.run_one without launches: each point's run dir as the bench leaves it, with a metrics.json
     (exit 0), none (another exit status), or the exception the run raised (Ctrl-C)."""
-    from test_report import fake_metrics
 
     def run_one(point: Point, opts, train_flags, port) -> bench.Outcome:
         run_dir = Path(opts.output_dir) / point.name
@@ -210,33 +208,3 @@ def test_a_waiting_sbatch_past_the_timeout_is_a_failed_submission(
     opts, _ = bench.parse(["--slurm", "--nodes", "1", "--timeout_s", "5", "--output_dir", str(tmp_path)])
     run_dir, code, job = slurm_sweep.submit(Point("ddp", "ddp", 0, nodes=1, slurm=True), opts, [], bench.CONFIG_DIR)
     assert (code, job) == (124, "") and "did not return within 5 s" in (run_dir / "sbatch.log").read_text()
-
-
-# The launcher stand-in: like qa_train.strategy.launch, it starts its launch in a session of its own, and that launch (a
-# rank here) runs on when asked to stop, as a rank does until its next logged step.
-LAUNCHER_WITH_A_RANK = """
-import subprocess, sys, time
-rank = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                         "time.sleep(120)"], start_new_session=True)
-open(sys.argv[1], "w").write(str(rank.pid))
-time.sleep(120)
-"""
-
-
-def test_a_run_past_its_timeout_is_killed_with_every_rank(tmp_path: Path) -> None:
-    """The ranks run in sessions of their own: killing the launcher's group alone left them training on after
-    the bench had moved to its next run."""
-    import psutil
-
-    pid_file = tmp_path / "rank.pid"
-    with (tmp_path / "launch.log").open("w") as log:
-        code = bench._run_logged(
-            [sys.executable, "-c", LAUNCHER_WITH_A_RANK, str(pid_file)], dict(os.environ), log, timeout_s=3
-        )
-    assert code == 124
-    rank = psutil.Process(int(pid_file.read_text()))
-    try:
-        rank.wait(timeout=10)
-    except psutil.TimeoutExpired:
-        rank.kill()
-        pytest.fail("the run's rank outlived the bench's timeout")
