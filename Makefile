@@ -9,10 +9,12 @@ TORCH_SPEC ?= torch==2.13.0
 # The tested versions of everything else (constraints.txt); `CONSTRAINTS=` takes the newest allowed instead.
 CONSTRAINTS ?= constraints.txt
 DEMO_DIR ?= runs/demo
-# Two pytest workers (pytest-xdist), each taking whole files, the launch-heavy ones first (tests/conftest.py):
+# Two pytest workers (pytest-xdist), each taking whole files, the slowest ones first (tests/conftest.py):
 # a launch leaves a core idle while its launcher starts and its main process evaluates alone.
 # `make test TEST_WORKERS=` runs in one process.
 TEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
+# `make test-fast`: tests/unit alone (no process started, no training loop run), two workers taking test by test.
+TEST_FAST_WORKERS ?= -n 2
 DEMO_V2_DIR ?= runs/demo-v2
 
 define DS_PREBUILD
@@ -24,7 +26,7 @@ for name in ("CPUAdamBuilder", "ShareMemCommBuilder"):
 endef
 export DS_PREBUILD
 
-.PHONY: install demo demo-v2 test lint bench-data clean
+.PHONY: install demo demo-v2 test test-fast lint bench-data clean
 
 install: $(VENV)/.installed
 
@@ -49,8 +51,12 @@ demo-v2: install
 		--train_file qa_train/assets/demo-v2/train.json --validation_file qa_train/assets/demo-v2/dev.json \
 		--output_dir $(DEMO_V2_DIR) --overwrite_output_dir
 
+# The whole suite: tests/unit and tests/integration (pyproject's testpaths).
 test: install
 	$(PY) -m pytest -q $(TEST_WORKERS)
+
+test-fast: install
+	$(PY) -m pytest -q tests/unit $(TEST_FAST_WORKERS)
 
 # ruff's lint and format rules (pyproject.toml), as CI runs them before the tests.
 lint: install

@@ -1,4 +1,8 @@
-"""Shared fixtures: the bundled tiny model and demo data, and a runner for the real entry points."""
+"""Shared fixtures: the bundled tiny model and demo data, and a runner for the real entry points.
+
+tests/unit holds the tests that start no process and run no training loop (`make test-fast`); tests/integration the
+rest. The helpers both import live here, beside this file: families.py, fake_runs.py, fake_accelerator.py,
+oom_faults.py, squad_cases.py."""
 
 from __future__ import annotations
 
@@ -30,6 +34,15 @@ def export_answers(model_dir: Path, questions: int | None = None, **predictor: s
         .predict(examples if questions is None else examples.head(questions))
         .predictions
     )
+
+
+def write_config(folder: Path, **sizes: object) -> Path:
+    """The tiny BERT's config with other sizes: a model shape for the tests, built locally."""
+    config = json.loads((TINY / "config.json").read_text())
+    config.update(sizes)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
 
 
 def tiny_flags(output_dir: Path, *extra: str) -> list[str]:
@@ -143,11 +156,27 @@ def high_padding_model(out: Path) -> Path:
     return out
 
 
+# Seconds the slowest files take in `make test` (measured, rounded: only the order matters). Its two workers take
+# whole files in order (--dist loadfile --no-loadscope-reorder): a long file started last would run on alone.
+SLOW_FILES = {
+    "test_strategies.py": 850,
+    "test_e2e.py": 620,
+    "test_faults.py": 310,
+    "test_compile_runs.py": 250,
+    "test_plan_runs.py": 200,
+    "test_launch_signals_runs.py": 190,
+    "test_slurm.py": 170,
+    "test_best_runs.py": 120,
+    "test_loader_options.py": 110,
+    "test_disk_full_runs.py": 90,
+    "test_report_runs.py": 90,
+    "test_intervals.py": 90,
+    "test_hangs.py": 75,
+    "test_predict_runs.py": 60,
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with the most real runs (`distributed` tests) first. `make test` runs two workers, each taking whole
-    files in this order (pytest-xdist's --dist loadfile --no-loadscope-reorder): a run-heavy file that started
-    last would run on alone while the other worker sat idle."""
-    runs: dict[Path, int] = {}
-    for item in items:
-        runs[item.path] = runs.get(item.path, 0) + (item.get_closest_marker("distributed") is not None)
-    items.sort(key=lambda item: -runs[item.path])  # stable: a file's own tests keep their order
+    """The slowest files first, then the other integration files, the unit tests last (small files fill the gaps at
+    the end). The sort is stable: a file's own tests keep their order."""
+    items.sort(key=lambda item: (-SLOW_FILES.get(item.path.name, 0), item.path.parent.name == "unit"))

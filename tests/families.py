@@ -211,3 +211,9 @@ def write_family(family: str, out: Path, texts: list[str]) -> Path:
     tokenizer.save_pretrained(out)
     tiny_config(family, tokenizer).save_pretrained(out)
     return out
+
+
+def write_families(root: Path) -> dict[str, Path]:
+    """Every family's tiny model under `root`, by family name."""
+    texts = corpus()
+    return {family: write_family(family, root / family, texts) for family in FAMILIES}

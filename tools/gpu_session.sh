@@ -91,10 +91,10 @@ part_tests() {  # TESTS_K: a pytest -k expression, to rerun some
   [[ -n ${TESTS_K:-} ]] && k=(-k "$TESTS_K")
   $PY -c "import xdist" 2>/dev/null && n=(-n 4)  # four at once where pytest-xdist is installed
   # The out-of-memory test fills the GPU before it fails: alone, after the others, so none of theirs fails with it.
-  timeout ${TESTS_TIMEOUT_S:-360} $PY -m pytest -m "gpu and not oom_alone" tests/test_gpu.py tests/test_monitor.py \
+  timeout ${TESTS_TIMEOUT_S:-360} $PY -m pytest -m "gpu and not oom_alone" tests/integration/test_gpu.py tests/unit/test_monitor.py \
     "${n[@]}" -v -rA -p no:cacheprovider "${k[@]}" 2>&1 | tee "$OUT_DIR/pytest-gpu.log" \
     | grep -E "PASSED|FAILED|ERROR|answers equal|graph\(s\) compiled|weight difference|loss gap|CUDA peak|passed|failed" || true
-  timeout 120 $PY -m pytest -m "gpu and oom_alone" tests/test_gpu.py -v -rA -p no:cacheprovider "${k[@]}" 2>&1 \
+  timeout 120 $PY -m pytest -m "gpu and oom_alone" tests/integration/test_gpu.py -v -rA -p no:cacheprovider "${k[@]}" 2>&1 \
     | tee -a "$OUT_DIR/pytest-gpu.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" || true
 }
 

@@ -28,7 +28,7 @@ QUESTIONS_PER_PARAGRAPH = 5
 FACTS_PER_PARAGRAPH = (4, 6)  # fact sentences besides the intro: ~75 words, ~100 wordpieces
 FILLERS_PER_PARAGRAPH = (0, 1, 1, 2)  # distractor sentences, drawn from this tuple
 VOCAB_SIZE = 4096  # before multi-digit pieces are dropped (see build_tokenizer): ~3,700 after
-# The bundled copy that tests/test_assets.py compares against; found from this file, not the
+# The bundled copy that tests/unit/test_assets.py compares against; found from this file, not the
 # working directory, so the tool works when run from anywhere in the checkout.
 DEFAULT_OUT_DIR = Path(__file__).resolve().parents[1] / "qa_train" / "assets"
 

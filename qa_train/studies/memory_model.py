@@ -1,7 +1,7 @@
 """Memory and communication per device for QA training under each strategy: the planner's formulas.
 
 Model states follow the ZeRO paper's accounting, written as DeepSpeed's own estimators write it where
-they exist (ZeRO-2 and ZeRO-3, with and without offload; `tests/test_plan.py` holds them to 1%), and as
+they exist (ZeRO-2 and ZeRO-3, with and without offload; `tests/unit/test_plan.py` holds them to 1%), and as
 qa_train really trains where they do not (DDP and FSDP keep fp32 weights under autocast). Activations
 are counted tensor by tensor from the model's shape (what autograd keeps for the backward pass of one
 BERT layer; with gradient checkpointing, each layer's input and one recomputed layer), then calibrated
@@ -224,7 +224,7 @@ def saved_activation_bytes(shape: ModelShape, setup: Setup, autocast: bool = Fal
     keeps) its own 16-bit copy of the layer input. Once per micro-batch: the embeddings' LayerNorm input
     (and dropout mask), the QA head's input, and SDPA's b x s x s attention mask.
     With gradient checkpointing see `checkpointed_bytes`.
-    `tests/test_plan.py` holds this to the tensors autograd really saves.
+    `tests/unit/test_plan.py` holds this to the tensors autograd really saves.
     """
     if setup.gradient_checkpointing:
         return sum(checkpointed_bytes(shape, setup, autocast))

@@ -1,0 +1,61 @@
+"""--torch_compile changes how the model runs, never what a run writes: the export and the checkpoints carry the
+model's own weight names, so the export reloads as the trained model and a checkpoint resumes either way; a backend
+that cannot compile is one line and exit 2.
+
+The run compiles with the eager backend (dynamo captures the graphs and runs them as they are): the wrapper that
+would rename the weights is the same for every backend, and inductor's C++ kernel builds would cost ~40 s of the
+suite's CPU time on a fresh machine to prove nothing more here (the benchmarks' torch-compile ablation runs it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import PY, TINY, base_env, error_lines, export_answers, read_metrics, run_cmd, run_ok, tiny_flags
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForQuestionAnswering
+
+
+@pytest.mark.parametrize("how", [[], ["--torch_compile_regional"]], ids=["whole", "regional"])
+def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: Path, how: list[str]) -> None:
+    env, out = base_env(tmp_path), tmp_path / "compiled"
+    flags = tiny_flags(
+        out, "--max_train_steps", "4", "--checkpointing_steps", "2", "--max_eval_samples", "40", "--disable_tqdm"
+    )
+    # --eval_on_start compiles the evaluation's graphs before training: not training's compile, and not counted.
+    proc = run_ok([PY, "-m", "qa_train", *flags, "--torch_compile_backend", "eager", "--eval_on_start", *how], env)
+    metrics = read_metrics(out)
+    assert 0 < metrics["compile_time_s"] < metrics["train_runtime_s"], "compiling is timed, inside training"
+    # Training's graphs alone: one over every padded width (dynamic shapes); by layer, one for all the encoder
+    # layers, as they share their code (the cold compile of one layer that regional compiling promises), and one
+    # for the embeddings. The head, a Linear without dropout, runs as it did in the evaluation before: no new one.
+    assert metrics["compiled_graphs"] == (2 if how else 1)
+    assert f"{metrics['compiled_graphs']} graph(s) in {metrics['compile_time_s']:.2f} s" in proc.stdout + proc.stderr
+
+    names = set(AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(TINY)).state_dict())
+    assert set(load_file(out / "final" / "model.safetensors")) == names
+    assert set(load_file(out / "checkpoints" / "step_00000002" / "model.safetensors")) == names
+
+    evaluated = json.loads((out / "eval_predictions.json").read_text())
+    assert export_answers(out / "final", 40, device="cpu") == evaluated, "the export answers as the compiled run did"
+
+    # A compiled run's checkpoint resumes without compiling.
+    run_ok([PY, "-m", "qa_train", *flags, "--max_train_steps", "6", "--resume_from_checkpoint", "latest"], env)
+    resumed = read_metrics(out)
+    assert resumed["train_steps"] == 6 and resumed["compile_time_s"] is None, "nothing compiled: no compile time"
+
+
+def test_a_backend_that_cannot_compile_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """torch.compile fails at the first step (here tvm, whose package is not installed): it was a multi-line
+    traceback and exit 1; now one line naming the flag and the cause, exit 2, and nothing written."""
+    import importlib.util
+
+    assert importlib.util.find_spec("tvm") is None, "this test needs a machine without apache-tvm"
+    env, out = base_env(tmp_path), tmp_path / "run"
+    flags = tiny_flags(out, "--max_train_steps", "2", "--no_eval", "--torch_compile_backend", "tvm", "--disable_tqdm")
+    proc = run_cmd([PY, "-m", "qa_train", *flags], env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    [line] = error_lines(proc.stderr)
+    assert line.startswith("qa_train: error: --torch_compile_backend tvm: compiling the model failed (ImportError: ")
+    assert list(out.iterdir()) == []

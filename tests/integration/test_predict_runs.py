@@ -1,0 +1,161 @@
+"""--do_predict on two DDP processes, and `qa-train predict` on a file: one answer per question, the same answers
+whatever the world size, batch size or entry point (on a model whose padding logits beat every real token's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import DEMO_DEV, DEMO_TRAIN, PY, base_env, high_padding_model, port, run_ok
+
+from qa_train.data.load import load_file
+
+
+def _unlabelled(path: Path) -> Path:
+    """The demo dev set in nested SQuAD JSON without any `answers`: what a user asks to predict."""
+    data = json.loads(DEMO_DEV.read_text())
+    for article in data["data"]:
+        for para in article["paragraphs"]:
+            for qa in para["qas"]:
+                del qa["answers"]
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two DDP processes, eval batch 8 per process, no training: evaluation and prediction of the same weights."""
+    tmp = tmp_path_factory.mktemp("ddp-predict")
+    paths = {"model": high_padding_model(tmp / "model"), "test": _unlabelled(tmp / "test.json"), "out": tmp / "run"}
+    run_ok(
+        [
+            PY,
+            "-m",
+            "qa_train.cli",
+            "launch",
+            "--cpu",
+            "--config_file",
+            "accelerate_configs/ddp.yaml",
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            str(port(29711)),
+            "--",
+            "--model_name_or_path",
+            str(paths["model"]),
+            "--train_file",
+            str(DEMO_TRAIN),
+            "--validation_file",
+            str(DEMO_DEV),
+            "--max_train_samples",
+            "32",
+            "--max_seq_length",
+            "192",
+            "--doc_stride",
+            "64",
+            "--max_train_steps",
+            "0",
+            "--per_device_eval_batch_size",
+            "8",
+            "--do_predict",
+            "--test_file",
+            str(paths["test"]),
+            "--report_to",
+            "none",
+            "--save_final_model",
+            "false",
+            "--output_dir",
+            str(paths["out"]),
+        ],
+        base_env(tmp),
+    )
+    return paths
+
+
+def test_ddp_writes_exactly_one_prediction_per_question(ddp_run: dict[str, Path]) -> None:
+    out = ddp_run["out"]
+    ids = load_file(ddp_run["test"], "optional").ids
+    assert len(ids) == 250
+    for name in ("predict_predictions.json", "predict_nbest_predictions.json"):
+        # A JSON object cannot hold a key twice; count the keys as written, not as parsed.
+        pairs = json.loads((out / name).read_text(), object_pairs_hook=lambda kv: kv)
+        assert sorted(k for k, _ in pairs) == sorted(ids), name
+    predictions = json.loads((out / "predict_predictions.json").read_text())
+    nbest = json.loads((out / "predict_nbest_predictions.json").read_text())
+    for qid, entries in nbest.items():
+        assert 1 <= len(entries) <= 20 and entries[0]["text"] == predictions[qid]
+        assert sum(e["probability"] for e in entries) == pytest.approx(1.0)
+    assert json.loads((out / "metrics.json").read_text())["world_size"] == 2
+
+
+def test_answers_do_not_depend_on_world_size_or_entry_point(ddp_run: dict[str, Path], tmp_path: Path) -> None:
+    """One process, batch 64, through qa_train.predict's file mode: the DDP run's answers, for evaluation
+    (the same questions, labelled) and prediction alike."""
+    out = tmp_path / "single"
+    run_ok(
+        [
+            PY,
+            "-m",
+            "qa_train.cli",
+            "predict",
+            str(ddp_run["model"]),
+            "--test_file",
+            str(ddp_run["test"]),
+            "--max_seq_length",
+            "192",
+            "--doc_stride",
+            "64",
+            "--per_device_eval_batch_size",
+            "64",
+            "--output_dir",
+            str(out),
+        ],
+        base_env(tmp_path),
+    )
+    single = json.loads((out / "predict_predictions.json").read_text())
+    assert single == json.loads((ddp_run["out"] / "predict_predictions.json").read_text())
+    assert single == json.loads((ddp_run["out"] / "eval_predictions.json").read_text())
+    # The same candidates in the same order; their scores agree to float rounding (other batch shapes).
+    ours = json.loads((out / "predict_nbest_predictions.json").read_text())
+    theirs = json.loads((ddp_run["out"] / "predict_nbest_predictions.json").read_text())
+    for qid, entries in ours.items():
+        assert [(e["text"], e["start"], e["end"]) for e in entries] == [
+            (e["text"], e["start"], e["end"]) for e in theirs[qid]
+        ], qid
+        assert [e["score"] for e in entries] == pytest.approx([e["score"] for e in theirs[qid]], abs=1e-4)
+
+
+def test_predict_cli_answers_one_question_and_refuses_bad_input(ddp_run: dict[str, Path], tmp_path: Path) -> None:
+    from conftest import run_cmd
+
+    article = json.loads(DEMO_DEV.read_text())["data"][0]["paragraphs"][0]
+    env = base_env(tmp_path)
+    proc = run_ok(
+        [
+            PY,
+            "-m",
+            "qa_train.cli",
+            "predict",
+            str(ddp_run["model"]),
+            "-q",
+            article["qas"][0]["question"],
+            "-c",
+            article["context"],
+            "--max_seq_length",
+            "192",
+            "--doc_stride",
+            "64",
+        ],
+        env,
+    )
+    one = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert article["context"][one["start"] : one["end"]] == one["answer"] != ""
+    assert (
+        one["answer"] == json.loads((ddp_run["out"] / "predict_predictions.json").read_text())[article["qas"][0]["id"]]
+    )
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "x1", "context": "Some text.", "question": "  "}) + "\n")
+    proc = run_cmd([PY, "-m", "qa_train.cli", "predict", str(ddp_run["model"]), "--test_file", str(bad)], env)
+    assert proc.returncode == 2 and f"{bad}: line 1: question x1: empty question" in proc.stderr
+    assert "Traceback" not in proc.stderr

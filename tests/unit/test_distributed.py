@@ -1,0 +1,254 @@
+"""Strategy logic on plain values: DeepSpeed JSON reconciliation, precision, LR-schedule sizing, collective faults."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import ROOT
+
+from qa_train.config.flags import parse_args
+from qa_train.config.settings import ConfigError
+from qa_train.strategy.build import process_group_kwargs, resolve_mixed_precision
+from qa_train.strategy.checks import LaunchError, check_recompute
+from qa_train.strategy.deepspeed_json import reconcile_deepspeed, scheduler_steps_per_update, uses_deepspeed_optimizer
+from qa_train.strategy.faults import collective_fault
+from qa_train.strategy.sharded import num_parameters
+
+SOURCE = "ds_configs/test.json"
+ARGS = parse_args(
+    [
+        "--per_device_train_batch_size",
+        "8",
+        "--gradient_accumulation_steps",
+        "2",
+        "--max_grad_norm",
+        "0.5",
+        "--learning_rate",
+        "2e-5",
+        "--weight_decay",
+        "0.01",
+    ]
+)
+
+
+def shipped(name: str) -> dict:
+    return json.loads((ROOT / "ds_configs" / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"])
+def test_shipped_configs_take_every_value_from_the_flags(name: str) -> None:
+    cfg = shipped(name)
+    reconcile_deepspeed(cfg, ARGS, world_size=4, mixed_precision="bf16", source=SOURCE)
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (8, 2)
+    assert cfg["gradient_clipping"] == 0.5
+    if "optimizer" in cfg:
+        params = cfg["optimizer"]["params"]
+        assert (params["lr"], params["betas"], params["eps"], params["weight_decay"]) == (
+            2e-5,
+            [0.9, 0.999],
+            1e-8,
+            0.01,
+        )
+
+
+def test_values_equal_to_the_flags_are_accepted() -> None:
+    cfg = {
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 2,
+        "gradient_clipping": 0.5,
+        "train_batch_size": 64,
+        "bf16": {"enabled": True},
+    }
+    before = copy.deepcopy(cfg)
+    reconcile_deepspeed(cfg, ARGS, world_size=4, mixed_precision="bf16", source=SOURCE)
+    assert cfg == before
+
+
+@pytest.mark.parametrize(
+    ("cfg", "mixed_precision", "message"),
+    [
+        (
+            {"train_micro_batch_size_per_gpu": 16},
+            "no",
+            r"ds_configs/test.json: 'train_micro_batch_size_per_gpu' is 16 but --per_device_train_batch_size is 8",
+        ),
+        (
+            {"gradient_accumulation_steps": 4},
+            "no",
+            r"'gradient_accumulation_steps' is 4 but --gradient_accumulation_steps is 2",
+        ),
+        ({"gradient_clipping": 1.0}, "no", r"'gradient_clipping' is 1.0 but --max_grad_norm is 0.5"),
+        ({"train_batch_size": 32}, "no", r"'train_batch_size' is 32 but the flags give 64"),
+        ({"fp16": {"enabled": True}}, "bf16", r"fp16 is enabled but --mixed_precision resolved to bf16"),
+        ({"bf16": {"enabled": "true"}}, "no", r"bf16 is enabled but --mixed_precision resolved to no"),
+    ],
+)
+def test_every_contradiction_is_refused_naming_the_json_key_and_flag(
+    cfg: dict, mixed_precision: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        reconcile_deepspeed(cfg, ARGS, world_size=4, mixed_precision=mixed_precision, source=SOURCE)
+
+
+def test_optimizer_values_set_in_the_json_are_kept() -> None:
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": "auto"}}}
+    reconcile_deepspeed(cfg, ARGS, world_size=1, mixed_precision="no", source=SOURCE)
+    assert cfg["optimizer"]["params"]["lr"] == 1e-4 and cfg["optimizer"]["params"]["betas"] == [0.9, 0.999]
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "bf16_capable", "expected"),
+    [
+        ("fp16", {"ACCELERATE_MIXED_PRECISION": "bf16"}, True, "fp16"),  # the flag wins
+        ("auto", {"ACCELERATE_MIXED_PRECISION": "fp16"}, True, "fp16"),  # then the accelerate config
+        ("auto", {"ACCELERATE_MIXED_PRECISION": "no"}, True, "bf16"),  # then the device
+        ("auto", {}, False, "no"),
+        ("no", {"ACCELERATE_MIXED_PRECISION": "fp16"}, True, "no"),
+    ],
+)
+def test_mixed_precision_resolution(flag: str, env: dict, bf16_capable: bool, expected: str) -> None:
+    assert resolve_mixed_precision(flag, env, True, bf16_capable) == expected
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "said"),
+    [
+        ("fp16", {}, "--mixed_precision fp16: "),
+        ("auto", {"ACCELERATE_MIXED_PRECISION": "fp16"}, "the accelerate config's mixed_precision: fp16: "),
+    ],
+)
+def test_fp16_without_cuda_is_refused_naming_where_it_came_from(flag: str, env: dict, said: str) -> None:
+    """accelerate (1.15) on CPU applies neither autocast nor a loss scaler for fp16: single and DDP runs trained
+    in fp32 under the fp16 label (with the gradient-norm guard off, as a scaler would skip overflows), FSDP2
+    computed in fp16 unscaled, and DeepSpeed failed with a traceback."""
+    with pytest.raises(ConfigError) as err:
+        resolve_mixed_precision(flag, env, False, False)
+    assert str(err.value).startswith(said) and "use --mixed_precision bf16 or no" in str(err.value)
+    assert resolve_mixed_precision("bf16", env, False, False) == "bf16"
+
+
+def fake_accelerator(processes: int, ds_config: dict | None) -> SimpleNamespace:
+    plugin = None if ds_config is None else SimpleNamespace(deepspeed_config=ds_config)
+    return SimpleNamespace(num_processes=processes, state=SimpleNamespace(deepspeed_plugin=plugin))
+
+
+def fsdp_accelerator(activation_checkpointing: bool) -> SimpleNamespace:
+    plugin = SimpleNamespace(activation_checkpointing=activation_checkpointing)
+    return SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin))
+
+
+def test_fsdp_activation_checkpointing_with_the_flag_is_refused_naming_both() -> None:
+    with pytest.raises(LaunchError, match="--gradient_checkpointing.*fsdp_activation_checkpointing"):
+        check_recompute(fsdp_accelerator(True), gradient_checkpointing=True)
+
+
+@pytest.mark.parametrize(
+    "accelerator,flag",
+    [
+        (fsdp_accelerator(True), False),
+        (fsdp_accelerator(False), True),
+        (SimpleNamespace(state=SimpleNamespace()), True),
+    ],
+)
+def test_one_recompute_alone_is_accepted(accelerator: SimpleNamespace, flag: bool) -> None:
+    check_recompute(accelerator, gradient_checkpointing=flag)
+
+
+def test_schedule_steps_per_update_follow_who_steps_the_scheduler() -> None:
+    """accelerate steps a torch scheduler once per process per update; DeepSpeed's own optimizer, once."""
+    assert scheduler_steps_per_update(fake_accelerator(4, None)) == 4
+    assert scheduler_steps_per_update(fake_accelerator(4, {"zero_optimization": {"stage": 2}})) == 4
+    with_optimizer = fake_accelerator(4, {"optimizer": {"type": "AdamW"}})
+    assert uses_deepspeed_optimizer(with_optimizer) and scheduler_steps_per_update(with_optimizer) == 1
+
+
+def test_num_parameters_counts_zero3_placeholders_at_their_real_size() -> None:
+    model = torch.nn.Linear(4, 3)
+    assert num_parameters(model) == 15
+    model.weight.ds_numel = 1200  # ZeRO-3 leaves an empty tensor and records the full size here
+    assert num_parameters(model) == 1203
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("offload", [True, False])
+def test_fsdp_offload_is_read_from_either_fsdp_versions_policy(version: int, offload: bool) -> None:
+    """FSDP2 states its offload as a CPUOffloadPolicy, with no offload_params field: metrics.json called an
+    offloading FSDP2 run "none", and any FSDP2 policy object is true, offloading or not."""
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    from qa_train.strategy.build import detect_strategy
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=version, cpu_offload=offload)
+    accelerator = SimpleNamespace(distributed_type=DistributedType.FSDP, state=SimpleNamespace(fsdp_plugin=plugin))
+    assert detect_strategy(accelerator).offload == ("optimizer+params" if offload else "none")
+
+
+def test_a_cpu_rank_on_one_thread_with_cores_to_spare_is_warned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerate launch on a machine without a GPU, without --cpu, sets OMP_NUM_THREADS=1: a lone rank trained on
+    1 of the 2 cores here without a word."""
+    import os
+
+    from qa_train.strategy.checks import cpu_thread_warning
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    line = cpu_thread_warning("cpu", threads=1, local_processes=2)
+    assert line is not None and "1 thread per process where the cores allow 4" in line and "OMP_NUM_THREADS=4" in line
+    assert cpu_thread_warning("cpu", threads=1, local_processes=8) is None  # each rank has its one core
+    assert cpu_thread_warning("cpu", threads=2, local_processes=4) is None
+    assert cpu_thread_warning("cuda", threads=1, local_processes=1) is None  # the GPU does the work
+
+
+@pytest.mark.parametrize(
+    ("backend", "seconds", "expected"),
+    [
+        ("gloo", 600, {"backend": "gloo", "timeout": timedelta(seconds=600)}),  # accelerate's to_kwargs would drop 600
+        ("gloo", 1800, {"backend": "gloo", "timeout": timedelta(seconds=1800)}),
+        (None, 600, {"timeout": timedelta(seconds=600)}),  # on GPUs accelerate picks NCCL itself
+        (None, 45.5, {"timeout": timedelta(seconds=45.5)}),
+    ],
+)
+def test_the_process_group_gets_the_timeout_asked_for(backend: str | None, seconds: float, expected: dict) -> None:
+    assert process_group_kwargs(backend, seconds).to_kwargs() == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "1e12"])
+def test_ddp_timeout_must_be_a_positive_finite_number_of_seconds(value: str) -> None:
+    """inf and 1e12 passed a positivity check, then datetime.timedelta raised OverflowError with a traceback."""
+    assert parse_args([]).system.ddp_timeout == 1800  # transformers' Trainer's default
+    said = f"--ddp_timeout: must be a positive number of seconds up to 1e9, got {float(value):g}"
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        parse_args(["--ddp_timeout", value])
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        # gloo's own words (torch 2.13), as the waiting rank and then its peer see them
+        (
+            "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to "
+            "complete",
+            "timeout",
+        ),
+        ("Application timeout caused pair closure", "timeout"),
+        (
+            "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:18609. This is "
+            "typically caused by a remote worker crashing.",
+            "peer",
+        ),
+        (
+            "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600042 "
+            "milliseconds before timing out.",
+            "timeout",
+        ),
+        ("CUDA out of memory. Tried to allocate 2.00 GiB", None),
+        ("shape '[8, 192]' is invalid for input of size 100", None),
+    ],
+)
+def test_a_collective_fault_is_told_from_any_other_error(message: str, expected: str | None) -> None:
+    assert collective_fault(RuntimeError(message)) == expected

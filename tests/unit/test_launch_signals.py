@@ -1,0 +1,81 @@
+"""qa_train.strategy.supervise and agent without processes: the exit code a launch returns, which failed rank
+is the root cause, which processes are ranks, and the agent every launch runs through."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from conftest import PY
+
+from qa_train.strategy import supervise
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "expected"),
+    [(1, "75\n", 75), (0, "75\n", 0), (1, "0\n", 1), (1, None, 1), (137, None, 137), (1, "garbage", 1)],
+)
+def test_main_process_code(tmp_path: Path, code: int, status: str | None, expected: int) -> None:
+    path = tmp_path / "status"
+    if status is not None:
+        path.write_text(status)
+    assert supervise._main_process_code(code, path) == expected
+
+
+def test_a_rank_that_only_saw_its_peer_leave_is_not_the_root_cause_in_the_same_second() -> None:
+    """torch's failure timestamps are whole seconds and its tie goes to the lower rank: rank 0, which only lost its
+    peer (exit 1), would be named over rank 1, which ran out of memory (exit 7) in the same second."""
+    from types import SimpleNamespace
+
+    from qa_train.strategy.agent import root_cause
+
+    same = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=7)}
+    assert root_cause(same)[0] == 1
+    earlier = {0: SimpleNamespace(timestamp=99, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=7)}
+    assert root_cause(earlier)[0] == 0  # an earlier failure stays the first
+    killed = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=-9)}
+    assert root_cause(killed)[0] == 1
+
+
+def test_loader_workers_forked_by_a_rank_are_not_ranks() -> None:
+    """A DataLoader worker is forked by its rank and carries the rank's `-m qa_train`: the launcher counted
+    "asked 6 rank(s)" for two ranks with two workers each."""
+
+    class Proc(NamedTuple):
+        pid: int
+        parent: int
+
+        def ppid(self) -> int:
+            return self.parent
+
+    rank0, rank1 = Proc(10, 1), Proc(11, 1)
+    workers = [Proc(20, 10), Proc(21, 10), Proc(22, 11)]
+    assert supervise.outermost([workers[0], rank0, *workers[1:], rank1]) == [rank0, rank1]
+
+
+def test_the_launch_runs_through_the_agent_that_reports_a_failed_rank() -> None:
+    agent = [PY, "-m", "qa_train.strategy.agent"]
+    assert supervise.agent_command(["accelerate", "launch", "--config_file", "c.yaml", "-m", "qa_train"]) == [
+        *agent,
+        "accelerate",
+        "--config_file",
+        "c.yaml",
+        "-m",
+        "qa_train",
+    ]
+    assert supervise.agent_command([PY, "-m", "accelerate.commands.launch", "--num_processes", "2"]) == [
+        *agent,
+        "accelerate",
+        "--num_processes",
+        "2",
+    ]
+    assert supervise.agent_command([PY, "-m", "torch.distributed.run", "--nnodes", "2", "-m", "qa_train"]) == [
+        *agent,
+        "torchrun",
+        "--nnodes",
+        "2",
+        "-m",
+        "qa_train",
+    ]
+    assert supervise.agent_command([PY, "-m", "qa_train", "--do_eval"]) == [PY, "-m", "qa_train", "--do_eval"]

@@ -1,0 +1,220 @@
+"""qa_train.predict's refusals: one line, exit 2, before any work is spent; and what it prints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import DEMO_DEV, TINY, high_padding_model
+
+from qa_train import predict
+from qa_train.data.load import Examples, load_file
+from qa_train.model.modeling import loading
+from qa_train.squad.postprocess import Answers
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """predict.main(argv)'s one-line refusal (exit 2, no answer, no traceback; libraries that got to load may
+    still print their own notices)."""
+    code = predict.main(argv)
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.startswith("qa-train predict")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out + err, (code, out, err)
+    assert not [line for line in out.splitlines() if line.startswith(("{", "/"))], out
+    assert lines[0].startswith("qa-train predict: error: ")
+    return lines[0][len("qa-train predict: error: ") :]
+
+
+def a_run(tmp_path: Path) -> Path:
+    """A run folder as training leaves it: a checkpoint, and the export in final/."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_00000010").mkdir(parents=True)
+    (run / "checkpoints" / "step_00000010" / "trainer_state.json").write_text("{}")
+    (run / "checkpoints" / "step_00000010" / "model.safetensors").write_bytes(b"")
+    (run / "final").mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (run / "final" / name).write_text((TINY / name).read_text())
+    return run
+
+
+@pytest.mark.parametrize(
+    ("model_dir", "says"),
+    [
+        (
+            "empty",
+            "empty: no config.json, so not an exported model (a run's final/ holds config.json, the weights and "
+            "the tokenizer)",
+        ),
+        ("nope/x", "nope/x: no such directory"),
+        ("run/final/config.json", "config.json: is a file, not a model directory"),
+        (
+            "run/checkpoints/step_00000010",
+            "step_00000010: is a training checkpoint (weights and optimizer state, "
+            "without the model config and tokenizer), not an exported model: use {final}",
+        ),
+        ("run", "run: is a run directory, not a model: use {final}"),
+        (
+            "config_only",
+            "config_only: no tokenizer (tokenizer.json, vocab.txt, ...): a run's final/ holds the "
+            "tokenizer it trained with",
+        ),
+    ],
+)
+def test_a_model_dir_that_is_not_an_exported_model_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], model_dir: str, says: str
+) -> None:
+    """Each was a transformers traceback (exit 1); a checkpoint or run folder now says which final/ to use."""
+    run = a_run(tmp_path)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "config_only").mkdir()
+    (tmp_path / "config_only" / "config.json").write_text((TINY / "config.json").read_text())
+    message = refused([str(tmp_path / model_dir), "-q", "Who?", "-c", "Somebody."], capsys)
+    assert message.startswith("MODEL_DIR ") and message.endswith(says.format(final=(run / "final").resolve()))
+
+
+def test_a_mistyped_relative_model_dir_is_no_such_directory_not_a_hub_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`runs/x` reads like a hub id (org/name): it was sent to the hub, and the line said the hub could not be
+    reached. Its first part is a folder here, so it is a local path that does not exist."""
+    a_run(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    message = refused(["run/fnal", "-q", "Who?", "-c", "Somebody."], capsys)
+    assert message == "MODEL_DIR run/fnal: no such directory"
+
+
+def test_a_model_dir_transformers_cannot_load_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundled tiny BERT has a config and a tokenizer but no weights."""
+    message = refused([str(TINY), "-q", "Who?", "-c", "Somebody."], capsys)
+    assert message.startswith(f"MODEL_DIR {TINY}: cannot load the model (OSError: ")
+    assert "model.safetensors" in message
+
+
+def test_a_tokenizer_transformers_cannot_read_is_refused_as_model_dirs_fault(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """predict has no --model_name_or_path: its refusal names MODEL_DIR, not the training flag."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((TINY / "config.json").read_text())
+    (broken / "tokenizer.json").write_text("not json")
+    message = refused([str(broken), "-q", "Who?", "-c", "Somebody."], capsys)
+    assert message.startswith(f"MODEL_DIR {broken}: cannot load the model (JSONDecodeError: ")
+
+
+def test_a_hub_id_transformers_cannot_fetch_is_refused_in_one_line() -> None:
+    predict.check_model_dir("org/model")  # no such folder here, but a hub id: left to transformers
+    with pytest.raises(
+        predict.ConfigError,
+        match=r"^MODEL_DIR org/model: cannot load the model \(OSError: "
+        r"We couldn't connect\)$",
+    ):
+        with loading("MODEL_DIR", "org/model", "the model"):
+            raise OSError("We couldn't connect\nto the hub")
+
+
+@pytest.mark.parametrize(
+    ("question", "context", "says"),
+    [
+        ("Who?", "", "empty context"),
+        ("Who?", "  \u200b", "empty context (only invisible characters: U+200B)"),
+        ("", "Somebody did it.", "empty question"),
+        ("   ", "Somebody did it.", "empty question"),
+    ],
+)
+def test_an_empty_question_or_context_is_refused(
+    capsys: pytest.CaptureFixture[str], question: str, context: str, says: str
+) -> None:
+    """A file's empty question is refused; -q/-c answered it: "" with score NaN (not JSON), or a span of a
+    context for an empty question."""
+    message = refused([str(TINY), "-q", question, "-c", context], capsys)
+    assert message == f"<command line>: -q/-c: question q: {says}"
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_an_output_dir_that_is_a_file_is_refused_before_the_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], inside: bool
+) -> None:
+    """It was a FileExistsError / NotADirectoryError traceback after every question had been answered."""
+    file = tmp_path / "preds"
+    file.write_text("not a folder")
+    target = file / "sub" if inside else file
+    message = refused([str(tmp_path / "no-model"), "--test_file", str(DEMO_DEV), "--output_dir", str(target)], capsys)
+    assert message == (
+        f"--output_dir {target}: {file} is a file, not a directory"
+        if inside
+        else f"--output_dir {target}: is a file, not a directory"
+    )
+
+
+def test_an_output_dir_that_cannot_be_written_is_refused_before_the_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """os.access says yes to root under /sys, where nothing can be made: that was a FileNotFoundError traceback
+    (exit 1) after every question had been answered. The same folder training refuses (test_faults.py)."""
+    target = Path("/sys/qa_train_test_predict_out")
+    message = refused([str(tmp_path / "no-model"), "--test_file", str(DEMO_DEV), "--output_dir", str(target)], capsys)
+    assert message.startswith(f"--output_dir {target}: /sys is not writable"), message
+
+
+def test_data_refused_while_windowing_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windowing refuses some questions (a text the tokenizer turns into nothing, flags that leave a question no
+    room): that was a traceback (exit 1) from Predictor.predict."""
+    import qa_train.data.features
+
+    def refuse(examples: Examples, *args: object, **kwargs: object) -> None:
+        raise predict.DataError(f"{examples.source}: question q: the context tokenises to nothing")
+
+    model = high_padding_model(tmp_path / "model")
+    monkeypatch.setattr(qa_train.data.features, "featurize", refuse)
+    message = refused([str(model), "-q", "Who?", "-c", "\ufffd", "--device", "cpu"], capsys)
+    assert message == "<command line>: question q: the context tokenises to nothing"
+
+
+def test_no_answer_at_all_prints_json_not_nan() -> None:
+    """No window held a valid span: the score was NaN, which json.dumps writes and JSON readers refuse."""
+    entry = predict.best_entry(Answers({"q": ""}, {"q": []}), "q")
+    assert json.loads(json.dumps(entry, allow_nan=False)) == {
+        "answer": "",
+        "score": None,
+        "probability": 0.0,
+        "start": 0,
+        "end": 0,
+    }
+
+
+def test_v2_data_without_version_2_with_negative_gets_a_note() -> None:
+    """Its unanswerable questions would each get a span, silently."""
+    v2 = load_file(DEMO_DEV.parent.parent / "demo-v2" / "dev.json", "optional")
+    unanswered = sum(not texts for texts in v2.answer_texts)
+    assert 0 < unanswered < len(v2)
+    assert predict.v2_note(v2, v2=False) == (
+        f"note: {v2.source}: {unanswered} of {len(v2)} questions have no answer (SQuAD v2.0 data?); without "
+        '--version_2_with_negative every question gets a span, never ""'
+    )
+    assert predict.v2_note(v2, v2=True) is None
+    assert predict.v2_note(load_file(DEMO_DEV, "optional"), v2=False) is None  # v1.1: every question answered
+    unlabelled = Examples("questions.jsonl")
+    unlabelled.append("q1", "", "Some text.", "Who?", [], [])
+    assert predict.v2_note(unlabelled, v2=False) is None  # no answers at all: nothing to tell v1.1 from v2.0
+
+
+def test_a_nan_null_threshold_is_refused_as_training_refuses_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every comparison with nan is false: the null answer could never win, and every question got a span."""
+    message = refused(
+        [
+            str(TINY),
+            "-q",
+            "Who?",
+            "-c",
+            "Somebody did it.",
+            "--version_2_with_negative",
+            "--null_score_diff_threshold",
+            "nan",
+        ],
+        capsys,
+    )
+    assert message == "--null_score_diff_threshold: must be a number, got nan"

@@ -1,0 +1,298 @@
+"""What is refused before any data or model work: occupied or unwritable output dirs, windows longer than the
+model's positions, tokenizers with the classifier token last or left padding; and the master weights' precision
+whatever the checkpoint stores."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import TINY, tiny_flags
+
+from qa_train.config.outputdir import claim, clear_previous_run
+from qa_train.config.settings import ConfigError, ModelArgs, OutputArgs
+from qa_train.model.modeling import check_positions, load_model, load_model_config, load_tokenizer
+
+
+def finished_run(out: Path) -> Path:
+    (out / "checkpoints" / "step_00000002").mkdir(parents=True)
+    (out / "final").mkdir()
+    (out / "metrics.json").write_text("{}")
+    (out / "notes.txt").write_text("the user's own file")
+    return out
+
+
+def test_a_fresh_or_foreign_folder_is_claimed(tmp_path: Path) -> None:
+    claim(OutputArgs(output_dir=str(tmp_path / "new" / "deeper")))
+    assert (tmp_path / "new" / "deeper").is_dir()
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "job.out").write_text("not a run")
+    claim(OutputArgs(output_dir=str(tmp_path / "logs")))
+
+
+def test_an_occupied_folder_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    out = finished_run(tmp_path / "out")
+    with pytest.raises(ConfigError, match=r"holds a run \(metrics.json, final, checkpoints\).*--overwrite_output_dir"):
+        claim(OutputArgs(output_dir=str(out)))
+    assert (out / "metrics.json").exists() and (out / "checkpoints" / "step_00000002").is_dir()
+
+
+def test_overwrite_removes_the_old_run_on_the_main_process_only(tmp_path: Path) -> None:
+    out = finished_run(tmp_path / "out")
+    args = OutputArgs(output_dir=str(out), overwrite_output_dir=True)
+    claim(args)
+    assert (out / "metrics.json").exists(), "claiming removes nothing: the data has not been read yet"
+    assert clear_previous_run(args, is_main=False) == ["metrics.json", "final", "checkpoints"]
+    assert (out / "metrics.json").exists(), "only the main process deletes"
+    clear_previous_run(args, is_main=True)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_a_stale_stop_request_goes_with_overwrite_and_is_not_a_run(tmp_path: Path) -> None:
+    """A PREEMPT file left by a run killed before it answered would stop the next run at its first logging step."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "PREEMPT").touch()
+    claim(OutputArgs(output_dir=str(out)))  # a stop request alone is no run to refuse
+    finished_run(out)
+    with pytest.raises(ConfigError, match=r"holds a run \(metrics.json, final, checkpoints\)"):
+        claim(OutputArgs(output_dir=str(out)))
+    args = OutputArgs(output_dir=str(out), overwrite_output_dir=True)
+    assert clear_previous_run(args, is_main=True) == ["metrics.json", "final", "checkpoints", "PREEMPT"]
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    (out / "PREEMPT").touch()
+    clear_previous_run(args, is_main=True)  # with no run beside it too
+    assert not (out / "PREEMPT").exists()
+
+
+def test_resume_continues_its_own_run_only(tmp_path: Path) -> None:
+    out = finished_run(tmp_path / "out")
+    claim(OutputArgs(output_dir=str(out), resume_from_checkpoint="latest"))
+    inside = out / "checkpoints" / "step_00000002"
+    claim(OutputArgs(output_dir=str(out), resume_from_checkpoint=str(inside)))
+    elsewhere = tmp_path / "other" / "step_00000009"
+    elsewhere.mkdir(parents=True)
+    with pytest.raises(ConfigError, match="holds another run"):
+        claim(OutputArgs(output_dir=str(out), resume_from_checkpoint=str(elsewhere)))
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "metrics.json").write_text("{}")
+    with pytest.raises(ConfigError, match="without checkpoints"):
+        claim(OutputArgs(output_dir=str(tmp_path / "done"), resume_from_checkpoint="latest"))
+
+
+def test_overwrite_beside_a_resume_replaces_only_what_the_resume_does_not_continue(tmp_path: Path) -> None:
+    """Both flags (slurm/train.sbatch always adds --resume_from_checkpoint latest): the refusals told the user to
+    pass the --overwrite_output_dir they had passed, and the old run was never replaced."""
+    done = tmp_path / "done"  # a finished run without checkpoints: nothing to resume, so overwrite replaces it
+    done.mkdir()
+    (done / "metrics.json").write_text("{}")
+    args = OutputArgs(output_dir=str(done), resume_from_checkpoint="latest", overwrite_output_dir=True)
+    claim(args)
+    assert clear_previous_run(args, is_main=True) == ["metrics.json"] and not (done / "metrics.json").exists()
+
+    out = finished_run(tmp_path / "out")  # a checkpoint elsewhere: the run in out is not the one continued
+    elsewhere = tmp_path / "other" / "step_00000009"
+    elsewhere.mkdir(parents=True)
+    args = OutputArgs(output_dir=str(out), resume_from_checkpoint=str(elsewhere), overwrite_output_dir=True)
+    claim(args)
+    assert clear_previous_run(args, is_main=True) == ["metrics.json", "final", "checkpoints"]
+
+    out = finished_run(tmp_path / "again")  # its own checkpoints: a requeued job resumes them, overwrite or not
+    for resume in ("latest", str(out / "checkpoints" / "step_00000002")):
+        args = OutputArgs(output_dir=str(out), resume_from_checkpoint=resume, overwrite_output_dir=True)
+        claim(args)
+        assert clear_previous_run(args, is_main=True) == [] and (out / "checkpoints" / "step_00000002").is_dir()
+
+
+def test_an_unwritable_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(ConfigError, match="not writable"):
+        claim(OutputArgs(output_dir=str(tmp_path / "a_file" / "out")))
+
+
+def test_windows_longer_than_the_positions_are_refused() -> None:
+    config = SimpleNamespace(max_position_embeddings=512, model_type="bert", _name_or_path="bert-base-uncased")
+    unset = SimpleNamespace(model_max_length=int(1e30))
+    check_positions(config, unset, 512)
+    with pytest.raises(ConfigError, match=r"--max_seq_length 513: the model has 512 position embeddings"):
+        check_positions(config, unset, 513)
+    with pytest.raises(ConfigError, match="256 tokenizer model_max_length"):
+        check_positions(config, SimpleNamespace(model_max_length=256), 384)
+
+
+def test_a_doc_stride_that_leaves_no_room_for_the_question_is_refused_before_any_data() -> None:
+    """It was refused only at featurisation, as a DataError naming the first question, after the run had started
+    (and, with --overwrite_output_dir, after the old run was deleted)."""
+    tokenizer = load_tokenizer(ModelArgs(tokenizer_name=str(TINY)))
+    config = SimpleNamespace(max_position_embeddings=512, model_type="bert", _name_or_path="tiny")
+    check_positions(config, tokenizer, 64)  # without a stride: positions only, as before
+    check_positions(config, tokenizer, 64, doc_stride=59)  # [CLS] q [SEP] c [SEP]: one question token, 60 context
+    with pytest.raises(
+        ConfigError,
+        match=r"^--doc_stride 60: with --max_seq_length 64 and this tokenizer's 3 special "
+        r"tokens a window has no room for the question; use --doc_stride at most 59$",
+    ):
+        check_positions(config, tokenizer, 64, doc_stride=60)
+
+
+def _xlnet_tokenizer(out: Path) -> str:
+    """A tiny XLNet tokenizer trained offline: pair encoding `q <sep> c <sep> <cls>`, <cls> last; right padding
+    (XLNet's own is left), so that only the classifier token's place is wrong."""
+    from families import _unigram, corpus
+    from transformers import XLNetTokenizer
+
+    vocab = _unigram(corpus(200), ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"])
+    XLNetTokenizer(vocab=vocab, unk_id=0, padding_side="right").save_pretrained(out)
+    return str(out)
+
+
+def test_a_tokenizer_with_the_classifier_token_last_or_left_padding_is_refused(tmp_path: Path) -> None:
+    xlnet = _xlnet_tokenizer(tmp_path / "xlnet")
+    with pytest.raises(ConfigError, match=r"XLNetTokenizer\): a classifier token after the question not supported"):
+        load_tokenizer(ModelArgs(tokenizer_name=xlnet))
+    left = shutil.copytree(TINY, tmp_path / "tiny-left")
+    tokenizer_config = left / "tokenizer_config.json"
+    tokenizer_config.write_text(json.dumps({**json.loads(tokenizer_config.read_text()), "padding_side": "left"}))
+    with pytest.raises(ConfigError, match=rf"--tokenizer_name '{left}' \(\w+\): padding_side='left' not sup"):
+        load_tokenizer(ModelArgs(tokenizer_name=str(left)))
+
+
+@pytest.mark.parametrize("stored", [torch.float16, torch.bfloat16])
+def test_master_weights_are_fp32_whatever_the_checkpoint_stores(stored: torch.dtype, tmp_path: Path) -> None:
+    args = ModelArgs(config_name=str(TINY), tokenizer_name=str(TINY))
+    tokenizer = load_tokenizer(args)
+    model = load_model(args, tokenizer, load_model_config(args))
+    model.to(stored).save_pretrained(tmp_path / "half")
+    pretrained = ModelArgs(model_name_or_path=str(tmp_path / "half"), tokenizer_name=str(TINY))
+    loaded = load_model(pretrained, tokenizer, load_model_config(pretrained))
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+
+
+def test_config_name_with_a_model_loads_the_models_weights(tmp_path: Path) -> None:
+    """As in transformers' examples: --config_name alone is random initialisation; beside
+    --model_name_or_path it only supplies the config, and the pretrained weights still load."""
+    scratch = ModelArgs(config_name=str(TINY), tokenizer_name=str(TINY))
+    tokenizer = load_tokenizer(scratch)
+    torch.manual_seed(1)
+    trained = load_model(scratch, tokenizer, load_model_config(scratch))
+    trained.save_pretrained(tmp_path / "model")
+    both = ModelArgs(model_name_or_path=str(tmp_path / "model"), config_name=str(TINY), tokenizer_name=str(TINY))
+    assert not both.from_scratch and scratch.from_scratch
+    torch.manual_seed(2)
+    loaded = load_model(both, tokenizer, load_model_config(both))
+    for (name, p), q in zip(trained.named_parameters(), loaded.parameters()):
+        assert torch.equal(p, q), name
+    torch.manual_seed(2)
+    fresh = load_model(scratch, tokenizer, load_model_config(scratch))
+    assert not torch.equal(fresh.qa_outputs.weight, trained.qa_outputs.weight)
+
+
+def test_the_default_model_is_bert_base_unless_a_config_stands_alone() -> None:
+    assert ModelArgs().model_name_or_path == "bert-base-uncased" and not ModelArgs().from_scratch
+    scratch = ModelArgs(config_name=str(TINY))
+    assert scratch.from_scratch and scratch.config_source == str(TINY)
+    assert scratch.tokenizer_source == "bert-base-uncased"  # a config folder need not hold a tokenizer
+
+
+@pytest.mark.parametrize(
+    ("flag", "name"),
+    [
+        ("--model_name_or_path", "runs/fnal"),  # beside --config_name: nothing loaded it before the weights
+        ("--model_name_or_path", "./nothing"),
+        ("--tokenizer_name", "runs/tok"),
+        ("--config_name", "runs/cfg"),
+    ],
+)
+def test_a_mistyped_local_folder_is_no_such_directory_before_any_data(
+    flag: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`runs/x` reads like a hub id (org/name), so it went to the hub: a folder given beside --config_name was a
+    traceback after the data was read, the others said the hub could not be reached. `runs` is a folder here, so
+    it is a local path that does not exist."""
+    from qa_train import trainer
+    from qa_train.config.flags import parse_args
+
+    def no_data(*args: object) -> None:
+        raise AssertionError("the data was read before the refusal")
+
+    monkeypatch.setattr(trainer, "load_splits", no_data)
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    flags = tiny_flags(tmp_path / "out", "--no_eval")
+    if flag in flags:
+        flags[flags.index(flag) + 1] = name
+    else:
+        flags += [flag, name]
+    with pytest.raises(ConfigError) as refused:
+        trainer.Trainer(parse_args(flags))
+    assert str(refused.value) == f"{flag} {name}: no such directory"
+
+
+def hub_cache_with(root: Path, hub_id: str, files: list[Path]) -> Path:
+    """A huggingface_hub cache holding `files` as the main revision of `hub_id`, as a download would leave it."""
+    repo = root / f"models--{hub_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    for f in files:
+        shutil.copy(f, snapshot / f.name)
+    return root
+
+
+@pytest.mark.parametrize("with_weights", [False, True])
+def test_offline_a_hub_id_without_cached_weights_is_refused_before_any_data(
+    with_weights: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a compute node without a network (HF_HUB_OFFLINE), a hub id whose config and tokenizer were cached
+    (AutoConfig, AutoTokenizer) but not its weights loaded everything, read and windowed the data, and only then
+    failed in from_pretrained."""
+    from huggingface_hub import constants
+
+    from qa_train import trainer
+    from qa_train.config.flags import parse_args
+
+    files = [p for p in TINY.iterdir() if p.is_file()]
+    if with_weights:
+        from transformers import AutoConfig, AutoModelForQuestionAnswering
+
+        AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(tmp_path / "w")
+        files.append(tmp_path / "w" / "model.safetensors")
+    cache = hub_cache_with(tmp_path / "hub", "someorg/tiny-qa", files)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    def past_the_preflight(*args: object) -> None:
+        raise RuntimeError("past the preflight")
+
+    monkeypatch.setattr(trainer, "load_splits", past_the_preflight)
+    flags = tiny_flags(tmp_path / "out", "--no_eval")
+    for flag in ("--config_name", "--tokenizer_name"):
+        del flags[flags.index(flag) : flags.index(flag) + 2]
+    flags += ["--model_name_or_path", "someorg/tiny-qa"]
+    with pytest.raises((ConfigError, RuntimeError)) as stopped:
+        trainer.Trainer(parse_args(flags))
+    if with_weights:
+        assert str(stopped.value) == "past the preflight"
+    else:
+        assert str(stopped.value).startswith(
+            "--model_name_or_path someorg/tiny-qa: HF_HUB_OFFLINE is set and its "
+            f"weights are not in the hub cache ({cache})"
+        )
+
+
+def test_a_model_folder_under_home_is_checked_where_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`~/m` names the folder under $HOME: its weights are looked for there, not in a folder called `~`."""
+    from qa_train.model.modeling import check_weights
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    with pytest.raises(ConfigError, match=r"--model_name_or_path ~/m: no weights"):
+        check_weights(ModelArgs(model_name_or_path="~/m"))
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"")
+    check_weights(ModelArgs(model_name_or_path="~/m"))

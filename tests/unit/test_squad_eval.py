@@ -1,0 +1,188 @@
+"""Hand-computed checks of the official SQuAD v1.1 EM/F1 semantics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from squad_cases import NESTED
+
+from qa_train.data.load import load_file
+from qa_train.squad.files import load_references
+from qa_train.squad.scoring import exact_match, f1, normalize_answer, score
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("The  Quick, brown FOX!", "quick brown fox"),  # case, punctuation, article, spaces
+        ("an apple a day", "apple day"),
+        ("  Denver\tBroncos\n", "denver broncos"),  # tabs and newlines are whitespace
+        ("theater anthem", "theater anthem"),  # articles only as whole words
+        ("A-team", "ateam"),  # punctuation goes before articles: "a-team" -> "ateam"
+        ("the", ""),
+    ],
+)
+def test_normalize_answer(raw: str, expected: str) -> None:
+    assert normalize_answer(raw) == expected
+
+
+def test_exact_match_ignores_case_punctuation_and_articles() -> None:
+    assert exact_match("the Broncos!", "Broncos") == 1.0
+    assert exact_match("Denver Broncos", "Broncos") == 0.0
+
+
+def test_f1_partial_overlap() -> None:
+    # pred tokens [denver, broncos, team], gold [denver, broncos] (article dropped):
+    # 2 shared, precision 2/3, recall 2/2 -> F1 = 2 * (2/3) * 1 / (2/3 + 1) = 0.8
+    assert f1("Denver Broncos team", "the Denver Broncos") == pytest.approx(0.8)
+    assert exact_match("Denver Broncos team", "the Denver Broncos") == 0.0
+
+
+def test_f1_counts_repeated_tokens_once_per_match() -> None:
+    # pred [x, x, y], gold [x, y, y]: shared = min(2,1) + min(1,2) = 2,
+    # precision = recall = 2/3 -> F1 = 2/3
+    assert f1("x x y", "x y y") == pytest.approx(2 / 3)
+
+
+def test_f1_zero_without_shared_tokens() -> None:
+    assert f1("Paris", "London") == 0.0
+    # Both normalise to "", so EM is 1 but the official F1 is 0 (no shared token).
+    assert exact_match("the", "a") == 1.0
+    assert f1("the", "a") == 0.0
+
+
+def test_score_takes_max_over_gold_answers() -> None:
+    # pred [denver, broncos]
+    #   vs "Broncos":             P 1/2, R 1   -> F1 2/3, EM 0
+    #   vs "Denver Broncos team": P 1,   R 2/3 -> F1 0.8, EM 0
+    refs = {"q": ["Broncos", "Denver Broncos team"]}
+    result = score(refs, {"q": "Denver Broncos"})
+    assert result["f1"] == pytest.approx(80.0)
+    assert result["exact_match"] == 0.0
+
+
+def test_score_missing_prediction_counts_as_zero_and_extra_ids_are_ignored() -> None:
+    refs = {
+        "q1": ["Denver Broncos", "the Broncos"],
+        "q2": ["Santa Clara, California"],
+        "q3": ["1990"],
+    }
+    preds = {"q1": "Broncos", "q2": "Santa Clara", "not-a-question": "whatever"}
+    # q1: "broncos" == normalised "the Broncos" -> EM 1, F1 1
+    # q2: [santa, clara] vs [santa, clara, california]: P 1, R 2/3 -> F1 0.8, EM 0
+    # q3: no prediction -> 0, still in the total
+    # EM = 100 * 1 / 3, F1 = 100 * (1 + 0.8) / 3 = 60
+    result = score(refs, preds)
+    assert result["exact_match"] == pytest.approx(100 / 3)
+    assert result["f1"] == pytest.approx(60.0)
+    assert result["total"] == 3
+    assert result["missing"] == 1
+    without_extra = {k: v for k, v in preds.items() if k in refs}
+    assert score(refs, without_extra) == result
+
+
+def test_score_rejects_bad_references() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        score({}, {})
+    # A bare string would otherwise be scored character by character.
+    with pytest.raises(ValueError, match="question q1"):
+        score({"q1": "Denver"}, {"q1": "Denver"})
+
+
+FLAT = [
+    {
+        "id": "q1",
+        "title": "Super_Bowl_50",
+        "context": "Super Bowl 50 was played in Santa Clara, California.",
+        "question": "Where was Super Bowl 50 played?",
+        "answers": {"text": ["Santa Clara, California", "Santa Clara"], "answer_start": [28, 28]},
+    },
+    {
+        "id": "q2",
+        "title": "Super_Bowl_50",
+        "context": "Super Bowl 50 was played in Santa Clara, California.",
+        "question": "Which Super Bowl?",
+        "answers": {"text": ["50"], "answer_start": [11]},
+    },
+]
+EXPECTED_REFS = {"q1": ["Santa Clara, California", "Santa Clara"], "q2": ["50"]}
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_load_references_nested_json(tmp_path: Path) -> None:
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps(NESTED), encoding="utf-8")
+    assert load_references(path) == EXPECTED_REFS
+
+
+def test_load_references_jsonl(tmp_path: Path) -> None:
+    assert load_references(_write_jsonl(tmp_path / "dev.jsonl", FLAT)) == EXPECTED_REFS
+
+
+def test_integer_ids_are_read_as_training_reads_them(tmp_path: Path) -> None:
+    """Training accepts integer ids and keys its predictions by their text; the scorer must match them."""
+    records = [{**FLAT[0], "id": 7}, FLAT[1]]
+    refs = load_references(_write_jsonl(tmp_path / "dev.jsonl", records))
+    assert refs["7"] == EXPECTED_REFS[FLAT[0]["id"]]
+    with pytest.raises(ValueError, match="question id must be a string or an integer, got True"):
+        load_references(_write_jsonl(tmp_path / "bad.jsonl", [{**FLAT[0], "id": True}]))
+
+
+def test_load_references_jsonl_with_raw_line_separators_in_strings(tmp_path: Path) -> None:
+    """json.dumps(ensure_ascii=False) writes U+2028/U+2029/U+0085 raw; they are not line ends in JSON lines."""
+    records = [{**FLAT[0], "context": "Super Bowl 50\u2028was played\u2029in\x85Santa Clara, California."}, FLAT[1]]
+    path = tmp_path / "dev.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in records), encoding="utf-8")
+    assert "\u2028" in path.read_text(encoding="utf-8")
+    assert load_references(path) == EXPECTED_REFS
+
+
+def test_load_references_malformed_jsonl_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.jsonl"
+    path.write_text(json.dumps(FLAT[0]) + "\n{not json\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"broken\.jsonl: line 2: not valid JSON: .* at column 2$"):
+        load_references(path)
+    # Training's loader reads the same lines with the same reader, and says the same.
+    with pytest.raises(ValueError, match=r"broken\.jsonl: line 2: not valid JSON: .* at column 2$"):
+        load_file(path)
+
+
+def test_load_references_malformed_nested_names_file_and_location(tmp_path: Path) -> None:
+    broken = json.loads(json.dumps(NESTED))
+    del broken["data"][0]["paragraphs"][0]["qas"][1]["answers"]
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(broken), encoding="utf-8")
+    where = r"data\[0\]\.paragraphs\[0\]\.qas\[1\]"
+    with pytest.raises(ValueError, match=rf"broken\.json: malformed SQuAD JSON near {where}"):
+        load_references(path)
+
+
+def test_flat_records_read_as_training_reads_them_and_other_documents_are_refused(tmp_path: Path) -> None:
+    """A JSON list of flat records and `{"data": [flat records]}` are --validation_file layouts training takes: the
+    scorer read only JSON lines of them, and refused the gold file of such a run."""
+    expected = load_references(_write_jsonl(tmp_path / "records.jsonl", FLAT))
+    for name, document in (("records.json", FLAT), ("wrapped.json", {"data": FLAT})):
+        path = tmp_path / name
+        path.write_text(json.dumps(document, indent=2), encoding="utf-8")
+        assert load_references(path) == expected
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"questions": FLAT}, indent=2), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"other\.json: JSON document without a top-level 'data' list"):
+        load_references(path)
+    path.write_text(json.dumps([{"id": "q1", "answers": ["Paris"]}]), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"other\.json: record 0: 'answers' must be an object with a 'text' list"):
+        load_references(path)
+
+
+def test_load_references_rejects_duplicate_ids_and_empty_answers(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"dup\.jsonl: question q1: id appears more than once"):
+        load_references(_write_jsonl(tmp_path / "dup.jsonl", [FLAT[0], FLAT[0]]))
+    no_answer = dict(FLAT[1], answers={"text": [], "answer_start": []})
+    with pytest.raises(ValueError, match=r"empty\.jsonl: question q2: expected a non-empty list"):
+        load_references(_write_jsonl(tmp_path / "empty.jsonl", [FLAT[0], no_answer]))
