@@ -3,7 +3,8 @@
 Each node is a process on loopback with the variables a real cluster sets. sbatch honours
 `--signal=B:SIG@T` by sending SIG to the batch shell once the file FAKE_SLURM_SIGNAL_WHEN exists
 (standing in for "T seconds before the time limit": a test makes the run create it at a chosen
-step) and re-runs the script when it requeued itself.
+step) and re-runs the script when it requeued itself, on FAKE_SLURM_REQUEUE_NODES nodes if set (what
+`scontrol update JobId=<id> NumNodes=N` does to the pending requeued job on a real cluster).
 """
 
 from __future__ import annotations
@@ -88,6 +89,10 @@ def sbatch(argv: list[str]) -> int:
         env["SLURM_GPUS_PER_NODE"] = opts["gpus-per-node"]
     restarts, rc = 0, 0
     while True:
+        if restarts and os.environ.get("FAKE_SLURM_REQUEUE_NODES"):
+            nodes = int(os.environ["FAKE_SLURM_REQUEUE_NODES"])
+            hosts = ",".join(f"127.0.0.{i + 1}" for i in range(nodes))
+            env.update(SLURM_NNODES=str(nodes), SLURM_JOB_NUM_NODES=str(nodes), SLURM_JOB_NODELIST=hosts)
         env["SLURM_RESTART_COUNT"] = str(restarts)
         (STATE / f"requeue-{job_id}").unlink(missing_ok=True)
         print(f"fake sbatch: job {job_id} start {restarts}", flush=True)
