@@ -13,6 +13,8 @@ DEMO_DIR ?= runs/demo
 # a launch leaves a core idle while its launcher starts and its main process evaluates alone.
 # `make test TEST_WORKERS=` runs in one process.
 TEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
+# The SLURM tests start their own two-node cluster (tests/slurm_cluster.py) where SLURM is installed, and skip
+# elsewhere: `sudo python3 tests/slurm_cluster.py install` on Debian or Ubuntu.
 DEMO_V2_DIR ?= runs/demo-v2
 
 define DS_PREBUILD

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import slurm_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "qa_train" / "assets"
@@ -121,6 +125,29 @@ def port(base: int) -> int:
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     return base_env(tmp_path)
+
+
+# Set by .ci/run, which installs SLURM: there a missing cluster fails the SLURM tests instead of skipping them.
+REQUIRE_SLURM = "QA_TRAIN_REQUIRE_SLURM"
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[slurm_cluster.Cluster]:
+    """A real two-node SLURM (tests/slurm_cluster.py) for this pytest process, stopped at the end, also on failure.
+    Skipped only where SLURM is not installed and REQUIRE_SLURM is unset (a laptop)."""
+    absent = slurm_cluster.missing()
+    if absent:
+        why = f"SLURM is not installed (no {', '.join(absent)}): `python3 tests/slurm_cluster.py install` as root"
+        if os.environ.get(REQUIRE_SLURM) == "1":
+            pytest.fail(f"{REQUIRE_SLURM}=1: {why}")
+        pytest.skip(why)
+    # Not pytest's tmp_path: munged wants a socket folder that others may traverse, and pytest's are private.
+    directory = Path(tempfile.mkdtemp(prefix="qa-train-slurm-"))
+    try:
+        yield slurm_cluster.start(directory)
+    finally:
+        slurm_cluster.stop(directory)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def high_padding_model(out: Path) -> Path:
