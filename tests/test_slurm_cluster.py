@@ -143,9 +143,10 @@ def test_a_fresh_clone_trains_on_two_nodes_with_the_scripts_defaults(clone: Path
 
 
 def test_the_schedulers_warning_signal_checkpoints_requeues_and_resumes(clone: Path, slurm, tmp_path: Path) -> None:
-    """SLURM's own `--signal=B:USR1@90` on a 2-minute job: its controller checks time limits every 30 s and sends
-    the warning at the first check past (limit - 90 s - 30 s), so here at the first one, while the ranks start or
-    hold at step 4. The trap asks them to checkpoint, requeues the job, and the restart resumes there."""
+    """SLURM's own `--signal=B:USR1@75` on a 2-minute job: its controller checks time limits every 30 s and sends
+    the warning at the first check past (limit - 75 s - 30 s), here 15 to 45 s after the start (after the batch shell
+    is up), while the ranks start or hold at step 4. The trap asks them to checkpoint, requeues the job, and the
+    restart resumes there."""
     out, logs = tmp_path / "out", tmp_path / "logs"
     settings = {"OUTPUT_DIR": str(out), "LOG_DIR": str(logs), "MAIN_PORT": str(port(29761))}
     # The user's own compile cache wins over the script's default; the first start's ranks hold after step 4 until
@@ -154,7 +155,7 @@ def test_the_schedulers_warning_signal_checkpoints_requeues_and_resumes(clone: P
     env = job_env(tmp_path, slurm, **settings)
     env["PATH"] = f"{first_start_only(tmp_path / 'bin', 'QA_TRAIN_TEST_HOLD_AT_STEP')}:{env['PATH']}"
     batch = tmp_path / "batch.out"
-    limits = ["--time", "2", "--signal", "B:USR1@90", "--output", str(batch)]
+    limits = ["--time", "2", "--signal", "B:USR1@75", "--output", str(batch)]
     job_id = sbatch(clone, env, "--nodes", "2", *limits, "slurm/train.sbatch", *train_flags(12))
     wait_until("requeue", lambda: int(job(env, job_id)["Restarts"]) >= 1)
     scontrol(env, "update", f"JobId={job_id}", "TimeLimit=10")  # the restart would be warned in its turn
