@@ -15,6 +15,8 @@ DEMO_DIR ?= runs/demo
 TEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 # `make test-fast`: tests/unit alone (no process started, no training loop run), two workers taking test by test.
 TEST_FAST_WORKERS ?= -n 2
+# The SLURM tests start their own two-node cluster (tests/slurm_cluster.py) where SLURM is installed, and skip
+# elsewhere: `sudo python3 tests/slurm_cluster.py install` on Debian or Ubuntu.
 DEMO_V2_DIR ?= runs/demo-v2
 
 define DS_PREBUILD
