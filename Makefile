@@ -60,13 +60,15 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q tests/unit $(TEST_FAST_WORKERS)
 
-# ruff's lint and format rules (pyproject.toml), as CI runs them before the tests.
+# ruff's lint and format rules and mypy's type check of qa_train (pyproject.toml), as CI runs them before the
+# tests. .pre-commit-config.yaml runs the same on each commit.
 lint: install
 	$(VENV)/bin/ruff check qa_train tests tools
 	$(VENV)/bin/ruff format --check qa_train tests tools
+	$(VENV)/bin/mypy
 
 bench-data: install
 	$(PY) tools/bench_data.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache
