@@ -71,7 +71,7 @@ class Collator:
             ids[row, : lengths[row]] = x["input_ids"]
             types[row, : lengths[row]] = x["token_type_ids"]
         mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
-        batch = {
+        batch: dict[str, torch.Tensor | tuple[int, int]] = {
             "input_ids": torch.from_numpy(ids),
             "attention_mask": torch.from_numpy(mask),
             "feature_index": torch.tensor([x["feature_index"] for x in items], dtype=torch.long),
@@ -147,7 +147,7 @@ class WholeGlobalBatches(Sampler[int]):
     trained twice) would depend on N: here every step is whole, and accelerate adds nothing.
     """
 
-    def __init__(self, order: Sampler[int], global_batch: int) -> None:
+    def __init__(self, order: LengthGroupedSampler | SeededPermutation, global_batch: int) -> None:
         self.order = order
         self.global_batch = global_batch
 

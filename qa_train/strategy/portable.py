@@ -220,10 +220,16 @@ class DistributedCheckpoint:
     def _load(self, folder: str, keys: dict[str, str]) -> dict[str, torch.Tensor]:
         """{our name: checkpoint key} -> {our name: full tensor}."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         reader = dcp.FileSystemReader(str(self.path / folder))
         stored = reader.read_metadata().state_dict_metadata
-        wanted = {key: torch.empty(stored[key].size, dtype=stored[key].properties.dtype) for key in keys.values()}
+        wanted = {}
+        for key in keys.values():
+            meta = stored[key]
+            if not isinstance(meta, TensorStorageMetadata):  # optimizer.state holds tensors only; bytes are not ours
+                raise PortableError(f"{self.path / folder}: {key} is not a tensor")
+            wanted[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
         dcp.load(wanted, storage_reader=reader, no_dist=True)
         return {name: wanted[key] for name, key in keys.items()}
 
