@@ -356,7 +356,7 @@ def test_a_stop_request_is_said_once_and_only_the_main_process_draws_library_bar
 # --- a checkpoint continued on another number of processes, or under another strategy ------------------------------
 
 STRATEGY = {"zero2_offload": "zero2", "zero3_offload": "zero3"}  # the others are named as their config
-# Measured: losses after such a resume differ from the uninterrupted run's by at most 5e-7 (of about 4): another
+# Measured: losses after such a resume differ from the uninterrupted run's by at most 1.1e-6 (of about 4): another
 # reduction order (one process accumulating two micro-batches, or another library's all-reduce) rounds otherwise.
 LOSS_TOL = 1e-5
 # Adam divides by the root of its second moment, so where a gradient is near zero that rounding moves a weight by up
@@ -457,7 +457,15 @@ def test_a_checkpoint_of_one_process_continues_on_two(
 
 @pytest.mark.parametrize(
     ("source", "config", "processes"),
-    [("ddp", "zero3", 2), ("zero2", "fsdp", 2), ("fsdp", "ddp", 2), ("zero3", "ddp", 1)],
+    [
+        ("ddp", "zero3", 2),
+        ("zero2", "fsdp", 2),
+        ("fsdp", "ddp", 2),
+        ("zero3", "ddp", 1),
+        # Offload's optimizer (DeepSpeed's CPU Adam) on either side of a conversion.
+        ("zero3_offload", "zero1", 2),
+        ("fsdp", "zero2_offload", 1),
+    ],
 )
 def test_a_checkpoint_continues_under_another_strategy(
     source: str, config: str, processes: int, uninterrupted: Callable[[str], Path], tmp_path: Path
