@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from qa_train.core.errors import (
     CRASHED,
@@ -22,6 +23,9 @@ from qa_train.core.errors import (
     SAVE_FAILED,
     STATUS_FILE_ENV,
 )
+
+if TYPE_CHECKING:
+    from qa_train.config.settings import TrainArgs
 
 
 def _rank() -> int:
@@ -87,12 +91,23 @@ def main(argv: list[str] | None = None) -> int:
     rank = _rank()
     try:
         args = parse_args(argv)
-        claim(args.output)
+        # The run's first process holds the output dir for the run's life: a second run there is refused at once.
+        lock = claim(args.output, lock=rank == 0)
     except ConfigError as err:
         _say(str(err), rank)
         return REFUSED
+    try:
+        return _train(args, rank)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(args: TrainArgs, rank: int) -> int:
+    """Run, and turn each way a run can end into its exit code and one line."""
     from torch._dynamo.exc import BackendCompilerFailed
 
+    from qa_train.config.settings import ConfigError
     from qa_train.data.load import DataError
     from qa_train.outcome import ExportError
     from qa_train.run import Preempted, run

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from qa_train.config.dirlock import DirLock, hold
 from qa_train.config.settings import TRACKERS, ConfigError, OutputArgs
 from qa_train.core.preemption import PREEMPT_FILE
 
@@ -68,9 +69,23 @@ def _inside(path: Path, folder: Path) -> bool:
     return path.resolve().is_relative_to(folder.resolve())
 
 
-def claim(output: OutputArgs) -> None:
-    """Refuse an occupied or unwritable output_dir. Nothing is removed here: --overwrite_output_dir's clearing
-    waits for `clear_previous_run`, after the data has been read, so a refused record cannot cost the old run."""
+def claim(output: OutputArgs, lock: bool = False) -> DirLock | None:
+    """Refuse an occupied or unwritable output_dir, or with `lock` (the run's first process) one that another run
+    holds; returns the held lock. Nothing is removed here: --overwrite_output_dir's clearing waits for
+    `clear_previous_run`, after the data has been read, so a refused record cannot cost the old run."""
+    out = Path(output.output_dir)
+    check_writable(out)
+    held = hold(out) if lock else None  # before the contents are read: a live run may be writing them
+    try:
+        _check_occupied(output)
+    except ConfigError:
+        if held is not None:
+            held.release()
+        raise
+    return held
+
+
+def _check_occupied(output: OutputArgs) -> None:
     out = Path(output.output_dir)
     found = run_files(out)
     resume = output.resume_from_checkpoint
@@ -91,7 +106,6 @@ def claim(output: OutputArgs) -> None:
             f"--output_dir {out}: holds another run ({', '.join(found)}) than the one in "
             f"--resume_from_checkpoint {resume}; choose an empty --output_dir or --overwrite_output_dir"
         )
-    check_writable(out)
 
 
 def continues(output: OutputArgs, found: list[str]) -> bool:
