@@ -154,10 +154,18 @@ class Trainer:
         self._build_inputs(splits)
         # Only now, with every record read and every window built (the tokenizer refuses some texts), may
         # --overwrite_output_dir cost the old run.
-        replaced = clear_previous_run(out, self.is_main)
-        if replaced:
+        cleared = clear_previous_run(out, self.is_main)
+        if cleared.removed:
             log.info(
-                "--overwrite_output_dir: removed the previous run's %s from %s", ", ".join(replaced), self.output_dir
+                "--overwrite_output_dir: removed the previous run's %s from %s",
+                ", ".join(cleared.removed),
+                self.output_dir,
+            )
+        if cleared.kept:
+            log.warning(
+                "--overwrite_output_dir: kept %s in %s: not provably qa_train's own",
+                ", ".join(cleared.kept),
+                self.output_dir,
             )
         self._build_model()
         self.state = self._resume()

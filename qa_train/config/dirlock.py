@@ -108,7 +108,10 @@ class DirLock:
         if self.fd < 0:
             return
         try:
-            os.ftruncate(self.fd, 0)  # a later run that finds a record knows this one did not end cleanly
+            # Gone with a clean end: a later run that finds a record knows its run did not end cleanly. One that
+            # opened this file meanwhile finds it unlinked once it has the flock, and opens the path again.
+            if _same_file(self.fd, self.path):
+                self.path.unlink()
         except OSError:
             pass
         os.close(self.fd)  # closing the only descriptor of the open file releases the flock

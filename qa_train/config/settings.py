@@ -381,8 +381,8 @@ class OutputArgs:
         default=False,
         metadata={
             "help": "Replace the run already in --output_dir: its metrics, model, checkpoints and logs are "
-            "removed once the new run's flags, model config and data have passed their checks. "
-            "Without it an occupied --output_dir is refused, unless resuming."
+            "removed once the new run's flags, model config and data have passed their checks; only files "
+            "provably qa_train's go, anything else stays and is named. Without it an occupied --output_dir is refused, unless resuming."
         },
     )
     checkpointing_steps: str | None = field(
@@ -473,6 +473,13 @@ class OutputArgs:
                 "resume_from_checkpoint",
                 f"{self.resume_from_checkpoint!r} is not a checkpoint directory",
             )
+        # What an unset shell variable gives: Path("") is the working directory, whose final/ and checkpoints/ a run
+        # would write into (and --overwrite_output_dir clear).
+        _require(
+            bool(self.output_dir.strip()),
+            "output_dir",
+            "is empty (an unset shell variable?); name the run's folder, e.g. --output_dir runs/my-run",
+        )
         _require(not Path(self.output_dir).is_file(), "output_dir", f"{self.output_dir!r} is a file")
 
     @property
