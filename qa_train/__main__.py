@@ -51,6 +51,11 @@ def _out_of_space(err: OSError, output_dir: str) -> str:
     return f"{err.strerror}{where}; free space, then rerun with {rerun}"
 
 
+def _noted(message: str, err: BaseException) -> str:
+    """A line with the notes the run added to the error on its way out (where the trained weights are)."""
+    return "; ".join([message, *getattr(err, "__notes__", ())])
+
+
 def _compile_failed(cause: BaseException, backend: str | None) -> str:
     """torch.compile's failure (a backend's package missing, no C++ compiler for inductor on CPU) in one line;
     its own message spans lines and points at TORCHDYNAMO_VERBOSE."""
@@ -141,22 +146,22 @@ def _train(args: TrainArgs, rank: int) -> int:
     except OSError as err:  # not collective: the rank that met it says so
         if err.errno not in OUT_OF_SPACE:
             raise  # any other OSError is a crash, with its traceback
-        _say(_out_of_space(err, args.output.output_dir), rank, speaker=rank)
+        _say(_noted(_out_of_space(err, args.output.output_dir), err), rank, speaker=rank)
         return SAVE_FAILED
     except Preempted:  # its checkpoint and the log line saying so are written
         return PREEMPTED
     except OutOfMemory as err:  # not collective: the rank that met it says where and what to change
-        _say(f"rank {rank}: {err}", rank, speaker=rank)
+        _say(_noted(f"rank {rank}: {err}", err), rank, speaker=rank)
         return OUT_OF_MEMORY
     except (RuntimeError, MemoryError) as err:  # not collective either: the ranks that met it say so
         if is_out_of_memory(err):  # outside a step or an evaluation batch: building, placing or loading the model
-            _say(f"rank {rank}: {elsewhere(err, _where(err), plan_command(args))}", rank, speaker=rank)
+            _say(_noted(f"rank {rank}: {elsewhere(err, _where(err), plan_command(args))}", err), rank, speaker=rank)
             return OUT_OF_MEMORY
         fault = collective_fault(err)
         if fault is None:
             raise
         if fault == "timeout":
-            _say(_hung(err, rank, args.system.ddp_timeout), rank, speaker=rank)
+            _say(_noted(_hung(err, rank, args.system.ddp_timeout), err), rank, speaker=rank)
             return HUNG
         # Another rank failed first and says why; this one's traceback would bury that line.
         _say(
