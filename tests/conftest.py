@@ -136,6 +136,19 @@ def env(tmp_path: Path) -> dict[str, str]:
     return base_env(tmp_path)
 
 
+@pytest.fixture
+def own_logging():
+    """main() in this process points the root logger at the test's captured stderr, closed once the test ends: later
+    tests must not log there."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 def high_padding_model(out: Path) -> Path:
     """The bundled tiny BERT, randomly initialised, with padding logits above every real token's: the
     [PAD] embedding is one large feature that the QA head reads. With candidates picked over the whole

@@ -6,7 +6,6 @@ the text torch gives it, the second makes a real allocation the CPU allocator re
 
 from __future__ import annotations
 
-import logging
 import re
 import shlex
 from pathlib import Path
@@ -27,16 +26,7 @@ TRAINING_ADVICE = (
     "8 --max_seq_length 192` estimates each config's peak for this run"
 )
 
-
-@pytest.fixture(autouse=True)
-def own_logging():
-    """main() points the root logger at this test's captured stderr, closed once the test ends: later tests must not
-    log there."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("own_logging")
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ disk at metrics.json), and a resume with nothing left to train keeps the figures
 from __future__ import annotations
 
 import errno
-import logging
 import shutil
 from pathlib import Path
 
@@ -13,15 +12,7 @@ from conftest import error_lines, read_metrics, tiny_flags
 
 from qa_train import __main__ as entry
 
-
-@pytest.fixture(autouse=True)
-def own_logging():
-    """main() points the root logger at this test's captured stderr, closed once the test ends."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("own_logging")
 
 
 @pytest.fixture
