@@ -45,6 +45,7 @@ from qa_train.model.modeling import (
     load_model_config,
     load_tokenizer,
     loading,
+    model_shape,
     uses_token_types,
 )
 from qa_train.model.optimization import batches_per_rank, build_optimizer, hyperparameters, reapply, step_plan
@@ -234,6 +235,8 @@ class Trainer:
             seed=self.args.system.seed,
             group_by_length=self.args.data.group_by_length,
             num_train_windows=len(self.inputs.train_features),
+            train_data=self.inputs.train_fingerprint,
+            model_shape=model_shape(self.model_config),
             checkpoint_layout=build.checkpoint_layout(self.strategy, self.accelerator),
         )
         spec = self.args.output.resume_from_checkpoint

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 from qa_train.config.settings import DataArgs, TrainArgs
 from qa_train.core.preemption import shield_loader_worker
 from qa_train.data.batching import Collator, LengthGroupedSampler, WindowDataset
-from qa_train.data.features import Features, load_or_featurize
+from qa_train.data.features import Features, cache_key, load_or_featurize
 from qa_train.data.load import Examples, load_file, load_split
 
 log = logging.getLogger("qa_train")
@@ -30,6 +30,9 @@ class Inputs:
     eval_examples: Examples | None = None
     eval_features: Features | None = None
     cache_hits: list[bool] = field(default_factory=list)
+    # The training windows' identity (their cache key: the data's bytes, the tokenizer, the windowing), which a
+    # checkpoint records so that a mid-epoch resume on other data is refused.
+    train_fingerprint: str = ""
     test_examples: Examples | None = None
     test_features: Features | None = None
 
@@ -107,7 +110,8 @@ def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> 
         features, hit = load_or_featurize(
             splits.train, tokenizer, data.max_seq_length, data.doc_stride, fresh_since=since
         )
-        inputs = Inputs(len(splits.train), features, cache_hits=[hit])
+        fingerprint = cache_key(splits.train, tokenizer, data.max_seq_length, data.doc_stride, with_offsets=False)
+        inputs = Inputs(len(splits.train), features, cache_hits=[hit], train_fingerprint=fingerprint)
         splits.train = None  # type: ignore[assignment]  # the text is not needed once the windows are cut
         if splits.evaluation is not None:
             inputs.eval_examples = splits.evaluation

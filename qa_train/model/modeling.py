@@ -300,6 +300,24 @@ def flop_coefficients(config) -> tuple[float, float]:
     return 6.0 * matmul_params, 12.0 * layers * h
 
 
+# The config values that size the weights: a checkpoint saved under other values cannot be loaded into this model.
+SHAPE_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
+
+
+def model_shape(config) -> str:
+    """The architecture and the sizes of its weights in one line (`bert, hidden_size 128, ...`)."""
+    sizes = [f"{key} {value}" for key in SHAPE_KEYS if type(value := getattr(config, key, None)) is int]
+    return ", ".join([str(config.model_type), *sizes])
+
+
 def import_model_code(config) -> None:
     """Import the QA model class's module now. It is ~110 MB of Python for BERT, which would otherwise land
     in host memory measured as the model's own (HostMemory.mark_baseline comes right after this)."""

@@ -321,6 +321,11 @@ def _load_failure(path: Path, err: BaseException, rank: int | None = None) -> st
         else f"there is no earlier complete checkpoint in {path.parent}"
     )
     who = f"rank {rank}: " if rank is not None else ""
+    if "size mismatch" in str(err):  # torch's load_state_dict, for a checkpoint older than its model_shape record
+        hint = (
+            "its tensors have other shapes than this run's model: it is a checkpoint of another model; resume with "
+            "the --config_name or --model_name_or_path that wrote it"
+        )
     return f"checkpoint {path} could not be loaded: {who}{one_line(err)}; {hint}"
 
 

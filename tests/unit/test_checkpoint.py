@@ -708,7 +708,9 @@ def test_an_older_trainer_state_loads(tmp_path: Path) -> None:
     old = make_old_format(tmp_path, "step_00000003")
     state = load_checkpoint(FakeAccelerator(), old)
     assert (state.completed_steps, state.epoch, state.batches_in_epoch) == (3, 1, 2)
-    assert state.contract() == dict.fromkeys([*CONTRACT, *DATA_ORDER, "checkpoint_layout"])  # all unknown
+    assert state.contract() == dict.fromkeys(
+        [*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape"]
+    )  # all unknown
     assert len(state.run_id) == 32
 
 
