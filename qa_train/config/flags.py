@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from qa_train.config.settings import DEMO_DEFAULTS, GROUPS, TrainArgs
 
@@ -97,10 +97,10 @@ class _Parser(argparse.ArgumentParser):
         # with "expected one argument". No flag here starts with a digit: anything like -1, -.5 or -1e-3 is a value.
         self._negative_number_matcher = re.compile(r"^-\.?\d")
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_args(self, args=None, namespace=None):
         values, rest = self.parse_known_args(args, namespace)
         if rest:
             known = [o for a in self._actions for o in a.option_strings if a.help != argparse.SUPPRESS]
@@ -114,7 +114,7 @@ class _Parser(argparse.ArgumentParser):
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Defaults shown where they say something: not None, and not where the help already names its default."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
+    def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         if action.default is None or "default" in text.lower() or isinstance(action, argparse._StoreFalseAction):
             return text

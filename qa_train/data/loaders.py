@@ -15,7 +15,7 @@ from qa_train.config.settings import DataArgs, TrainArgs
 from qa_train.core.preemption import shield_loader_worker
 from qa_train.data.batching import Collator, LengthGroupedSampler, WindowDataset
 from qa_train.data.features import Features, cache_key, load_or_featurize
-from qa_train.data.load import Examples, load_file, load_split
+from qa_train.data.load import AnswerRule, Examples, load_file, load_split
 
 log = logging.getLogger("qa_train")
 
@@ -86,14 +86,18 @@ def load_splits(args: TrainArgs) -> Splits:
     """Every rank parses and validates on its own, before any process group exists: a bad record is
     refused by each rank in one line, and no rank is left waiting in a collective for one that failed."""
     d = args.data
-    rule = "may_be_empty" if d.version_2_with_negative else "required"
+    rule: AnswerRule = "may_be_empty" if d.version_2_with_negative else "required"
     train = load_split(d.train_file, d.dataset_name, d.dataset_config_name, "train", d.max_train_samples, rule)
     evaluation = (
         load_split(d.validation_file, d.dataset_name, d.dataset_config_name, "validation", d.max_eval_samples, rule)
         if args.eval.needs_eval_data
         else None
     )
-    test = load_file(d.test_file, "optional").head(d.max_predict_samples) if args.eval.do_predict else None
+    test = (
+        load_file(d.test_file, "optional").head(d.max_predict_samples)
+        if args.eval.do_predict and d.test_file is not None  # validated: --do_predict comes with --test_file
+        else None
+    )
     return Splits(train, evaluation, test, shared_questions(train, evaluation))
 
 

@@ -8,10 +8,14 @@ import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qa_train.config.settings import ConfigError, ModelArgs, SystemArgs
 from qa_train.core.errors import one_line
 from qa_train.data.features import PairTemplate, question_room
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger("qa_train")
 
@@ -67,18 +71,19 @@ def loading(flag: str, source: str, what: str = "it") -> Iterator[None]:
 def check_weights(args: ModelArgs) -> None:
     """A local --model_name_or_path without weights: from_pretrained would fail only once the model is built, after
     --overwrite_output_dir has removed the old run."""
-    if args.from_scratch:
+    source = args.model_name_or_path
+    if source is None:  # from scratch: nothing to load
         return
-    path = Path(args.model_name_or_path).expanduser()
+    path = Path(source).expanduser()
     if not path.is_dir():
-        if local_path(args.model_name_or_path):  # with --config_name, nothing has tried to load it yet
+        if local_path(source):  # with --config_name, nothing has tried to load it yet
             what = "is a file, not a model folder" if path.exists() else "no such directory"
-            raise ConfigError(f"--model_name_or_path {args.model_name_or_path}: {what}")
-        _check_cached_weights(args.model_name_or_path)
+            raise ConfigError(f"--model_name_or_path {source}: {what}")
+        _check_cached_weights(source)
         return
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise ConfigError(
-            f"--model_name_or_path {args.model_name_or_path}: no weights ({', '.join(WEIGHT_FILES[::2])}"
+            f"--model_name_or_path {source}: no weights ({', '.join(WEIGHT_FILES[::2])}"
             "); to train from random initialisation, pass the folder as --config_name instead"
         )
 
@@ -125,7 +130,7 @@ def load_model_config(args: ModelArgs):
     return config
 
 
-def qa_model_class(config) -> type:
+def qa_model_class(config) -> type[PreTrainedModel]:
     """transformers' XxxForQuestionAnswering class for this config."""
     from transformers import AutoModelForQuestionAnswering
 

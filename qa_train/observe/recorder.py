@@ -106,9 +106,11 @@ class Tracker:
         def table(run: Any) -> None:
             import wandb
 
+            # Table annotates columns as list[str | int], which a list[str] is not (lists are invariant).
+            values = wandb.Table(columns=columns, data=rows)  # type: ignore[arg-type]
             # A step the W&B run already holds (a resumed run with nothing left to train) would drop the table;
             # no step at all would be W&B's own count, which an offline run starts at 0.
-            run.log({key: wandb.Table(columns=columns, data=rows)}, step=max(step, self.wandb_floor))
+            run.log({key: values}, step=max(step, self.wandb_floor))
 
         self._wandb("table", table)
 
