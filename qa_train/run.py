@@ -90,5 +90,7 @@ def _export(trainer: Trainer) -> tuple[Path | None, outcome.ExportError | None]:
         return outcome.export(trainer), None
     except outcome.ExportError as err:
         if trainer.is_main:
-            log.error("export failed (%s); evaluating and writing metrics.json before exiting", one_line(err.__cause__ or err))
+            log.error(
+                "export failed (%s); evaluating and writing metrics.json before exiting", one_line(err.__cause__ or err)
+            )
         return None, err
