@@ -26,11 +26,13 @@ import difflib
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import yaml
 
 from qa_train.core.errors import one_line
+from qa_train.core.preemption import RUN_STARTED_ENV
 from qa_train.strategy.checks import cpu_threads
 from qa_train.strategy.supervise import DEFAULT_GRACE_S, agent_command, run_launch
 
@@ -178,6 +180,7 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     machines = opts.num_machines if opts.num_machines is not None else _config_int(cfg, "num_machines", 1, opts)
     procs = opts.num_processes if opts.num_processes is not None else _config_int(cfg, "num_processes", 1, opts)
     env = dict(os.environ)
+    env.setdefault(RUN_STARTED_ENV, f"{time.time():.3f}")  # a stop request made while the ranks start is theirs
     for flag, count in (("--num_processes", procs), ("--num_machines", machines)):
         if count < 1:
             raise LaunchConfigError(f"{flag} must be at least 1, got {count}")

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -344,6 +345,8 @@ def test_gpu_is_accelerate_launch(cfg: dict) -> None:
         "qa_train",
         *TRAIN,
     ]
+    # The launch's start, for the ranks' stop-request clock (a PREEMPT older than the run is ignored).
+    assert abs(float(env.pop("QA_TRAIN_RUN_STARTED")) - time.time()) < 60
     assert env == dict(os.environ)
 
 
@@ -407,8 +410,9 @@ def test_cpu_deepspeed_is_accelerate_launch() -> None:
         "qa_train",
         *TRAIN,
     ]
-    # qa_train picks gloo itself under DeepSpeed; the environment is passed through, naming DeepSpeed's accelerator
-    # and the ranks' share of the cores.
+    # qa_train picks gloo itself under DeepSpeed; the environment is passed through, naming DeepSpeed's accelerator,
+    # the ranks' share of the cores and the launch's start.
+    assert abs(float(env.pop("QA_TRAIN_RUN_STARTED")) - time.time()) < 60
     assert env == {
         **os.environ,
         "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
