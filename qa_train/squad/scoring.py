@@ -32,6 +32,7 @@ import json
 import re
 import string
 import sys
+import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,10 +44,11 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
 def normalize_answer(s: str) -> str:
-    """Lower-case, strip punctuation and articles, and collapse whitespace."""
+    """Unicode NFC (where the official script has none, 'José' precomposed and decomposed differ), lower-case,
+    strip punctuation and articles, and collapse whitespace."""
     # The order matters: punctuation goes first so that "the-end" becomes
     # "theend" (no article), exactly as the official script does it.
-    text = "".join(ch for ch in s.lower() if ch not in _PUNCTUATION)
+    text = "".join(ch for ch in unicodedata.normalize("NFC", s).lower() if ch not in _PUNCTUATION)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 

@@ -186,3 +186,9 @@ def test_load_references_rejects_duplicate_ids_and_empty_answers(tmp_path: Path)
     no_answer = dict(FLAT[1], answers={"text": [], "answer_start": []})
     with pytest.raises(ValueError, match=r"empty\.jsonl: question q2: expected a non-empty list"):
         load_references(_write_jsonl(tmp_path / "empty.jsonl", [FLAT[0], no_answer]))
+
+
+def test_precomposed_and_decomposed_answers_are_the_same_answer() -> None:
+    """A decomposed reference ('Jose' + U+0301) scored 0 against the same name precomposed (issue 38, case 11)."""
+    assert exact_match("Jos\u00e9", "Jose\u0301") == 1.0 and exact_match("Jos\u00e9", "Jose") == 0.0
+    assert score({"q": ["Jose\u0301 Mari\u0301a"]}, {"q": "Jos\u00e9 Mar\u00eda"})["exact_match"] == 100.0
