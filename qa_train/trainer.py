@@ -64,6 +64,17 @@ from qa_train.strategy.train_state import TrainerState
 log = logging.getLogger("qa_train")
 
 
+def divergence_remedies(max_grad_norm: float, mixed_precision: str) -> str:
+    """What may tame a divergence, less what the run already does: clipping at 1.0 is the default, and the
+    bf16-for-fp16 advice is for fp16 runs alone."""
+    remedies = ["a lower --learning_rate", "more warm-up (--warmup_ratio 0.1)"]
+    if not 0 < max_grad_norm <= 1.0:
+        remedies.append("--max_grad_norm 1.0")
+    if mixed_precision == "fp16":
+        remedies.append("bf16 instead of fp16")
+    return ", ".join(remedies[:-1]) + ("," if len(remedies) > 2 else "") + f" or {remedies[-1]}"
+
+
 class TrainingDiverged(RuntimeError):
     """Non-finite loss, gradients or weights: the run stops before anything non-finite is saved."""
 
@@ -187,6 +198,7 @@ class Trainer:
         )
         # fp16's loss scaler expects overflowing gradients now and then and skips those steps itself.
         self.guard_grad_norm = self.mixed_precision != "fp16"
+        self._update_lr: float | None = None  # the latest update's (the scheduler's is already the next one's)
         self.best = best.BestModel(
             self.accelerator, self.output_dir, args.eval.save_best, self.first_step > 0, self.state.best_eval
         )
@@ -409,6 +421,7 @@ class Trainer:
                 # Only a clipping run measures the norm (as transformers' Trainer): measuring costs a pass.
                 clipped = accelerator.clip_grad_norm_(self.model.parameters(), max_norm) if max_norm > 0 else None
                 self._metrics.update(sharded.global_grad_norm(accelerator, self.model, clipped))
+                self._update_lr = self.scheduler.get_last_lr()[0]
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -534,10 +547,10 @@ class Trainer:
     def _diverged(self, what: str) -> str:
         done = checkpoint.complete_checkpoints(self.output_dir)
         kept = f"the last checkpoint, {done[-1]}, is from before it" if done else "no checkpoint was saved"
+        lr = self.scheduler.get_last_lr()[0] if self._update_lr is None else self._update_lr
         return (
-            f"training diverged at step {self.state.completed_steps}: {what} (learning rate "
-            f"{self.scheduler.get_last_lr()[0]:.3g}); nothing was exported and {kept}. Try a lower "
-            "--learning_rate, more warm-up (--warmup_ratio 0.1), --max_grad_norm 1.0, or bf16 instead of fp16"
+            f"training diverged at step {self.state.completed_steps}: {what} (learning rate {lr:.3g}); nothing was "
+            f"exported and {kept}. Try {divergence_remedies(self.args.optim.max_grad_norm, self.mixed_precision)}"
         )
 
     # --- evaluation, record, finish ------------------------------------------------------------
