@@ -247,6 +247,17 @@ def _warn_missing(references: Mapping[str, object], predictions: Mapping[str, st
         )
 
 
+def _refusal(err: OSError | ValueError) -> str:
+    """One line naming the file: an OSError's own text is "[Errno 2] No such file or directory: 'x'"."""
+    if not isinstance(err, OSError) or err.filename is None:
+        return str(err)
+    if isinstance(err, FileNotFoundError):
+        return f"{err.filename}: no such file"
+    if isinstance(err, IsADirectoryError):
+        return f"{err.filename}: is a directory, not a file"
+    return f"{err.filename}: cannot be read: {err.strerror or err}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -258,9 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = score(references, predictions)  # v1.1: refuses what a v1.1 file cannot hold
         else:
             result = score_v2(references, predictions, na_probs, args.na_prob_thresh)
-    except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    except (OSError, ValueError) as err:  # refused input: exit 2, as everywhere in qa-train
+        print(f"qa-train score: error: {_refusal(err)}", file=sys.stderr)
+        return 2
     _warn_missing(references, predictions)
     if not v2:
         print(json.dumps({"exact_match": result["exact_match"], "f1": result["f1"]}))
