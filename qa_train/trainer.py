@@ -261,8 +261,9 @@ class Trainer:
         spec = self.args.output.resume_from_checkpoint
         path = checkpoint.agreed_resume(self.accelerator, spec, self.output_dir)
         if path is None:
-            if spec == "latest":
-                log.info("no checkpoint in %s yet: starting from scratch", checkpoint.checkpoint_root(self.output_dir))
+            root = checkpoint.checkpoint_root(self.output_dir)
+            if spec == "latest" and not checkpoint.step_folders(root):  # damaged ones were named, with "from scratch"
+                log.info("no checkpoint in %s yet: starting from scratch", root)
             return now
         fresh = hyperparameters(self.scheduler)
         state = checkpoint.load_checkpoint(self.accelerator, path, now)

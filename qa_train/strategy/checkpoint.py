@@ -64,7 +64,7 @@ def checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def _step_folders(root: Path) -> list[Path]:
+def step_folders(root: Path) -> list[Path]:
     """step_N folders, oldest first (temporary and trash folders never match STEP_DIR)."""
     if not root.is_dir():
         return []
@@ -75,7 +75,7 @@ def _step_folders(root: Path) -> list[Path]:
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
     """Finished checkpoints (trainer state and manifest present), oldest first; `verify` says if they are whole."""
     return [
-        p for p in _step_folders(checkpoint_root(output_dir)) if (p / STATE_FILE).is_file() and (p / MANIFEST).is_file()
+        p for p in step_folders(checkpoint_root(output_dir)) if (p / STATE_FILE).is_file() and (p / MANIFEST).is_file()
     ]
 
 
@@ -168,7 +168,7 @@ def _content_problem(path: Path, crcs: dict[str, int]) -> str | None:
 def _newest_good_sibling(path: Path, before: int | None = None) -> Path | None:
     """The newest step folder next to `path` (older than step `before`, if given) that a resume would accept, its
     contents checked: one a refusal names must not be refused in turn."""
-    for p in reversed(_step_folders(path.parent)):
+    for p in reversed(step_folders(path.parent)):
         if p != path and (before is None or (_step_of(p) or 0) < before) and verify(p, contents=True) is None:
             return p
     return None
@@ -233,7 +233,7 @@ def resolve_resume(spec: str | None, output_dir: str | Path, contents: bool = Fa
 def latest_usable(root: Path, warn: bool, contents: bool = False) -> Path | None:
     skipped: list[tuple[Path, str]] = []
     chosen = None
-    for path in reversed(_step_folders(root)):
+    for path in reversed(step_folders(root)):
         problem = verify(path, contents)
         if problem is None:
             chosen = path
@@ -257,7 +257,7 @@ def set_aside_later(path: Path, output_dir: str | Path) -> list[Path]:
     if step is None or path.parent.resolve() != checkpoint_root(output_dir).resolve():
         return []
     moved = []
-    for later in _step_folders(path.parent):
+    for later in step_folders(path.parent):
         if (_step_of(later) or 0) > step and verify(later) is None:
             moved.append(move_aside(later, "abandoned"))
     if moved:

@@ -75,3 +75,20 @@ def test_a_divergence_at_the_last_step_names_the_steps_learning_rate_and_only_us
         "qa_train: error: training diverged at step 2: loss is nan (learning rate 5e+29); nothing was exported and "
         "no checkpoint was saved. Try a lower --learning_rate or more warm-up (--warmup_ratio 0.1)"
     )
+
+
+def test_resuming_when_every_checkpoint_is_damaged_says_so_once_not_no_checkpoint_yet(
+    here: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """After warning that every checkpoint is damaged ("starting from scratch"), it went on "no checkpoint in ...
+    yet" (issue 38, case 16): the line is for a run with no checkpoint at all."""
+    flags = tiny_flags(here, "--max_train_steps", "1", "--no_eval", "--disable_tqdm", "--resume_from_checkpoint")
+    assert entry.main([*flags, "latest", "--checkpointing_steps", "1"]) == 0
+    said = capsys.readouterr().err
+    assert f"no checkpoint in {here / 'checkpoints'} yet: starting from scratch" in said
+    (here / "checkpoints" / "step_00000001" / "manifest.json").write_text("{bad")
+    assert entry.main([*flags, "latest", "--overwrite_output_dir"]) == 0
+    said = capsys.readouterr().err
+    skipped = f"checkpoint {here / 'checkpoints' / 'step_00000001'} skipped: manifest.json: unreadable or invalid"
+    assert said.count(skipped) == 1 and "no usable checkpoint left: starting from scratch" in said
+    assert "yet: starting from scratch" not in said
