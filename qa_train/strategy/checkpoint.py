@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
+import stat
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -220,14 +222,37 @@ def resolve_resume(spec: str | None, output_dir: str | Path, contents: bool = Fa
     if spec is None:
         return None
     if spec == "latest":
-        return latest_usable(checkpoint_root(output_dir), warn=True, contents=contents)
+        latest = latest_usable(checkpoint_root(output_dir), warn=True, contents=contents)
+        if latest is not None:
+            _check_trusted(latest)
+        return latest
     path = Path(spec)
     problem = verify(path, contents)
     if problem is None:
+        _check_trusted(path)
         return path
     good = _newest_good_sibling(path)
     instead = f"the newest good checkpoint there is {good}" if good else f"there is no good checkpoint in {path.parent}"
     raise CheckpointError(f"--resume_from_checkpoint {path}: {problem}; {instead}")
+
+
+def _check_trusted(path: Path) -> None:
+    """The loaders unpickle a checkpoint (DeepSpeed's model states, accelerate's optimizer and RNG files), which runs
+    any code planted in it: it must be this user's, and writable by no one else, folder and every file. Neither
+    library checks; a pickle cannot be made safe to load, so who could have written it is what can be checked."""
+    me = os.geteuid()
+    for entry in (path, *sorted(path.rglob("*"))):
+        st = entry.lstat()
+        if st.st_uid != me:
+            problem = f"{entry} is owned by uid {st.st_uid}, not you (uid {me})"
+        elif st.st_mode & stat.S_IWOTH and not stat.S_ISLNK(st.st_mode):
+            problem = f"{entry} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+        else:
+            continue
+        raise CheckpointError(
+            f"--resume_from_checkpoint {path}: {problem}; loading a checkpoint runs the code it may hold (pickle): "
+            "resume only from your own, or copy one you trust"
+        )
 
 
 def latest_usable(root: Path, warn: bool, contents: bool = False) -> Path | None:
