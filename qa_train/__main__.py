@@ -26,6 +26,7 @@ from qa_train.core.errors import (
 
 if TYPE_CHECKING:
     from qa_train.config.settings import TrainArgs
+    from qa_train.data.splits import Splits
 
 
 def _rank() -> int:
@@ -102,13 +103,28 @@ def main(argv: list[str] | None = None) -> int:
         _say(str(err), rank)
         return REFUSED
     try:
-        return _train(args, rank)
+        splits = _read_data(args, rank)
+        return REFUSED if splits is None else _train(args, rank, splits)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _train(args: TrainArgs, rank: int) -> int:
+def _read_data(args: TrainArgs, rank: int) -> Splits | None:
+    """Every record read and checked before torch, transformers and accelerate are imported (seconds): a bad file
+    is refused at once. None once refused."""
+    from qa_train.config.settings import ConfigError
+    from qa_train.data.load import DataError
+    from qa_train.data.splits import load_splits
+
+    try:
+        return load_splits(args)
+    except (ConfigError, DataError) as err:
+        _say(str(err), rank)
+        return None
+
+
+def _train(args: TrainArgs, rank: int, splits: Splits) -> int:
     """Run, and turn each way a run can end into its exit code and one line."""
     from torch._dynamo.exc import BackendCompilerFailed
 
@@ -124,7 +140,7 @@ def _train(args: TrainArgs, rank: int) -> int:
     from qa_train.trainer import TrainingDiverged
 
     try:
-        run(args)
+        run(args, splits)
     except (LaunchError, ConfigError, DataError) as err:
         _say(str(err), rank)
         return REFUSED

@@ -10,6 +10,7 @@ from pathlib import Path
 from qa_train import outcome
 from qa_train.config.settings import TrainArgs
 from qa_train.core.errors import one_line
+from qa_train.data.splits import Splits
 from qa_train.observe.metrics import TrainSummary
 from qa_train.observe.recorder import summary_table
 from qa_train.observe.schema import RunMetrics
@@ -22,10 +23,11 @@ class Preempted(Exception):
     """A stop request ended training early; its checkpoint is written and the run resumes from it."""
 
 
-def run(args: TrainArgs) -> RunMetrics | None:
-    """Train, export, evaluate and record. Returns metrics on the main process (None elsewhere)."""
+def run(args: TrainArgs, splits: Splits | None = None) -> RunMetrics | None:
+    """Train, export, evaluate and record (`splits`: the data, when already read). Returns metrics on the main
+    process (None elsewhere)."""
     started = time.perf_counter()
-    trainer = Trainer(args)
+    trainer = Trainer(args, splits)
     initial = trainer.evaluate() if args.eval.eval_on_start else None
     trainer.log_eval(initial)
     if initial is not None:

@@ -22,7 +22,8 @@ from qa_train import __version__
 from qa_train.config.outputdir import clear_previous_run
 from qa_train.config.settings import TrainArgs, every_n_steps
 from qa_train.core.preemption import StopRequest
-from qa_train.data.loaders import Splits, build_loaders, featurize_splits, load_splits
+from qa_train.data.loaders import build_loaders, featurize_splits
+from qa_train.data.splits import Splits, load_splits
 from qa_train.evaluation import (
     SAMPLE_COLUMNS,
     EvalResult,
@@ -115,7 +116,8 @@ class Trainer:
     train_dl: Any
     eval_dl: Any
 
-    def __init__(self, args: TrainArgs) -> None:
+    def __init__(self, args: TrainArgs, splits: Splits | None = None) -> None:
+        """`splits`: the data as `python -m qa_train` read it before the heavy imports; read here otherwise."""
         from accelerate.utils import set_seed
 
         self.args = args
@@ -130,7 +132,7 @@ class Trainer:
         check_weights(m)
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
         self.mixed_precision = build.launch_precision(args.system.mixed_precision)
-        splits = load_splits(args)
+        splits = load_splits(args) if splits is None else splits
         out = args.output
         project = out.wandb_project
         assert project is not None  # OutputArgs.__post_init__ fills it in

@@ -301,7 +301,8 @@ def test_evaluation_questions_that_also_train_are_warned_about_once(tmp_path: Pa
     """--validation_file equal to --train_file trained and scored silently; now the main process warns, in one
     line naming both, before featurising. A partial overlap names a few of the shared ids."""
     from qa_train.config.flags import parse_args
-    from qa_train.data.loaders import featurize_splits, load_splits, shared_questions
+    from qa_train.data.loaders import featurize_splits
+    from qa_train.data.splits import load_splits, shared_questions
 
     args = parse_args(
         tiny_flags(
@@ -349,7 +350,8 @@ def test_overwrite_cache_is_rewritten_by_the_first_process_alone(tmp_path: Path,
 
     from qa_train.config.flags import parse_args
     from qa_train.data import features
-    from qa_train.data.loaders import featurize_splits, load_splits
+    from qa_train.data.loaders import featurize_splits
+    from qa_train.data.splits import load_splits
 
     args = parse_args(
         tiny_flags(tmp_path / "out", "--max_train_samples", "40", "--max_eval_samples", "30", "--overwrite_cache")
