@@ -26,6 +26,13 @@ DATA_ORDER = {  # name: (what it is, how to resume as before)
         "the checkpoint's training data and windowing "
         "(--train_file, --max_train_samples, --max_seq_length, --doc_stride, the tokenizer)",
     ),
+    # Articles reordered or a question edited keep the count: the windows' fingerprint (their feature cache's key:
+    # the file's bytes, the tokenizer, the windowing) does not.
+    "train_data": (
+        "the training windows' fingerprint",
+        "the checkpoint's training data and windowing "
+        "(--train_file, --max_train_samples, --max_seq_length, --doc_stride, the tokenizer)",
+    ),
 }
 
 
@@ -48,6 +55,9 @@ class TrainerState:
     seed: int | None = None  # DATA_ORDER: refused mid-epoch when it changes
     group_by_length: bool | None = None
     num_train_windows: int | None = None
+    train_data: str | None = None
+    # The model's architecture and weight sizes (modeling.model_shape): another shape's weights cannot be loaded.
+    model_shape: str | None = None
     # What the strategy's save_state wrote (distributed.checkpoint_layout): another strategy cannot load it.
     checkpoint_layout: str | None = None
     # The best evaluation so far ({"step", "exact_match", "f1"}), so a resumed run's best_* still counts the
@@ -57,8 +67,8 @@ class TrainerState:
     eval_owed: bool = False
 
     def contract(self) -> dict[str, Any]:
-        """The contract's fields by name (ints, a bool and a str: Any, so that dataclasses.replace takes them)."""
-        return {name: getattr(self, name) for name in (*CONTRACT, *DATA_ORDER, "checkpoint_layout")}
+        """The contract's fields by name (ints, a bool and strs: Any, so that dataclasses.replace takes them)."""
+        return {name: getattr(self, name) for name in (*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape")}
 
 
 def state_from_json(text: str) -> TrainerState:
@@ -77,12 +87,14 @@ def state_from_json(text: str) -> TrainerState:
             raise ValueError(f"{name} is {data[name]!r}, not a positive integer")
     if "run_id" in data and not (isinstance(data["run_id"], str) and data["run_id"]):
         raise ValueError(f"run_id is {data['run_id']!r}, not a string")
+    kinds = {"group_by_length": lambda v: isinstance(v, bool), "train_data": lambda v: isinstance(v, str)}
     for name in DATA_ORDER:
         value = data.get(name)
-        if value is not None and not (isinstance(value, bool) if name == "group_by_length" else is_int(value)):
+        if value is not None and not kinds.get(name, is_int)(value):
             raise ValueError(f"{name} is {value!r}")
-    if not isinstance(data.get("checkpoint_layout") or "", str):
-        raise ValueError(f"checkpoint_layout is {data['checkpoint_layout']!r}, not a string")
+    for name in ("checkpoint_layout", "model_shape"):
+        if not isinstance(data.get(name) or "", str):
+            raise ValueError(f"{name} is {data[name]!r}, not a string")
     if not isinstance(data.get("eval_owed", False), bool):
         raise ValueError(f"eval_owed is {data['eval_owed']!r}, not true or false")
     best = data.get("best_eval")
@@ -114,6 +126,12 @@ def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str],
             "its own files; resume under the accelerate config that wrote it, or start a new run with "
             "--overwrite_output_dir"
         )
+    if changed("model_shape"):  # before the library's loader fails with "size mismatch" (or "damaged")
+        refusals.append(
+            f"it is a checkpoint of another model shape ({saved.model_shape}; this run builds {now.model_shape}): "
+            "resume with the --config_name or --model_name_or_path that wrote it, or start a new run with "
+            "--overwrite_output_dir"
+        )
     if changed("world_size"):
         refusals.append(
             f"it was written by {saved.world_size} processes, this run has {now.world_size}: its optimizer, RNG and "
@@ -130,7 +148,7 @@ def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str],
         split = _split_change(saved, now)
         (refusals if saved.batches_in_epoch else notes).append(split)
     for name in DATA_ORDER:
-        if changed(name):
+        if changed(name) and not (name == "train_data" and changed("num_train_windows")):  # one cause, said once
             (refusals if saved.batches_in_epoch else notes).append(_order_change(saved, now, name))
     if changed("total_steps") and now.total_steps is not None:
         note = (
