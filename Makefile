@@ -19,14 +19,6 @@ TEST_FAST_WORKERS ?= -n 2
 # elsewhere: `sudo python3 tests/slurm_cluster.py install` on Debian or Ubuntu.
 DEMO_V2_DIR ?= runs/demo-v2
 
-define DS_PREBUILD
-from deepspeed.accelerator import get_accelerator
-for name in ("CPUAdamBuilder", "ShareMemCommBuilder"):
-    builder = get_accelerator().create_op_builder(name)
-    if builder is not None and builder.is_compatible():
-        builder.load(verbose=False)
-endef
-export DS_PREBUILD
 
 .PHONY: install demo demo-v2 test test-fast lint bench-data clean
 
@@ -41,7 +33,8 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	@# collectives on CPU): about a minute each. Building them here keeps that stall out of the first
 	@# run and the tests; a machine without a compiler only pays it later. With the venv's ninja, as
 	@# the tests use: another ninja version would read its build log as stale and rebuild.
-	-PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -c "$$DS_PREBUILD" 2>&1 | grep -v WARNING || true
+	@# A build lock left by a killed build is removed first (qa_train/strategy/op_builds.py).
+	-PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m qa_train.strategy.op_builds 2>&1 | grep -v WARNING || true
 	touch $@
 
 demo: install

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from qa_train.core.errors import (
     CRASHED,
@@ -22,6 +23,10 @@ from qa_train.core.errors import (
     SAVE_FAILED,
     STATUS_FILE_ENV,
 )
+
+if TYPE_CHECKING:
+    from qa_train.config.settings import TrainArgs
+    from qa_train.data.splits import Splits
 
 
 def _rank() -> int:
@@ -45,6 +50,11 @@ def _out_of_space(err: OSError, output_dir: str) -> str:
         else "--overwrite_output_dir (no checkpoint was saved)"
     )
     return f"{err.strerror}{where}; free space, then rerun with {rerun}"
+
+
+def _noted(message: str, err: BaseException) -> str:
+    """A line with the notes the run added to the error on its way out (where the trained weights are)."""
+    return "; ".join([message, *getattr(err, "__notes__", ())])
 
 
 def _compile_failed(cause: BaseException, backend: str | None) -> str:
@@ -87,12 +97,38 @@ def main(argv: list[str] | None = None) -> int:
     rank = _rank()
     try:
         args = parse_args(argv)
-        claim(args.output)
+        # The run's first process holds the output dir for the run's life: a second run there is refused at once.
+        lock = claim(args.output, lock=rank == 0)
     except ConfigError as err:
         _say(str(err), rank)
         return REFUSED
+    try:
+        splits = _read_data(args, rank)
+        return REFUSED if splits is None else _train(args, rank, splits)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _read_data(args: TrainArgs, rank: int) -> Splits | None:
+    """Every record read and checked before torch, transformers and accelerate are imported (seconds): a bad file
+    is refused at once. None once refused."""
+    from qa_train.config.settings import ConfigError
+    from qa_train.data.load import DataError
+    from qa_train.data.splits import load_splits
+
+    try:
+        return load_splits(args)
+    except (ConfigError, DataError) as err:
+        _say(str(err), rank)
+        return None
+
+
+def _train(args: TrainArgs, rank: int, splits: Splits) -> int:
+    """Run, and turn each way a run can end into its exit code and one line."""
     from torch._dynamo.exc import BackendCompilerFailed
 
+    from qa_train.config.settings import ConfigError
     from qa_train.data.load import DataError
     from qa_train.outcome import ExportError
     from qa_train.run import Preempted, run
@@ -104,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from qa_train.trainer import TrainingDiverged
 
     try:
-        run(args)
+        run(args, splits)
     except (LaunchError, ConfigError, DataError) as err:
         _say(str(err), rank)
         return REFUSED
@@ -126,22 +162,22 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:  # not collective: the rank that met it says so
         if err.errno not in OUT_OF_SPACE:
             raise  # any other OSError is a crash, with its traceback
-        _say(_out_of_space(err, args.output.output_dir), rank, speaker=rank)
+        _say(_noted(_out_of_space(err, args.output.output_dir), err), rank, speaker=rank)
         return SAVE_FAILED
     except Preempted:  # its checkpoint and the log line saying so are written
         return PREEMPTED
     except OutOfMemory as err:  # not collective: the rank that met it says where and what to change
-        _say(f"rank {rank}: {err}", rank, speaker=rank)
+        _say(_noted(f"rank {rank}: {err}", err), rank, speaker=rank)
         return OUT_OF_MEMORY
     except (RuntimeError, MemoryError) as err:  # not collective either: the ranks that met it say so
         if is_out_of_memory(err):  # outside a step or an evaluation batch: building, placing or loading the model
-            _say(f"rank {rank}: {elsewhere(err, _where(err), plan_command(args))}", rank, speaker=rank)
+            _say(_noted(f"rank {rank}: {elsewhere(err, _where(err), plan_command(args))}", err), rank, speaker=rank)
             return OUT_OF_MEMORY
         fault = collective_fault(err)
         if fault is None:
             raise
         if fault == "timeout":
-            _say(_hung(err, rank, args.system.ddp_timeout), rank, speaker=rank)
+            _say(_noted(_hung(err, rank, args.system.ddp_timeout), err), rank, speaker=rank)
             return HUNG
         # Another rank failed first and says why; this one's traceback would bury that line.
         _say(

@@ -79,9 +79,28 @@ def _best_for_inference(t: Trainer) -> torch.nn.Module:
     return model.to(t.accelerator.device)
 
 
-def export(t: Trainer, final_scores: EvalResult | None) -> Path | None:
-    """The consolidated model and tokenizer in output_dir/final (every rank must call it): with --save_best
-    the best model evaluated, which is the last one unless an earlier evaluation scored a higher F1."""
+def export(t: Trainer) -> Path | None:
+    """The trained model and tokenizer, consolidated, in output_dir/final (every rank must call it), right after
+    training: the final evaluation, --do_predict and metrics.json come after it, and a failure there (out of
+    memory, a full disk) must not lose the weights. ExportError on every rank when it fails; the run then still
+    evaluates and records, and says so at its end."""
+    if not t.args.output.save_final_model:
+        return None
+    try:
+        return t.export_to(t.output_dir / "final")
+    except Exception as err:  # a full disk surfaces as OSError, or as safetensors' own error type
+        if faults.run_fault(err):
+            raise  # not the export's fault: exit 7 or 6, as anywhere else in the run
+        raise ExportError(
+            f"export to {t.output_dir / 'final'} failed: {one_line(err)}; "
+            "metrics.json is written, and the last checkpoint (if any) still holds the "
+            "weights"
+        ) from err
+
+
+def keep_best(t: Trainer, final_scores: EvalResult | None, exported: Path | None) -> Path | None:
+    """With --save_best, the export becomes the best model evaluated when an earlier evaluation scored a higher F1
+    than the final one (every rank must call it); returns where the export is."""
     if not t.args.output.save_final_model:
         return None
     if t.best.replaces_last(final_scores):
@@ -92,19 +111,9 @@ def export(t: Trainer, final_scores: EvalResult | None) -> Path | None:
             best.promote(t.output_dir)
             log.info("exported the best model (step %d, F1 %.2f) to %s", kept.step, kept.f1, t.output_dir / "final")
         return t.output_dir / "final"
-    try:
-        final = t.export_to(t.output_dir / "final")
-        if t.is_main:
-            shutil.rmtree(t.output_dir / "best", ignore_errors=True)
-        return final
-    except Exception as err:  # a full disk surfaces as OSError, or as safetensors' own error type
-        if faults.run_fault(err):
-            raise  # not the export's fault: exit 7 or 6, as anywhere else in the run
-        raise ExportError(
-            f"export to {t.output_dir / 'final'} failed: {one_line(err)}; "
-            "metrics.json is written, and the last checkpoint (if any) still holds the "
-            "weights"
-        ) from err
+    if exported is not None and t.is_main:  # the last model is the export; a failed one leaves best/ its weights
+        shutil.rmtree(t.output_dir / "best", ignore_errors=True)
+    return exported
 
 
 def run_metrics(

@@ -80,7 +80,7 @@ class Predictor:
         )
         self.accelerator = Accelerator(cpu=not on_cuda, mixed_precision=precision)
         with loading("MODEL_DIR", model_dir, "the model"):
-            model = load_model(model_args, self.tokenizer, config)
+            model = load_model(model_args, self.tokenizer, config, trained=True)
         self.model = self.accelerator.prepare_model(model, evaluation_mode=True)
         self.token_types = uses_token_types(config, self.tokenizer)
 

@@ -1,4 +1,5 @@
-"""One run end to end: build -> fit -> evaluate -> record -> export, in the order the data flows."""
+"""One run end to end: build -> fit -> export -> evaluate -> record, in the order the data flows; the weights are
+saved before the work after training that can fail."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 
 from qa_train import outcome
 from qa_train.config.settings import TrainArgs
+from qa_train.core.errors import one_line
+from qa_train.data.splits import Splits
+from qa_train.observe.metrics import TrainSummary
 from qa_train.observe.recorder import summary_table
 from qa_train.observe.schema import RunMetrics
 from qa_train.trainer import Trainer
@@ -19,10 +23,11 @@ class Preempted(Exception):
     """A stop request ended training early; its checkpoint is written and the run resumes from it."""
 
 
-def run(args: TrainArgs) -> RunMetrics | None:
-    """Train, evaluate, record and export. Returns metrics on the main process (None elsewhere)."""
+def run(args: TrainArgs, splits: Splits | None = None) -> RunMetrics | None:
+    """Train, export, evaluate and record (`splits`: the data, when already read). Returns metrics on the main
+    process (None elsewhere)."""
     started = time.perf_counter()
-    trainer = Trainer(args)
+    trainer = Trainer(args, splits)
     initial = trainer.evaluate() if args.eval.eval_on_start else None
     trainer.log_eval(initial)
     if initial is not None:
@@ -40,17 +45,54 @@ def run(args: TrainArgs) -> RunMetrics | None:
         trainer.finish()
         raise Preempted
 
-    scores = trainer.evaluate(Path(args.output.output_dir) / "eval_predictions.json") if args.eval.do_eval else None
-    trainer.log_eval(scores)
-    trainer.log_samples(scores)
-    metrics = outcome.run_metrics(trainer, trained, scores, initial, started=started)
-    if metrics is not None and metrics.squad_v2:
-        log.info("SQuAD v2.0: %s", ", ".join(f"{k} {v:.4g}" for k, v in metrics.squad_v2.items()))
-    trainer.record(metrics)  # before the export: a full disk there must not lose EM/F1
-    if args.eval.do_predict:
-        outcome.predict(trainer, scores)  # with the model the export will be: with --save_best, maybe not the last
-    trainer.log_model(outcome.export(trainer, scores))
+    exported, failed = _export(trainer)
+    try:
+        scores = trainer.evaluate(Path(args.output.output_dir) / "eval_predictions.json") if args.eval.do_eval else None
+        trainer.log_eval(scores)
+        trainer.log_samples(scores)
+        metrics = outcome.run_metrics(trainer, trained, scores, initial, started=started)
+        if metrics is not None and metrics.squad_v2:
+            log.info("SQuAD v2.0: %s", ", ".join(f"{k} {v:.4g}" for k, v in metrics.squad_v2.items()))
+        _record(trainer, trained, metrics)
+        if args.eval.do_predict:
+            outcome.predict(trainer, scores)  # with the model the export will be: with --save_best, maybe not the last
+    except BaseException as err:  # out of memory, a full disk: the line that says so says where the weights are
+        if exported is not None:
+            err.add_note(f"the trained model is exported to {exported}")
+        raise
+    trainer.log_model(outcome.keep_best(trainer, scores, exported))
     trainer.finish()
+    if failed is not None:
+        raise failed  # the evaluation and metrics.json are written: exit 4
     if metrics is not None:
         print(summary_table(metrics), flush=True)
     return metrics
+
+
+def _record(trainer: Trainer, trained: TrainSummary, metrics: RunMetrics | None) -> None:
+    """metrics.json, unless this run trained no step and the run that trained the model wrote one: resumed at the
+    last step (a requeued finished job, a rerun after a failed export), it cannot measure loss, speed or time."""
+    earlier = trainer.output_dir / "metrics.json"
+    if trained.steps == trainer.first_step > 0 and earlier.is_file():
+        if trainer.is_main:
+            log.warning(
+                "resumed at step %d, the last: no step was trained, so %s keeps the figures of the run that "
+                "trained the model",
+                trained.steps,
+                earlier,
+            )
+        return
+    trainer.record(metrics)
+
+
+def _export(trainer: Trainer) -> tuple[Path | None, outcome.ExportError | None]:
+    """The weights first, before the work after training that can fail; a failed export (a full disk) leaves that
+    work to be done, and is raised once it is."""
+    try:
+        return outcome.export(trainer), None
+    except outcome.ExportError as err:
+        if trainer.is_main:
+            log.error(
+                "export failed (%s); evaluating and writing metrics.json before exiting", one_line(err.__cause__ or err)
+            )
+        return None, err

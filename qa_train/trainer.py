@@ -24,7 +24,8 @@ from qa_train.config.outputdir import clear_previous_run
 from qa_train.config.settings import TrainArgs, every_n_steps
 from qa_train.core.preemption import StopRequest
 from qa_train.data.batching import windows_in_step
-from qa_train.data.loaders import Splits, TrainOrder, build_loaders, featurize_splits, load_splits
+from qa_train.data.loaders import TrainOrder, build_loaders, featurize_splits
+from qa_train.data.splits import Splits, load_splits
 from qa_train.evaluation import (
     SAMPLE_COLUMNS,
     EvalResult,
@@ -48,6 +49,7 @@ from qa_train.model.modeling import (
     load_model_config,
     load_tokenizer,
     loading,
+    model_shape,
     uses_token_types,
     window_losses,
 )
@@ -71,6 +73,17 @@ from qa_train.strategy import best, build, checkpoint, checks, deepspeed_json, f
 from qa_train.strategy.train_state import CHECKPOINT_FORMAT, TrainerState
 
 log = logging.getLogger("qa_train")
+
+
+def divergence_remedies(max_grad_norm: float, mixed_precision: str) -> str:
+    """What may tame a divergence, less what the run already does: clipping at 1.0 is the default, and the
+    bf16-for-fp16 advice is for fp16 runs alone."""
+    remedies = ["a lower --learning_rate", "more warm-up (--warmup_ratio 0.1)"]
+    if not 0 < max_grad_norm <= 1.0:
+        remedies.append("--max_grad_norm 1.0")
+    if mixed_precision == "fp16":
+        remedies.append("bf16 instead of fp16")
+    return ", ".join(remedies[:-1]) + ("," if len(remedies) > 2 else "") + f" or {remedies[-1]}"
 
 
 class TrainingDiverged(RuntimeError):
@@ -113,7 +126,8 @@ class Trainer:
     train_dl: Any
     eval_dl: Any
 
-    def __init__(self, args: TrainArgs) -> None:
+    def __init__(self, args: TrainArgs, splits: Splits | None = None) -> None:
+        """`splits`: the data as `python -m qa_train` read it before the heavy imports; read here otherwise."""
         from accelerate.utils import set_seed
 
         self.output_dir = Path(args.output.output_dir)
@@ -139,7 +153,7 @@ class Trainer:
         check_weights(m)
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
         self.mixed_precision = build.launch_precision(args.system.mixed_precision)
-        splits = load_splits(args)
+        splits = load_splits(args) if splits is None else splits
         project = out.wandb_project
         assert project is not None  # OutputArgs.__post_init__ fills it in
         trackers = build_trackers(
@@ -183,10 +197,18 @@ class Trainer:
         self._build_inputs(splits)
         # Only now, with every record read and every window built (the tokenizer refuses some texts), may
         # --overwrite_output_dir cost the old run.
-        replaced = clear_previous_run(out, self.is_main)
-        if replaced:
+        cleared = clear_previous_run(out, self.is_main)
+        if cleared.removed:
             log.info(
-                "--overwrite_output_dir: removed the previous run's %s from %s", ", ".join(replaced), self.output_dir
+                "--overwrite_output_dir: removed the previous run's %s from %s",
+                ", ".join(cleared.removed),
+                self.output_dir,
+            )
+        if cleared.kept:
+            log.warning(
+                "--overwrite_output_dir: kept %s in %s: not provably qa_train's own",
+                ", ".join(cleared.kept),
+                self.output_dir,
             )
         self._build_model()
         self.state = self._resume()
@@ -200,6 +222,7 @@ class Trainer:
         )
         # fp16's loss scaler expects overflowing gradients now and then and skips those steps itself.
         self.guard_grad_norm = self.mixed_precision != "fp16"
+        self._update_lr: float | None = None  # the latest update's (the scheduler's is already the next one's)
         self.best = best.BestModel(
             self.accelerator, self.output_dir, args.eval.save_best, self.first_step > 0, self.state.best_eval
         )
@@ -260,6 +283,8 @@ class Trainer:
             seed=self.args.system.seed,
             group_by_length=self.args.data.group_by_length,
             num_train_windows=len(self.inputs.train_features),
+            train_data=self.inputs.train_fingerprint,
+            model_shape=model_shape(self.model_config),
             checkpoint_layout=build.checkpoint_layout(self.strategy, self.accelerator),
             checkpoint_format=CHECKPOINT_FORMAT,
             qa_train_version=__version__,
@@ -433,6 +458,7 @@ class Trainer:
                 # Only a clipping run measures the norm (as transformers' Trainer): measuring costs a pass.
                 clipped = accelerator.clip_grad_norm_(self.model.parameters(), max_norm) if max_norm > 0 else None
                 self._metrics.update(sharded.global_grad_norm(accelerator, self.model, clipped))
+                self._update_lr = self.scheduler.get_last_lr()[0]
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -559,10 +585,10 @@ class Trainer:
     def _diverged(self, what: str) -> str:
         done = checkpoint.complete_checkpoints(self.output_dir)
         kept = f"the last checkpoint, {done[-1]}, is from before it" if done else "no checkpoint was saved"
+        lr = self.scheduler.get_last_lr()[0] if self._update_lr is None else self._update_lr
         return (
-            f"training diverged at step {self.state.completed_steps}: {what} (learning rate "
-            f"{self.scheduler.get_last_lr()[0]:.3g}); nothing was exported and {kept}. Try a lower "
-            "--learning_rate, more warm-up (--warmup_ratio 0.1), --max_grad_norm 1.0, or bf16 instead of fp16"
+            f"training diverged at step {self.state.completed_steps}: {what} (learning rate {lr:.3g}); nothing was "
+            f"exported and {kept}. Try {divergence_remedies(self.args.optim.max_grad_norm, self.mixed_precision)}"
         )
 
     # --- evaluation, record, finish ------------------------------------------------------------

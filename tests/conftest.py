@@ -140,6 +140,19 @@ def env(tmp_path: Path) -> dict[str, str]:
     return base_env(tmp_path)
 
 
+@pytest.fixture
+def own_logging():
+    """main() in this process points the root logger at the test's captured stderr, closed once the test ends: later
+    tests must not log there."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 # Set by .ci/run, which installs SLURM: there a missing cluster fails the SLURM tests instead of skipping them.
 REQUIRE_SLURM = "QA_TRAIN_REQUIRE_SLURM"
 

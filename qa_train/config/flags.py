@@ -133,7 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         section = parser.add_argument_group(name, (group.__doc__ or "").strip())
         for f in dataclasses.fields(group):
             _add_flag(section, f)
-    parser.add_argument("--no_eval", dest="do_eval", action="store_false", help="Skip evaluation.")
+    parser.add_argument(
+        "--no_eval",
+        dest="do_eval",
+        action="store_false",
+        help="Skip evaluation (refused with --eval_strategy steps or epoch, which evaluate).",
+    )
     return parser
 
 

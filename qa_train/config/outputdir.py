@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from qa_train.config.dirlock import DirLock, hold
+from qa_train.config.ownership import Owned, owned
 from qa_train.config.settings import TRACKERS, ConfigError, OutputArgs
 from qa_train.core.preemption import PREEMPT_FILE
 
@@ -32,8 +35,19 @@ RUN_FILES = (
 )
 # Never a run by themselves, but a stale one would act on the next run: a stop request nobody answered (the new run
 # would stop at its first logging step), the test hook's hold marks, and what an interrupted atomic write or export
-# left (tracking.atomic_write_text, saving.export_final). Cleared with the run they belong to.
-LEFTOVERS = (PREEMPT_FILE, "HOLDING-rank*", ".*.tmp", ".tmp-*")
+# left (recorder.atomic_write_text, saving.export_final). Cleared with the run they belong to.
+LEFTOVERS = (PREEMPT_FILE, "HOLDING-rank*", ".*.json.tmp", ".*.jsonl.tmp", ".tmp-final", ".tmp-best")
+# Folders the export replaces whole (saving.export_final, best.promote): a file of the user's there would go with them.
+REPLACED = ("final", "best")
+
+
+@dataclass
+class Cleared:
+    """What --overwrite_output_dir did: the old run's entries it removed (or emptied of qa_train's files), and
+    the paths it kept there because they are not provably qa_train's (relative to output_dir)."""
+
+    removed: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
 
 
 def run_files(output_dir: Path) -> list[str]:
@@ -68,11 +82,34 @@ def _inside(path: Path, folder: Path) -> bool:
     return path.resolve().is_relative_to(folder.resolve())
 
 
-def claim(output: OutputArgs) -> None:
-    """Refuse an occupied or unwritable output_dir. Nothing is removed here: --overwrite_output_dir's clearing
-    waits for `clear_previous_run`, after the data has been read, so a refused record cannot cost the old run."""
+def claim(output: OutputArgs, lock: bool = False) -> DirLock | None:
+    """Refuse an occupied or unwritable output_dir, or with `lock` (the run's first process) one that another run
+    holds; returns the held lock. Nothing is removed here: --overwrite_output_dir's clearing waits for
+    `clear_previous_run`, after the data has been read, so a refused record cannot cost the old run."""
+    out = Path(output.output_dir)
+    check_writable(out)
+    held = hold(out) if lock else None  # before the contents are read: a live run may be writing them
+    try:
+        _check_occupied(output)
+    except ConfigError:
+        if held is not None:
+            held.release()
+        raise
+    return held
+
+
+def _check_occupied(output: OutputArgs) -> None:
     out = Path(output.output_dir)
     found = run_files(out)
+    for name in REPLACED:
+        foreign = owned(out / name).keep if name in found else []
+        if foreign == [out / name] and foreign[0].is_dir():  # not an export at all: what is in it
+            foreign = sorted(foreign[0].iterdir())
+        if foreign:
+            raise ConfigError(
+                f"--output_dir {out}: {name}/ holds what qa_train did not write ({_listed(out, foreign)}), and a "
+                f"run replaces that folder whole; move it, or choose another --output_dir"
+            )
     resume = output.resume_from_checkpoint
     # With --overwrite_output_dir, a run the resume would not continue goes (`replaces`) once the data is read.
     if found and not output.overwrite_output_dir and not continues(output, found):
@@ -91,7 +128,6 @@ def claim(output: OutputArgs) -> None:
             f"--output_dir {out}: holds another run ({', '.join(found)}) than the one in "
             f"--resume_from_checkpoint {resume}; choose an empty --output_dir or --overwrite_output_dir"
         )
-    check_writable(out)
 
 
 def continues(output: OutputArgs, found: list[str]) -> bool:
@@ -112,14 +148,40 @@ def replaces(output: OutputArgs, found: list[str]) -> bool:
     return output.overwrite_output_dir and not continues(output, found)
 
 
-def clear_previous_run(output: OutputArgs, is_main: bool) -> list[str]:
-    """--overwrite_output_dir: the main process removes the old run's files (a user's own files stay).
-    Returns what was removed."""
+def clear_previous_run(output: OutputArgs, is_main: bool) -> Cleared:
+    """--overwrite_output_dir: the main process removes the old run's files, those provably qa_train's own
+    (config/ownership.py); anything else stays, and is named in what this returns on every rank."""
     out = Path(output.output_dir)
-    found = [*run_files(out), *leftovers(out)] if replaces(output, run_files(out)) else []
+    if not replaces(output, run_files(out)):
+        return Cleared()
+    plan, cleared = Owned(), Cleared()
+    for name in [*run_files(out), *leftovers(out)]:
+        found = owned(out / name)
+        plan.add(found)
+        if found.remove:
+            cleared.removed.append(name)
     if is_main:
-        remove(out, found)
-    return found
+        for path in plan.remove:
+            remove_entry(path)
+            _prune_emptied(path.parent, out)
+    cleared.kept = [p.relative_to(out).as_posix() for p in plan.keep]
+    return cleared
+
+
+def _prune_emptied(folder: Path, top: Path) -> None:
+    """Remove `folder` and its parents below `top` while removing files left them empty."""
+    while folder != top and top in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: something that stays is in it
+            return
+        folder = folder.parent
+
+
+def _listed(top: Path, paths: list[Path], shown: int = 3) -> str:
+    names = [p.relative_to(top).as_posix() for p in paths]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def remove(folder: Path, names: list[str]) -> None:

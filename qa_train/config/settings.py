@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -96,11 +97,20 @@ def every_n_steps(value: float, total_steps: int) -> int:
     return max(1, math.ceil(value * total_steps)) if value < 1 else int(value)
 
 
+def _kind(path: Path) -> str:
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"))
+    return next((name for test, name in kinds if test(mode)), "a block device")
+
+
 def _check_file(path: str | None, flag: str) -> None:
     if path is None:
         return
-    _require(not Path(path).is_dir(), flag, f"{path!r} is a directory, not a SQuAD JSON file")
-    _require(Path(path).is_file(), flag, f"file {path!r} does not exist")
+    found = Path(path)
+    _require(not found.is_dir(), flag, f"{path!r} is a directory, not a SQuAD JSON file")
+    _require(found.exists(), flag, f"file {path!r} does not exist")
+    # A named pipe or a device reads once: each rank, and the feature cache's key, read the file again.
+    _require(found.is_file(), flag, f"{path!r} is not a regular file ({_kind(found)}): save the data to a file")
     _require(
         path.endswith((".json", ".jsonl")), flag, f"{path!r} must be .json (nested SQuAD) or .jsonl (flat records)"
     )
@@ -359,6 +369,11 @@ class EvalArgs:
             f"is only used with --eval_strategy steps (got --eval_strategy {self.eval_strategy})",
         )
         _require(
+            self.do_eval or self.eval_strategy == "no",
+            "no_eval",
+            f"contradicts --eval_strategy {self.eval_strategy}, which evaluates during training: drop one of them",
+        )
+        _require(
             not self.save_best or self.eval_strategy != "no",
             "save_best",
             "needs evaluations during training to choose from: add --eval_strategy steps or epoch",
@@ -383,8 +398,8 @@ class OutputArgs:
         default=False,
         metadata={
             "help": "Replace the run already in --output_dir: its metrics, model, checkpoints and logs are "
-            "removed once the new run's flags, model config and data have passed their checks. "
-            "Without it an occupied --output_dir is refused, unless resuming."
+            "removed once the new run's flags, model config and data have passed their checks; only files "
+            "provably qa_train's go, anything else stays and is named. Without it an occupied --output_dir is refused, unless resuming."
         },
     )
     checkpointing_steps: str | None = field(
@@ -487,6 +502,13 @@ class OutputArgs:
                 "resume_from_checkpoint",
                 f"{self.resume_from_checkpoint!r} is not a checkpoint directory",
             )
+        # What an unset shell variable gives: Path("") is the working directory, whose final/ and checkpoints/ a run
+        # would write into (and --overwrite_output_dir clear).
+        _require(
+            bool(self.output_dir.strip()),
+            "output_dir",
+            "is empty (an unset shell variable?); name the run's folder, e.g. --output_dir runs/my-run",
+        )
         _require(not Path(self.output_dir).is_file(), "output_dir", f"{self.output_dir!r} is a file")
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -9,6 +10,13 @@ import time
 from pathlib import Path
 
 PREEMPT_FILE = "PREEMPT"
+# A PREEMPT file older than the process by more than this is a request to an earlier run; the margin covers the
+# process start time's tick and a shared file system's clock.
+STALE_MARGIN_S = 2.0
+# When the launch began (seconds since the epoch), set by qa-train launch and slurm/train.sbatch for their ranks: a
+# stop request written while they were starting (SLURM's warning before the launch) is this run's.
+RUN_STARTED_ENV = "QA_TRAIN_RUN_STARTED"
+log = logging.getLogger("qa_train")
 # Test hook: with QA_TRAIN_TEST_HOLD_AT_STEP=N every rank writes OUTPUT_DIR/HOLDING-rank<r> after
 # optimizer step N and waits there until a stop is requested or the process is killed, so tests stop
 # a run at a chosen step instead of slowing every step. Never set in real runs. A rank nobody stops
@@ -41,6 +49,8 @@ class StopRequest:
         self.flag = False
         self.output_dir = output_dir
         self.file = output_dir / PREEMPT_FILE
+        self.started = _process_start()
+        self.told_stale = False
         self.hold_at = int(os.environ.get(HOLD_ENV, "0"))
         ranks = os.environ.get(HOLD_RANKS_ENV)
         self.hold_ranks = None if ranks is None else {int(r) for r in ranks.split(",")}
@@ -53,7 +63,26 @@ class StopRequest:
         self.flag = True
 
     def requested(self) -> bool:
-        return self.flag or self.file.exists()
+        return self.flag or self._file_request()
+
+    def _file_request(self) -> bool:
+        """A PREEMPT file written since this process started (during start-up counts); an older one was left by an
+        earlier run (killed before it answered, a requeued job) and would stop this one at its first step."""
+        try:
+            written = self.file.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        if written >= self.started - STALE_MARGIN_S:
+            return True
+        if not self.told_stale:
+            self.told_stale = True
+            log.warning(
+                "%s was written %s before this run started: a stop request to an earlier run, ignored "
+                "(remove it; touch it again to stop this run)",
+                self.file,
+                _age(self.started - written),
+            )
+        return False
 
     def clear(self, is_main: bool) -> None:
         """The request is spent once its checkpoint exists; a resumed run must not stop at once."""
@@ -67,6 +96,24 @@ class StopRequest:
         deadline = time.monotonic() + HOLD_LIMIT_S
         while not self.requested() and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def _process_start() -> float:
+    """When this run began: the launch's time where a launcher gave it, else this process's start."""
+    import psutil
+
+    started = psutil.Process().create_time()
+    try:
+        return min(started, float(os.environ.get(RUN_STARTED_ENV, "inf")))
+    except ValueError:
+        return started
+
+
+def _age(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    if minutes < 1:
+        return f"{seconds:.0f} s"
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
 def shield_loader_worker(worker_id: int) -> None:  # noqa: ARG001

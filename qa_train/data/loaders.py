@@ -11,11 +11,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
-from qa_train.config.settings import DataArgs, TrainArgs
+from qa_train.config.settings import DataArgs
 from qa_train.core.preemption import shield_loader_worker
 from qa_train.data.batching import Collator, LengthGroupedSampler, SeededPermutation, WholeGlobalBatches, WindowDataset
-from qa_train.data.features import Features, load_or_featurize
-from qa_train.data.load import AnswerRule, Examples, load_file, load_split
+from qa_train.data.features import Features, cache_key, load_or_featurize
+from qa_train.data.load import Examples
+from qa_train.data.splits import Splits
 
 log = logging.getLogger("qa_train")
 
@@ -30,6 +31,9 @@ class Inputs:
     eval_examples: Examples | None = None
     eval_features: Features | None = None
     cache_hits: list[bool] = field(default_factory=list)
+    # The training windows' identity (their cache key: the data's bytes, the tokenizer, the windowing), which a
+    # checkpoint records so that a mid-epoch resume on other data is refused.
+    train_fingerprint: str = ""
     test_examples: Examples | None = None
     test_features: Features | None = None
 
@@ -47,57 +51,6 @@ class Inputs:
         )
 
 
-@dataclass
-class Splits:
-    """Parsed and validated questions, before any tokenisation."""
-
-    train: Examples
-    evaluation: Examples | None
-    test: Examples | None = None
-    warnings: list[str] = field(default_factory=list)  # logged once, by the main process, when it featurises
-
-
-def shared_questions(train: Examples, evaluation: Examples | None, shown: int = 3) -> list[str]:
-    """Evaluation questions that also train make EM/F1 measure recall, not answering: a warning rather than a
-    refusal, as scoring the training data is a fair check that a model can fit it at all."""
-    if evaluation is None:
-        return []
-    training = set(train.ids)
-    shared = [qid for qid in evaluation.ids if qid in training]
-    if not shared:
-        return []
-    why = "EM/F1 will measure recall of the training data, not answering unseen questions"
-    if len(shared) == len(evaluation):
-        same = "; the files are identical" if train.fingerprint == evaluation.fingerprint else ""
-        return [
-            f"{evaluation.source}: all {len(evaluation)} evaluation questions are training questions too "
-            f"(their ids are in {train.source}{same}); {why}"
-        ]
-    return [
-        f"{evaluation.source}: {len(shared)} of {len(evaluation)} evaluation questions share an id with a "
-        f"training question in {train.source} (e.g. {', '.join(map(repr, shared[:shown]))}); {why}"
-    ]
-
-
-def load_splits(args: TrainArgs) -> Splits:
-    """Every rank parses and validates on its own, before any process group exists: a bad record is
-    refused by each rank in one line, and no rank is left waiting in a collective for one that failed."""
-    d = args.data
-    rule: AnswerRule = "may_be_empty" if d.version_2_with_negative else "required"
-    train = load_split(d.train_file, d.dataset_name, d.dataset_config_name, "train", d.max_train_samples, rule)
-    evaluation = (
-        load_split(d.validation_file, d.dataset_name, d.dataset_config_name, "validation", d.max_eval_samples, rule)
-        if args.eval.needs_eval_data
-        else None
-    )
-    test = (
-        load_file(d.test_file, "optional").head(d.max_predict_samples)
-        if args.eval.do_predict and d.test_file is not None  # validated: --do_predict comes with --test_file
-        else None
-    )
-    return Splits(train, evaluation, test, shared_questions(train, evaluation))
-
-
 def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> Inputs:
     """The first process on each node tokenises and caches; the others then read its cache."""
     if accelerator.is_main_process:
@@ -111,7 +64,8 @@ def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> 
         features, hit = load_or_featurize(
             splits.train, tokenizer, data.max_seq_length, data.doc_stride, fresh_since=since
         )
-        inputs = Inputs(len(splits.train), features, cache_hits=[hit])
+        fingerprint = cache_key(splits.train, tokenizer, data.max_seq_length, data.doc_stride, with_offsets=False)
+        inputs = Inputs(len(splits.train), features, cache_hits=[hit], train_fingerprint=fingerprint)
         splits.train = None  # type: ignore[assignment]  # the text is not needed once the windows are cut
         if splits.evaluation is not None:
             inputs.eval_examples = splits.evaluation

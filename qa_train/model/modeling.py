@@ -275,8 +275,24 @@ def window_losses(outputs, starts, ends):
     return (entropy(outputs.start_logits, starts) + entropy(outputs.end_logits, ends)) / 2
 
 
-def load_model(args: ModelArgs, tokenizer, config):
+@contextlib.contextmanager
+def _quiet_load_report(quiet: bool) -> Iterator[None]:
+    """transformers' table of missing and unexpected weights, silenced where the refusal names them in one line."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    if quiet:
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def load_model(args: ModelArgs, tokenizer, config, *, trained: bool = False):
     """Pretrained weights (with --config_name's config if given); random init from --config_name alone.
+    `trained`: every weight must come from the checkpoint (answering, not fine-tuning): a model without a QA head
+    (a masked-LM checkpoint) is refused, naming the weights it lacks, instead of answering from a random head.
 
     Master weights are fp32 whatever the checkpoint stores: transformers 5 loads a checkpoint in its
     stored dtype, so an fp16/bf16 upload would otherwise train in half precision (autocast is how
@@ -293,12 +309,21 @@ def load_model(args: ModelArgs, tokenizer, config):
         config.vocab_size = max(config.vocab_size, len(tokenizer))
         model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=attention, dtype=torch.float32)
     else:
-        model = AutoModelForQuestionAnswering.from_pretrained(
-            args.model_name_or_path,
-            config=config,
-            attn_implementation=attention,
-            dtype=torch.float32,
-        )
+        with _quiet_load_report(trained):
+            model, info = AutoModelForQuestionAnswering.from_pretrained(
+                args.model_name_or_path,
+                config=config,
+                attn_implementation=attention,
+                dtype=torch.float32,
+                output_loading_info=True,
+            )
+        missing = sorted(info["missing_keys"])
+        if trained and missing:
+            shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+            raise ConfigError(
+                f"{args.model_name_or_path}: not a trained question-answering model: its weights lack {shown} "
+                "(randomly initialised, they would answer at random); fine-tune it with qa-train first"
+            )
     if model.config.vocab_size < len(tokenizer):
         raise ConfigError(
             f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model.config.vocab_size}"
@@ -317,6 +342,24 @@ def flop_coefficients(config) -> tuple[float, float]:
     per_layer = 4 * h * h + 2 * h * inter  # Q, K, V, output projections + the two MLP matrices
     matmul_params = layers * per_layer + 2 * h  # + QA head
     return 6.0 * matmul_params, 12.0 * layers * h
+
+
+# The config values that size the weights: a checkpoint saved under other values cannot be loaded into this model.
+SHAPE_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
+
+
+def model_shape(config) -> str:
+    """The architecture and the sizes of its weights in one line (`bert, hidden_size 128, ...`)."""
+    sizes = [f"{key} {value}" for key in SHAPE_KEYS if type(value := getattr(config, key, None)) is int]
+    return ", ".join([str(config.model_type), *sizes])
 
 
 def import_model_code(config) -> None:

@@ -18,9 +18,17 @@ log = logging.getLogger("qa_train")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write a temporary file beside `path`, then rename it over. A failed write (a full disk) removes the
+    temporary file and names `path`: write() reports no file name."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.filename is None or err.filename == str(tmp):
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
 
 
 def atomic_write_json(path: Path, payload: Any) -> None:

@@ -3,17 +3,43 @@ predictions and no-answer probabilities, each refused in one line naming the fil
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
-from collections.abc import Iterable
+import lzma
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from qa_train.data.json_lines import json_lines
 
+# The SQuAD files are often kept compressed (dev-v1.1.json.xz): read as they are, not refused as "not UTF-8".
+_COMPRESSED: tuple[tuple[bytes, str, Callable[[bytes], bytes]], ...] = (
+    (b"\xfd7zXZ\x00", "xz", lzma.decompress),
+    (b"\x1f\x8b", "gzip", gzip.decompress),
+    (b"BZh", "bzip2", bz2.decompress),
+)
+
+
+def read_text(path: Path) -> str:
+    """The file's UTF-8 text, decompressed first when it is xz, gzip or bzip2."""
+    raw = path.read_bytes()
+    for magic, kind, decompress in _COMPRESSED:
+        if raw.startswith(magic):
+            try:
+                raw = decompress(raw)
+            except (lzma.LZMAError, OSError, EOFError, ValueError) as err:
+                raise ValueError(f"{path}: a damaged {kind} file ({err})") from None
+            break
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
+
 
 def _read_json(path: Path) -> object:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_text(path))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON: {err}") from err
 
@@ -88,7 +114,7 @@ def _is_flat(records: object) -> bool:
 def read_references(path: Path) -> tuple[dict[str, list[str]], str | None]:
     """(id -> gold answer texts, the file's "version") from official SQuAD JSON, flat records (a JSON list,
     `{"data": [...]}` or JSON lines) as training reads them."""
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     try:
         whole = json.loads(text)
     except json.JSONDecodeError:

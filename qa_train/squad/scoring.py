@@ -32,6 +32,7 @@ import json
 import re
 import string
 import sys
+import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,10 +44,11 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
 def normalize_answer(s: str) -> str:
-    """Lower-case, strip punctuation and articles, and collapse whitespace."""
+    """Unicode NFC (where the official script has none, 'José' precomposed and decomposed differ), lower-case,
+    strip punctuation and articles, and collapse whitespace."""
     # The order matters: punctuation goes first so that "the-end" becomes
     # "theend" (no article), exactly as the official script does it.
-    text = "".join(ch for ch in s.lower() if ch not in _PUNCTUATION)
+    text = "".join(ch for ch in unicodedata.normalize("NFC", s).lower() if ch not in _PUNCTUATION)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 
@@ -245,6 +247,17 @@ def _warn_missing(references: Mapping[str, object], predictions: Mapping[str, st
         )
 
 
+def _refusal(err: OSError | ValueError) -> str:
+    """One line naming the file: an OSError's own text is "[Errno 2] No such file or directory: 'x'"."""
+    if not isinstance(err, OSError) or err.filename is None:
+        return str(err)
+    if isinstance(err, FileNotFoundError):
+        return f"{err.filename}: no such file"
+    if isinstance(err, IsADirectoryError):
+        return f"{err.filename}: is a directory, not a file"
+    return f"{err.filename}: cannot be read: {err.strerror or err}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -256,9 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = score(references, predictions)  # v1.1: refuses what a v1.1 file cannot hold
         else:
             result = score_v2(references, predictions, na_probs, args.na_prob_thresh)
-    except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    except (OSError, ValueError) as err:  # refused input: exit 2, as everywhere in qa-train
+        print(f"qa-train score: error: {_refusal(err)}", file=sys.stderr)
+        return 2
     _warn_missing(references, predictions)
     if not v2:
         print(json.dumps({"exact_match": result["exact_match"], "f1": result["f1"]}))

@@ -60,6 +60,20 @@ def summary(error) -> tuple[str, int]:
     return f"rank {rank} {what} ({why}){also}", code
 
 
+def _config_refusal(args: list[str]) -> str | None:
+    """Why the accelerate config that `accelerate launch ARGS` would read cannot run, or None."""
+    from qa_train.strategy.launch import LaunchConfigError, read_config
+
+    found = [a.split("=", 1)[1] for a in args if a.startswith("--config_file=")]
+    found += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config_file"]
+    try:
+        for path in found[:1]:
+            read_config(path)
+    except LaunchConfigError as err:
+        return str(err)
+    return None
+
+
 def main(argv: list[str]) -> int:
     import subprocess
 
@@ -75,6 +89,10 @@ def main(argv: list[str]) -> int:
         elif which == "accelerate":
             from accelerate.commands.launch import main as accelerate_launch
 
+            refusal = _config_refusal(args)
+            if refusal is not None:  # accelerate would refuse less, and in a traceback (slurm/train.sbatch's path)
+                print(f"qa-train launch: error: {refusal}", file=sys.stderr, flush=True)
+                return 2
             sys.argv = ["accelerate launch", *args]  # accelerate's launcher parses sys.argv itself
             accelerate_launch()
         else:

@@ -54,6 +54,11 @@ def make_accelerator(args: TrainArgs, log_with: list[Any], mixed_precision: str)
     # Without gloo named, DeepSpeed on CPU initialises its own group while accelerate sees a world of 1.
     backend = None if on_cuda or int(os.environ.get("WORLD_SIZE", "1")) == 1 else "gloo"
     handlers = [process_group_kwargs(backend, args.system.ddp_timeout)]
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        # DeepSpeed builds or loads its ops inside Accelerator(): a lock left by a killed build would hang it.
+        from .op_builds import clear_stale_locks
+
+        clear_stale_locks()
     accelerator = Accelerator(
         gradient_accumulation_steps=args.optim.gradient_accumulation_steps,
         mixed_precision=mixed_precision,

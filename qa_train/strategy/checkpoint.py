@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
+import stat
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -71,7 +73,7 @@ def checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def _step_folders(root: Path) -> list[Path]:
+def step_folders(root: Path) -> list[Path]:
     """step_N folders, oldest first (temporary and trash folders never match STEP_DIR)."""
     if not root.is_dir():
         return []
@@ -82,7 +84,7 @@ def _step_folders(root: Path) -> list[Path]:
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
     """Finished checkpoints (trainer state and manifest present), oldest first; `verify` says if they are whole."""
     return [
-        p for p in _step_folders(checkpoint_root(output_dir)) if (p / STATE_FILE).is_file() and (p / MANIFEST).is_file()
+        p for p in step_folders(checkpoint_root(output_dir)) if (p / STATE_FILE).is_file() and (p / MANIFEST).is_file()
     ]
 
 
@@ -189,7 +191,7 @@ def _content_problem(path: Path, crcs: dict[str, int]) -> str | None:
 def _newest_good_sibling(path: Path, before: int | None = None) -> Path | None:
     """The newest step folder next to `path` (older than step `before`, if given) that a resume would accept, its
     contents checked: one a refusal names must not be refused in turn."""
-    for p in reversed(_step_folders(path.parent)):
+    for p in reversed(step_folders(path.parent)):
         if p != path and (before is None or (_step_of(p) or 0) < before) and verify(p, contents=True) is None:
             return p
     return None
@@ -241,13 +243,17 @@ def resolve_resume(spec: str | None, output_dir: str | Path, contents: bool = Fa
     if spec is None:
         return None
     if spec == "latest":
-        newer = next(filter(None, map(newer_format, _step_folders(checkpoint_root(output_dir)))), None)
+        newer = next(filter(None, map(newer_format, step_folders(checkpoint_root(output_dir)))), None)
         if newer:
             raise CheckpointError(f"--resume_from_checkpoint latest: {newer}")
-        return latest_usable(checkpoint_root(output_dir), warn=True, contents=contents)
+        latest = latest_usable(checkpoint_root(output_dir), warn=True, contents=contents)
+        if latest is not None:
+            _check_trusted(latest)
+        return latest
     path = Path(spec)
     problem = verify(path, contents)
     if problem is None:
+        _check_trusted(path)
         return path
     good = _newest_good_sibling(path)
     instead = f"the newest good checkpoint there is {good}" if good else f"there is no good checkpoint in {path.parent}"
@@ -267,10 +273,29 @@ def peek(spec: str | None, output_dir: str | Path) -> tuple[Path, TrainerState] 
         return None
 
 
+def _check_trusted(path: Path) -> None:
+    """The loaders unpickle a checkpoint (DeepSpeed's model states, accelerate's optimizer and RNG files), which runs
+    any code planted in it: it must be this user's, and writable by no one else, folder and every file. Neither
+    library checks; a pickle cannot be made safe to load, so who could have written it is what can be checked."""
+    me = os.geteuid()
+    for entry in (path, *sorted(path.rglob("*"))):
+        st = entry.lstat()
+        if st.st_uid != me:
+            problem = f"{entry} is owned by uid {st.st_uid}, not you (uid {me})"
+        elif st.st_mode & stat.S_IWOTH and not stat.S_ISLNK(st.st_mode):
+            problem = f"{entry} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+        else:
+            continue
+        raise CheckpointError(
+            f"--resume_from_checkpoint {path}: {problem}; loading a checkpoint runs the code it may hold (pickle): "
+            "resume only from your own, or copy one you trust"
+        )
+
+
 def latest_usable(root: Path, warn: bool, contents: bool = False) -> Path | None:
     skipped: list[tuple[Path, str]] = []
     chosen = None
-    for path in reversed(_step_folders(root)):
+    for path in reversed(step_folders(root)):
         problem = verify(path, contents)
         if problem is None:
             chosen = path
@@ -294,7 +319,7 @@ def set_aside_later(path: Path, output_dir: str | Path) -> list[Path]:
     if step is None or path.parent.resolve() != checkpoint_root(output_dir).resolve():
         return []
     moved = []
-    for later in _step_folders(path.parent):
+    for later in step_folders(path.parent):
         if (_step_of(later) or 0) > step and verify(later) is None:
             moved.append(move_aside(later, "abandoned"))
     if moved:
@@ -405,6 +430,11 @@ def _load_failure(path: Path, err: BaseException, rank: int | None = None, doing
         else f"there is no earlier complete checkpoint in {path.parent}"
     )
     who = f"rank {rank}: " if rank is not None else ""
+    if "size mismatch" in str(err):  # torch's load_state_dict, for a checkpoint older than its model_shape record
+        hint = (
+            "its tensors have other shapes than this run's model: it is a checkpoint of another model; resume with "
+            "the --config_name or --model_name_or_path that wrote it"
+        )
     return f"checkpoint {path} could not be {doing}: {who}{one_line(err)}; {hint}"
 
 

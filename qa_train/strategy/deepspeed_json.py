@@ -48,24 +48,35 @@ def reconcile_deepspeed(cfg: dict, args: TrainArgs, world_size: int, mixed_preci
                 f"{source}: {dtype} is enabled but --mixed_precision resolved to {mixed_precision}; "
                 f'set "{dtype}": {{"enabled": "auto"}} so the flag decides'
             )
-    _fill_optimizer(cfg, args)
+    _fill_optimizer(cfg, args, source)
 
 
-def _fill_optimizer(cfg: dict, args: TrainArgs) -> None:
-    """DeepSpeed's own optimizer (CPUAdam under offload) takes its hyper-parameters from the flags."""
+def _fill_optimizer(cfg: dict, args: TrainArgs, source: str) -> None:
+    """DeepSpeed's own optimizer (CPUAdam under offload) takes its hyper-parameters from the flags: a value the
+    JSON sets otherwise would train with it while metrics.json records the flag's, so it is refused."""
     params = cfg.get("optimizer", {}).get("params")
     if params is None:
         return
     o = args.optim
-    values = {
-        "lr": o.learning_rate,
-        "betas": [o.adam_beta1, o.adam_beta2],
-        "eps": o.adam_epsilon,
-        "weight_decay": o.weight_decay,
+    values: dict[str, tuple[Any, str]] = {
+        "lr": (o.learning_rate, "--learning_rate"),
+        "betas": ([o.adam_beta1, o.adam_beta2], "--adam_beta1/--adam_beta2"),
+        "eps": (o.adam_epsilon, "--adam_epsilon"),
+        "weight_decay": (o.weight_decay, "--weight_decay"),
     }
-    for key, value in values.items():
-        if _is_auto(params.get(key, "auto")):
+    for key, (value, flag) in values.items():
+        current = params.get(key, "auto")
+        if _is_auto(current):
             params[key] = value
+        elif _floats(current) != _floats(value):
+            raise ConfigError(
+                f"{source}: optimizer '{key}' is {current} but {flag} is {value}; "
+                f'set "{key}": "auto" in the JSON so the flag decides'
+            )
+
+
+def _floats(value: object) -> list[float]:
+    return [float(v) for v in value] if isinstance(value, list | tuple) else [float(value)]  # type: ignore[arg-type]
 
 
 def reconcile_with_flags(accelerator, args: TrainArgs, mixed_precision: str) -> None:

@@ -22,13 +22,17 @@ also says that failure in one line instead of torchrun's traceback).
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import yaml
 
+from qa_train.core.errors import one_line
+from qa_train.core.preemption import RUN_STARTED_ENV
 from qa_train.strategy.checks import cpu_threads
 from qa_train.strategy.supervise import DEFAULT_GRACE_S, agent_command, run_launch
 
@@ -41,7 +45,8 @@ class LaunchConfigError(ValueError):
 
 def cpu_refusal(cfg: dict) -> str | None:
     """Why this accelerate config cannot run on CPU processes, or None when it can."""
-    fsdp = cfg.get("fsdp_config") or {}
+    # accelerate launch reads fsdp_config's keys with an fsdp_ prefix, given or not.
+    fsdp = {(k if str(k).startswith("fsdp_") else f"fsdp_{k}"): v for k, v in (cfg.get("fsdp_config") or {}).items()}
     if str(cfg.get("distributed_type")) != "FSDP":
         return None
     # FSDP1 (accelerate's default without fsdp_version) syncs module states through an accelerator device.
@@ -63,16 +68,70 @@ def read_config(path: str, launch_dir: Path | None = None) -> dict:
     if not p.is_file():
         raise LaunchConfigError(f"--config_file {path}: no such file (see accelerate_configs/)")
     try:
-        cfg = yaml.safe_load(p.read_text()) or {}
+        cfg = yaml.safe_load(p.read_text())
     except yaml.YAMLError as err:
         raise LaunchConfigError(f"--config_file {path}: not valid YAML: {err}") from None
-    if not isinstance(cfg, dict) or not isinstance(cfg.get("deepspeed_config") or {}, dict):
+    if cfg is None:  # accelerate's own loader fails on it with a TypeError
+        raise LaunchConfigError(f"--config_file {path}: empty; an accelerate config names its distributed_type")
+    if not isinstance(cfg, dict) or not all(isinstance(cfg.get(k) or {}, dict) for k in STRATEGY_SECTIONS):
         raise LaunchConfigError(
             f"--config_file {path}: not an accelerate config (a YAML mapping of settings, "
-            "with deepspeed_config a mapping too); see accelerate_configs/"
+            "with deepspeed_config and fsdp_config mappings too); see accelerate_configs/"
         )
+    check_as_accelerate_does(path, cfg)
     _check_deepspeed_keys(path, cfg, launch_dir or Path.cwd())
     return cfg
+
+
+# The config's sections whose keys `accelerate launch` copies onto its own flags (fsdp_config's with an fsdp_
+# prefix where they lack one); a key that is none of its flags is dropped without a word.
+STRATEGY_SECTIONS = {"deepspeed_config": "", "fsdp_config": "fsdp_"}
+
+
+def check_as_accelerate_does(path: str, cfg: dict) -> None:
+    """Refuse what accelerate's own loader refuses (its ClusterConfig: known keys, a distributed_type and
+    compute_environment it has), and strategy-section keys that `accelerate launch` would drop, in one line naming
+    the key. The DDP path on CPU (torchrun) never hands the file to accelerate: a misspelled DEEPSPEED ran DDP."""
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils import ComputeEnvironment, DistributedType
+
+    where = f"--config_file {path}"
+    settings = ClusterConfig.process_config(dict(cfg)) if "distributed_type" in cfg else cfg  # legacy keys renamed
+    unknown = sorted(set(settings) - set(ClusterConfig.__dataclass_fields__))
+    if unknown:
+        found = _unknown(unknown[0], ClusterConfig.__dataclass_fields__)
+        raise LaunchConfigError(f"{where}: {found}; accelerate's config loader refuses it")
+    for key, kind in (("distributed_type", DistributedType), ("compute_environment", ComputeEnvironment)):
+        value = cfg.get(key, "LOCAL_MACHINE" if key == "compute_environment" else None)
+        choices = [e.value for e in kind]
+        if value is None:
+            raise LaunchConfigError(f"{where}: no {key}; accelerate needs one of {', '.join(choices)}")
+        if str(value) not in choices:
+            close = difflib.get_close_matches(str(value), choices, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise LaunchConfigError(f"{where}: {key} {value!r} is not one of accelerate's{hint}: {', '.join(choices)}")
+    if str(cfg.get("compute_environment", "LOCAL_MACHINE")) != "LOCAL_MACHINE":
+        raise LaunchConfigError(
+            f"{where}: compute_environment {cfg['compute_environment']}: only LOCAL_MACHINE runs here"
+        )
+    flags = {action.dest for action in launch_command_parser()._actions}
+    for section, prefix in STRATEGY_SECTIONS.items():
+        for key in cfg.get(section) or {}:
+            if (key if str(key).startswith(prefix) else prefix + str(key)) not in flags:
+                known = [f for f in flags if f.startswith(prefix or ("deepspeed", "zero", "offload"))]
+                raise LaunchConfigError(
+                    f"{where}: {section}: {_unknown(str(key), known)}, so accelerate launch would ignore it"
+                )
+    try:
+        ClusterConfig(**settings)  # whatever else accelerate's loader checks
+    except (TypeError, ValueError) as err:
+        raise LaunchConfigError(f"{where}: accelerate refuses it: {one_line(err)}") from None
+
+
+def _unknown(key: str, known) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f"unknown key {key!r}" + (f" (did you mean {close[0]}?)" if close else "")
 
 
 def _check_deepspeed_keys(path: str, cfg: dict, launch_dir: Path) -> None:
@@ -121,6 +180,7 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     machines = opts.num_machines if opts.num_machines is not None else _config_int(cfg, "num_machines", 1, opts)
     procs = opts.num_processes if opts.num_processes is not None else _config_int(cfg, "num_processes", 1, opts)
     env = dict(os.environ)
+    env.setdefault(RUN_STARTED_ENV, f"{time.time():.3f}")  # a stop request made while the ranks start is theirs
     for flag, count in (("--num_processes", procs), ("--num_machines", machines)):
         if count < 1:
             raise LaunchConfigError(f"{flag} must be at least 1, got {count}")

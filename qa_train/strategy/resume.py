@@ -83,8 +83,8 @@ def before_prepare(
     optimizer's order."""
     path = checkpoint.agreed_resume(accelerator, request.spec, request.output_dir)
     if path is None:
-        if request.spec == "latest":
-            root = checkpoint.checkpoint_root(request.output_dir)
+        root = checkpoint.checkpoint_root(request.output_dir)
+        if request.spec == "latest" and not checkpoint.step_folders(root):  # damaged ones were named, "from scratch"
             log.info("no checkpoint in %s yet: starting from scratch", root)
         return None
     saved = checkpoint.read_state(path)

@@ -81,6 +81,7 @@ def _fresh(tmp: Path) -> None:
 
 def _complete(tmp: Path, final: Path, state: TrainerState, output_dir: str | Path, keep: int | None) -> None:
     (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
+    _share_like_umask(tmp)  # safetensors writes the model 0600, where the rest follows the umask
     _write_manifest(tmp)  # last: only now is the folder complete
     _replace(tmp, final, state.run_id)
     log.info("checkpoint saved: %s", final)
@@ -199,18 +200,24 @@ def export_final(accelerator, model, tokenizer, final: Path) -> Path:
     """
     tmp = final.with_name(f".tmp-{final.name}")
     state_dict = export_state_dict(accelerator, model)
+    error: Exception | None = None
     if accelerator.is_main_process:
         assert state_dict is not None  # whole on the main process
         remove_entry(tmp)
         try:
             _write_export(accelerator.unwrap_model(model), state_dict, tokenizer, tmp)
-        except BaseException:
+            remove_entry(final)
+            tmp.rename(final)
+        except Exception as err:
+            error = err
+        finally:
             remove_entry(tmp)  # on a full disk, the space it holds is what the user needs back
-            raise
-        remove_entry(final)
-        tmp.rename(final)
+    # Every rank learns whether the main process wrote it (also the barrier after the write): after a failed export
+    # the run still evaluates and records, collectively, so no rank may go on alone.
+    if failed_ranks(accelerator, error is not None):
+        raise error if error is not None else RuntimeError(f"export to {final}: the main process failed")
+    if accelerator.is_main_process:
         log.info("model exported: %s", final)
-    accelerator.wait_for_everyone()
     return final
 
 
@@ -236,4 +243,7 @@ def _share_like_umask(folder: Path) -> None:
     os.umask(umask)
     for f in folder.rglob("*"):
         if f.is_file():
-            f.chmod(0o666 & ~umask)
+            try:
+                f.chmod(0o666 & ~umask)
+            except OSError:  # a file system that keeps its own modes (some network mounts): nothing lost
+                pass

@@ -29,6 +29,13 @@ DATA_ORDER = {  # name: (what it is, how to resume as before)
         "the checkpoint's training data and windowing "
         "(--train_file, --max_train_samples, --max_seq_length, --doc_stride, the tokenizer)",
     ),
+    # Articles reordered or a question edited keep the count: the windows' fingerprint (their feature cache's key:
+    # the file's bytes, the tokenizer, the windowing) does not.
+    "train_data": (
+        "the training windows' fingerprint",
+        "the checkpoint's training data and windowing "
+        "(--train_file, --max_train_samples, --max_seq_length, --doc_stride, the tokenizer)",
+    ),
 }
 
 
@@ -51,6 +58,9 @@ class TrainerState:
     seed: int | None = None  # DATA_ORDER: refused mid-epoch when it changes
     group_by_length: bool | None = None
     num_train_windows: int | None = None
+    train_data: str | None = None
+    # The model's architecture and weight sizes (modeling.model_shape): another shape's weights cannot be loaded.
+    model_shape: str | None = None
     # What the strategy's save_state wrote (distributed.checkpoint_layout): another strategy cannot load it.
     checkpoint_layout: str | None = None
     # The best evaluation so far ({"step", "exact_match", "f1"}), so a resumed run's best_* still counts the
@@ -64,7 +74,9 @@ class TrainerState:
 
     def contract(self) -> dict[str, Any]:
         """The contract's fields by name (ints, a bool and strs: Any, so that dataclasses.replace takes them)."""
-        return {name: getattr(self, name) for name in (*CONTRACT, *DATA_ORDER, "checkpoint_layout", *WRITER)}
+        return {
+            name: getattr(self, name) for name in (*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape", *WRITER)
+        }
 
     @property
     def windows_into_epoch(self) -> int | None:
@@ -102,11 +114,12 @@ def state_from_json(text: str) -> TrainerState:
             raise ValueError(f"{name} is {data[name]!r}, not a positive integer")
     if "run_id" in data and not (isinstance(data["run_id"], str) and data["run_id"]):
         raise ValueError(f"run_id is {data['run_id']!r}, not a string")
+    kinds = {"group_by_length": lambda v: isinstance(v, bool), "train_data": lambda v: isinstance(v, str)}
     for name in DATA_ORDER:
         value = data.get(name)
-        if value is not None and not (isinstance(value, bool) if name == "group_by_length" else is_int(value)):
+        if value is not None and not kinds.get(name, is_int)(value):
             raise ValueError(f"{name} is {value!r}")
-    for name in ("checkpoint_layout", "qa_train_version"):
+    for name in ("checkpoint_layout", "model_shape", "qa_train_version"):
         if not isinstance(data.get(name) or "", str):
             raise ValueError(f"{name} is {data[name]!r}, not a string")
     if not isinstance(data.get("eval_owed", False), bool):
@@ -137,6 +150,12 @@ def resume_conflicts(
 
     refusals: list[str] = []
     notes: list[str] = []
+    if changed("model_shape"):  # before the library's loader fails with "size mismatch" (or "damaged")
+        refusals.append(
+            f"it is a checkpoint of another model shape ({saved.model_shape}; this run builds {now.model_shape}): "
+            "resume with the --config_name or --model_name_or_path that wrote it, or start a new run with "
+            "--overwrite_output_dir"
+        )
     if changed("global_batch_size"):
         if not allow_global_batch_change:
             refusals.append(
@@ -157,7 +176,7 @@ def resume_conflicts(
         if changed("per_device_train_batch_size") or changed("gradient_accumulation_steps"):
             (refusals if regrouped else notes).append(_split_change(saved, now))
     for name in DATA_ORDER:
-        if changed(name):
+        if changed(name) and not (name == "train_data" and changed("num_train_windows")):  # one cause, said once
             (refusals if saved.batches_in_epoch else notes).append(_order_change(saved, now, name))
     if changed("total_steps") and now.total_steps is not None:
         note = (

@@ -100,12 +100,12 @@ def strategy_plans(configs: list[str], process_counts: list[int], on_cpu: bool) 
     """Each config at each process count; `single` runs one process whatever the counts."""
     plans = []
     for name in dict.fromkeys(configs):  # a config named twice would run twice into one folder
-        if not (CONFIG_DIR / f"{name}.yaml").is_file():
-            raise SystemExit(
-                f"qa-train bench: error: --configs {name}: no {CONFIG_DIR / name}.yaml "
-                f"(have: {', '.join(available_configs())})"
-            )
-        cfg = launch.read_config(str(CONFIG_DIR / f"{name}.yaml"), launch_dir=CONFIG_DIR.parent)
+        if not (CONFIG_DIR / f"{name}.yaml").is_file():  # refused input: exit 2, as everywhere else
+            raise SweepError(f"--configs {name}: no {CONFIG_DIR / name}.yaml (have: {', '.join(available_configs())})")
+        try:
+            cfg = launch.read_config(str(CONFIG_DIR / f"{name}.yaml"), launch_dir=CONFIG_DIR.parent)
+        except launch.LaunchConfigError as err:
+            raise SweepError(str(err)) from None
         refusal = launch.cpu_refusal(cfg)
         if on_cpu and refusal:  # runs that need devices this machine lacks are skipped, with the reason
             print(f"skipping {name} on CPU: {refusal}", flush=True)

@@ -304,7 +304,7 @@ def test_a_failed_export_keeps_metrics_json(tmp_path: Path, env: dict[str, str])
 def test_an_exported_model_is_readable_by_others(tmp_path: Path, env: dict[str, str]) -> None:
     out = tmp_path / "out"
     proc = subprocess.run(
-        qa_train(out, "--max_train_steps", "1"),
+        qa_train(out, "--max_train_steps", "1", "--checkpointing_steps", "1"),
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -315,6 +315,10 @@ def test_an_exported_model_is_readable_by_others(tmp_path: Path, env: dict[str, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     modes = {f.name: f.stat().st_mode & 0o777 for f in (out / "final").iterdir()}
     assert modes and set(modes.values()) == {0o644}, modes
+    # A checkpoint's model.safetensors was 0600 where its other files were 0644 (issue 38, case 13).
+    step = out / "checkpoints" / "step_00000001"
+    modes = {f.name: f.stat().st_mode & 0o777 for f in step.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
 
 
 def test_bad_record_is_one_line_naming_file_and_record(

@@ -25,7 +25,8 @@ def _losses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, *extra: 
                 "6",
                 "--logging_steps",
                 "1",
-                "--no_eval",
+                # No final evaluation, but for a run evaluating during training (--no_eval contradicts that).
+                *(() if "--eval_strategy" in extra else ("--no_eval",)),
                 "--disable_tqdm",
                 "--save_final_model",
                 "false",

@@ -6,7 +6,6 @@ the text torch gives it, the second makes a real allocation the CPU allocator re
 
 from __future__ import annotations
 
-import logging
 import re
 import shlex
 from pathlib import Path
@@ -27,16 +26,7 @@ TRAINING_ADVICE = (
     "8 --max_seq_length 192` estimates each config's peak for this run"
 )
 
-
-@pytest.fixture(autouse=True)
-def own_logging():
-    """main() points the root logger at this test's captured stderr, closed once the test ends: later tests must not
-    log there."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("own_logging")
 
 
 @pytest.fixture
@@ -93,15 +83,20 @@ def test_a_real_host_allocation_failure_in_a_step_is_told_the_same_way(
 def test_evaluation_out_of_memory_names_the_eval_batch(
     run_main, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """The final evaluation came before the export: its failure lost the trained weights, and said nothing of them
+    (issue 38, case 6). They are exported first now, and the line says where."""
     fail_forward(monkeypatch, training=False, fail=cuda_oom)
     code, line = run_main("--max_train_steps", "2", "--per_device_eval_batch_size", "48")
     assert code == 7
+    final = tmp_path / "out" / "final"
     assert re.fullmatch(
         r"qa_train: error: rank 0: out of memory in inference \(a 2\.25 GiB allocation on a 79\.11 GiB "
-        r"GPU; a batch of 48 windows x \d+ tokens\): lower --per_device_eval_batch_size",
+        rf"GPU; a batch of 48 windows x \d+ tokens\): lower --per_device_eval_batch_size; the trained model is "
+        rf"exported to {re.escape(str(final))}",
         line,
     ), line
     assert not (tmp_path / "out" / "metrics.json").exists()
+    assert (final / "model.safetensors").is_file() and (final / "config.json").is_file()
 
 
 def test_building_the_model_out_of_memory_points_at_sharding(run_main, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,5 +64,6 @@ def test_overwrite_removes_every_file_a_real_run_writes(tmp_path: Path, monkeypa
     with pytest.raises(ConfigError, match="holds a run"):
         claim(OutputArgs(output_dir=str(out)))
     args = OutputArgs(output_dir=str(out), overwrite_output_dir=True)
-    assert sorted(clear_previous_run(args, is_main=True)) == written
+    cleared = clear_previous_run(args, is_main=True)
+    assert sorted(cleared.removed) == written and cleared.kept == [], "everything a run writes is provably its own"
     assert not list(out.iterdir())

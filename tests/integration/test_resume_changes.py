@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import tiny_flags
+from conftest import DEMO_TRAIN, error_lines, tiny_flags, write_config
 
+from qa_train import __main__ as entry
 from qa_train.config.flags import parse_args
 from qa_train.run import Preempted, run
 from qa_train.strategy.checkpoint import read_state
@@ -78,3 +79,50 @@ def test_a_resumed_run_takes_its_learning_rate_from_the_flags_and_owes_nothing(
     assert again.train_steps == 12 and again.timed_steps == 0
     assert again.train_samples_per_second is None and again.train_loss is None, "no step: no figure, not a zero"
     json.loads((out / "metrics.json").read_text(), parse_constant=_no_nan)
+
+
+@pytest.fixture
+def refused_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
+    """A real run that checkpoints one step in (mid-epoch), then main() resuming it with other flags: (exit code,
+    its one error line)."""
+    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("RANK", raising=False)
+    flags = tiny_flags(tmp_path / "run", "--max_train_steps", "1", "--checkpointing_steps", "1", "--no_eval")
+    run(parse_args(flags))
+
+    def resume(*changed: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = entry.main([*flags, "--max_train_steps", "2", "--resume_from_checkpoint", "latest", *changed])
+        [line] = error_lines(capsys.readouterr().err)
+        return code, line
+
+    return resume
+
+
+def test_resuming_under_another_model_shape_says_so(refused_resume, tmp_path: Path) -> None:
+    """It said "could not be loaded ... if it is damaged, resume from the previous checkpoint" (issue 38, case 7)."""
+    code, line = refused_resume("--config_name", str(write_config(tmp_path / "wider", intermediate_size=256)))
+    assert code == 2
+    assert (
+        "cannot continue it: it is a checkpoint of another model shape (bert, hidden_size 128, num_hidden_layers 2, "
+        in line
+    )
+    assert "intermediate_size 512, vocab_size 3707" in line and "this run builds bert, hidden_size 128" in line
+    assert "intermediate_size 256" in line and "damaged" not in line
+
+
+def test_a_mid_epoch_resume_on_reordered_training_data_is_refused(refused_resume, tmp_path: Path) -> None:
+    """The same number of windows from other data (articles reordered, a question edited) was accepted without a
+    word, although the epoch's order then changes under the batches already trained (issue 38, case 8)."""
+    data = json.loads(DEMO_TRAIN.read_text())
+    data["data"].reverse()
+    reordered = tmp_path / "reordered.json"
+    reordered.write_text(json.dumps(data))
+    code, line = refused_resume("--train_file", str(reordered))
+    assert code == 2
+    assert "cannot continue it: the training windows' fingerprint " in line
+    assert "and it stopped 1 micro-batches into epoch 0" in line
+    assert line.endswith(
+        "resume with the checkpoint's training data and windowing (--train_file, --max_train_samples, "
+        "--max_seq_length, --doc_stride, the tokenizer)"
+    )

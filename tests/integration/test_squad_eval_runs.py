@@ -45,7 +45,7 @@ def test_cli_reports_malformed_file(tmp_path: Path) -> None:
     predictions = tmp_path / "predictions.json"
     predictions.write_text("{}", encoding="utf-8")
     proc = _cli(dataset, predictions)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # refused input, as everywhere in qa-train
     assert str(dataset) in proc.stderr
     assert "line 1" in proc.stderr
     assert proc.stdout == ""
@@ -94,4 +94,4 @@ def test_cli_refuses_bad_no_answer_file(tmp_path: Path) -> None:
     preds.write_text(json.dumps(PREDICTIONS))
     probs.write_text(json.dumps({**NA_PROBS, "q2": "high"}))
     proc = _cli(_v2_file(tmp_path), preds, "--na-prob-file", probs)
-    assert proc.returncode == 1 and "na_prob.json: question q2: no-answer probability must be a number" in proc.stderr
+    assert proc.returncode == 2 and "na_prob.json: question q2: no-answer probability must be a number" in proc.stderr

@@ -336,19 +336,26 @@ def test_a_stop_request_is_said_once_and_only_the_main_process_draws_library_bar
     from conftest import high_padding_model
 
     out = tmp_path / "run"
-    out.mkdir()
-    (out / "PREEMPT").touch()  # a stop requested before the run: it stops at its first step
     model = high_padding_model(tmp_path / "model")
-    proc = subprocess.run(
-        [*launch_cmd("ddp", out), "--model_name_or_path", str(model)],
-        cwd=ROOT,
-        env=base_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 75, proc.stderr[-3000:]
-    said = proc.stdout + proc.stderr
+    # A stop requested at the first step (a PREEMPT file older than the run is an earlier run's, ignored). Output to
+    # a file: a pipe nobody reads while the test waits could fill and block the run.
+    log = tmp_path / "launch.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [*launch_cmd("ddp", out), "--model_name_or_path", str(model)],
+            cwd=ROOT,
+            env={**base_env(tmp_path), "QA_TRAIN_TEST_HOLD_AT_STEP": "1"},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 240
+        while not all((out / f"HOLDING-rank{r}").exists() for r in range(2)):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        (out / "PREEMPT").touch()
+        code = proc.wait(timeout=240)
+    said = log.read_text()
+    assert code == 75, said[-3000:]
     assert said.count("stop requested: checkpoint saved at step 1") == 1, said[-3000:]
     assert said.count("Loading weights: 100%") == 1, said[-3000:]
 

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import shutil
 import zlib
 from dataclasses import asdict
@@ -183,6 +184,32 @@ def test_resume_from_an_explicit_checkpoint(tmp_path: Path) -> None:
     ckpt = make(tmp_path, "step_00000003")
     make(tmp_path, "step_00000007")
     assert resolve_resume(str(ckpt), tmp_path) == ckpt
+
+
+def test_a_checkpoint_others_could_have_written_is_refused_before_it_is_unpickled(tmp_path: Path) -> None:
+    """A crafted mp_rank_00_model_states.pt ran code on resume: the loaders unpickle it (issue 38, Also). A file
+    writable by others, or a checkpoint of another user, is refused by name, 'latest' and explicit alike."""
+    folder = make(tmp_path, "step_00000003")
+    states = folder / "pytorch_model" / "mp_rank_00_model_states.pt"
+    states.parent.mkdir()
+    states.write_bytes(b"pickle")
+    write_manifest(folder)
+    assert resolve_resume("latest", tmp_path) == folder
+    states.chmod(0o666)
+    for spec in ("latest", str(folder)):
+        with pytest.raises(ckpt.CheckpointError) as err:
+            resolve_resume(spec, tmp_path)
+        assert str(err.value) == (
+            f"--resume_from_checkpoint {folder}: {states} is writable by others (mode 0666); loading a checkpoint "
+            "runs the code it may hold (pickle): resume only from your own, or copy one you trust"
+        )
+    states.chmod(0o644)
+    if os.geteuid() == 0:  # only root can give a file away
+        os.chown(states, 4321, -1)
+        with pytest.raises(
+            ckpt.CheckpointError, match=rf"{re.escape(str(states))} is owned by uid 4321, not you \(uid 0\)"
+        ):
+            resolve_resume(str(folder), tmp_path)
 
 
 @pytest.mark.parametrize("kind", ["incomplete", "missing"])
@@ -708,7 +735,8 @@ def test_an_older_trainer_state_loads(tmp_path: Path) -> None:
     old = make_old_format(tmp_path, "step_00000003")
     state = load_checkpoint(FakeAccelerator(), old)
     assert (state.completed_steps, state.epoch, state.batches_in_epoch) == (3, 1, 2)
-    assert state.contract() == dict.fromkeys([*CONTRACT, *DATA_ORDER, "checkpoint_layout", *WRITER])  # all unknown
+    unknown = [*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape", *WRITER]
+    assert state.contract() == dict.fromkeys(unknown)  # all unknown
     assert len(state.run_id) == 32
 
 
@@ -877,7 +905,7 @@ def test_a_load_failure_on_one_rank_stops_every_rank_and_that_rank_says_why(
     assert own.value.reporter == 1
     assert str(own.value).startswith(f"checkpoint {path} could not be loaded: rank 1: RuntimeError: invalid load key")
 
-    def fail(args) -> None:
+    def fail(args, splits=None) -> None:
         raise own.value if rank == 1 else err.value
 
     monkeypatch.setattr(run_module, "run", fail)

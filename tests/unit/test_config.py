@@ -41,6 +41,12 @@ from qa_train.config.settings import ConfigError, every_n_steps
             "--torch_compile_mode: 'reduce-overhead' is an inductor mode",
         ),
         (["--logging_steps", "0"], "--logging_steps: must be positive"),
+        # Accepted silently (issue 38, case 15), as --wandb_log_model without wandb is not.
+        (
+            ["--eval_strategy", "steps", "--no_eval"],
+            "^--no_eval: contradicts --eval_strategy steps, which evaluates during training: drop one of them$",
+        ),
+        (["--eval_strategy", "epoch", "--no_eval", "--save_best"], "--no_eval: contradicts --eval_strategy epoch"),
         (["--logging_steps", "2.5"], "--logging_steps: 2.5 is neither a whole number"),
         (["--eval_strategy", "steps", "--eval_steps", "-0.1"], "--eval_steps: must be positive"),
         (["--eval_strategy", "steps", "--eval_steps", "1.5"], "--eval_steps: 1.5 is neither"),
@@ -207,3 +213,16 @@ def test_help_lists_flags_under_their_groups(capsys: pytest.CaptureFixture[str])
     sections = [text.index(f"\n{name}:") for name in ("model", "data", "optim", "eval", "output", "system")]
     assert sections == sorted(sections)
     assert sections[1] < text.index("\n  --doc_stride") < sections[2] < text.index("\n  --learning_rate") < sections[3]
+
+
+def test_a_named_pipe_as_data_is_not_a_regular_file_not_missing(tmp_path) -> None:
+    """A FIFO as --train_file was refused as "does not exist" (issue 38, case 14)."""
+    import os
+
+    fifo = tmp_path / "train.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError) as err:
+        parse_args(["--train_file", str(fifo), "--validation_file", str(DEMO_DEV)])
+    assert (
+        str(err.value) == f"--train_file: {str(fifo)!r} is not a regular file (a named pipe): save the data to a file"
+    )

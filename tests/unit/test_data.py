@@ -301,7 +301,8 @@ def test_evaluation_questions_that_also_train_are_warned_about_once(tmp_path: Pa
     """--validation_file equal to --train_file trained and scored silently; now the main process warns, in one
     line naming both, before featurising. A partial overlap names a few of the shared ids."""
     from qa_train.config.flags import parse_args
-    from qa_train.data.loaders import featurize_splits, load_splits, shared_questions
+    from qa_train.data.loaders import featurize_splits
+    from qa_train.data.splits import load_splits, shared_questions
 
     args = parse_args(
         tiny_flags(
@@ -349,7 +350,8 @@ def test_overwrite_cache_is_rewritten_by_the_first_process_alone(tmp_path: Path,
 
     from qa_train.config.flags import parse_args
     from qa_train.data import features
-    from qa_train.data.loaders import featurize_splits, load_splits
+    from qa_train.data.loaders import featurize_splits
+    from qa_train.data.splits import load_splits
 
     args = parse_args(
         tiny_flags(tmp_path / "out", "--max_train_samples", "40", "--max_eval_samples", "30", "--overwrite_cache")
@@ -383,3 +385,29 @@ def test_overwrite_cache_is_rewritten_by_the_first_process_alone(tmp_path: Path,
     other.local_main_process_first = contextlib.nullcontext
     assert featurize_splits(other, load_splits(args), args.data, tokenizer).cache_hits == [False, False]
     assert len(built) == 6
+
+
+def test_decomposed_text_is_read_as_nfc_so_a_span_can_match_its_answer(tmp_path: Path, tokenizer) -> None:
+    """'Jose' + U+0301 (NFD) could never match exactly: the uncased tokenizer drops the lone mark, so the labelled
+    span ended before it while the reference kept it (issue 38, case 11). Records are read as NFC, starts moved."""
+    import unicodedata
+
+    context = "Jose\u0301 Mari\u0301a opened the harbour of Quellin in 1871, and kept it."
+    texts = ["Jose\u0301", "Quellin"]
+    record = {
+        "id": "q1",
+        "title": "t",
+        "context": context,
+        "question": "Who opened the harbour of Quelli\u0301n?",
+        "answers": {"text": texts, "answer_start": [context.index(t) for t in texts]},
+    }
+    raw = load_file(write(tmp_path, [record], "nfd.jsonl"))
+    nfc = unicodedata.normalize("NFC", context)
+    assert raw.contexts == [nfc] and raw.answer_texts == [["Jos\u00e9", "Quellin"]]
+    assert raw.answer_starts == [[0, nfc.index("Quellin")]] and raw.questions[0].endswith("Quell\u00edn?")
+    assert raw.fingerprint.endswith("+nfc"), "windows cached from the decomposed text are not these"
+    feats = featurize(raw, tokenizer, max_seq_length=64, doc_stride=16, with_offsets=True)
+    offsets = window_offsets(feats, 64)
+    [f] = np.flatnonzero(feats.start_positions > 0)
+    span = nfc[offsets[f, feats.start_positions[f], 0] : offsets[f, feats.end_positions[f], 1]]
+    assert span == "Jos\u00e9" == raw.answer_texts[0][0]

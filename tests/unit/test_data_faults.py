@@ -404,3 +404,29 @@ def test_an_empty_cache_variable_means_the_default_folder(monkeypatch) -> None:
 
     monkeypatch.setenv("QA_TRAIN_CACHE", "")
     assert cache_dir() == Path.home() / ".cache" / "qa_train" / "features"
+
+
+def test_a_bad_file_is_refused_before_torch_transformers_and_accelerate_are_imported(tmp_path: Path) -> None:
+    """Data refusals took 9-18 s: torch, transformers and accelerate were imported first (issue 38, Also). The
+    records are read and checked before them now; the one line is the same."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, base_env, tiny_flags
+
+    bad = tmp_path / "train.json"
+    context = "The harbour opened in 1871."
+    qa = {"id": "q1", "question": "When?", "answers": [{"text": "1871", "answer_start": 3}]}
+    bad.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": context, "qas": [qa]}]}]}))
+    flags = tiny_flags(tmp_path / "out", "--no_eval")
+    flags[flags.index("--train_file") + 1] = str(bad)
+    probe = (
+        "import sys; from qa_train.__main__ import main; code = main(sys.argv[1:]); "
+        "print(code, [m for m in ('torch', 'transformers', 'accelerate', 'datasets') if m in sys.modules])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, *flags], cwd=ROOT, env=base_env(tmp_path), capture_output=True, text=True
+    )
+    assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"qa_train: error: {bad}: data[0].paragraphs[0].qas[0]: question q1: "), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1

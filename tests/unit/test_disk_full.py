@@ -73,7 +73,7 @@ def main_raising(monkeypatch, tmp_path: Path, error: Exception, rank: int = 0) -
     from qa_train import __main__ as entry
     from qa_train import run as run_module
 
-    def fail(args) -> None:
+    def fail(args, splits=None) -> None:
         raise error
 
     monkeypatch.setattr(run_module, "run", fail)

@@ -96,10 +96,25 @@ def test_every_contradiction_is_refused_naming_the_json_key_and_flag(
         reconcile_deepspeed(cfg, ARGS, world_size=4, mixed_precision=mixed_precision, source=SOURCE)
 
 
-def test_optimizer_values_set_in_the_json_are_kept() -> None:
-    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": "auto"}}}
+def test_optimizer_values_set_in_the_json_equal_to_the_flags_are_kept() -> None:
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 2e-5, "betas": [0.9, 0.999], "eps": "auto"}}}
     reconcile_deepspeed(cfg, ARGS, world_size=1, mixed_precision="no", source=SOURCE)
-    assert cfg["optimizer"]["params"]["lr"] == 1e-4 and cfg["optimizer"]["params"]["betas"] == [0.9, 0.999]
+    assert cfg["optimizer"]["params"] == {"lr": 2e-5, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"lr": 0.375}, r"optimizer 'lr' is 0.375 but --learning_rate is 2e-05"),
+        ({"betas": [0.8, 0.999]}, r"optimizer 'betas' is \[0.8, 0.999\] but --adam_beta1/--adam_beta2 is"),
+        ({"weight_decay": 0.0}, r"optimizer 'weight_decay' is 0.0 but --weight_decay is 0.01"),
+    ],
+)
+def test_an_optimizer_value_in_the_json_against_the_flag_is_refused(params: dict, message: str) -> None:
+    """DeepSpeed trained with the JSON's lr 0.375 while metrics.json recorded --learning_rate (issue 38, case 9)."""
+    cfg = {"optimizer": {"type": "AdamW", "params": params}}
+    with pytest.raises(ConfigError, match=rf"^ds_configs/test.json: {message}.*set \"\w+\": \"auto\" in the JSON"):
+        reconcile_deepspeed(cfg, ARGS, world_size=1, mixed_precision="no", source=SOURCE)
 
 
 @pytest.mark.parametrize(

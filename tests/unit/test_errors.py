@@ -18,3 +18,12 @@ def test_a_long_line_is_cut_at_the_limit_and_marked() -> None:
 def test_an_error_without_a_message_is_its_type() -> None:
     assert one_line(KeyboardInterrupt()) == "KeyboardInterrupt"
     assert one_line(RuntimeError("   \n  ")) == "RuntimeError"
+
+
+def test_divergence_remedies_leave_out_what_the_run_already_does() -> None:
+    from qa_train.trainer import divergence_remedies
+
+    assert divergence_remedies(1.0, "bf16") == "a lower --learning_rate or more warm-up (--warmup_ratio 0.1)"
+    assert divergence_remedies(0.0, "fp16") == (
+        "a lower --learning_rate, more warm-up (--warmup_ratio 0.1), --max_grad_norm 1.0, or bf16 instead of fp16"
+    )

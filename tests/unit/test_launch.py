@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,8 +64,71 @@ def test_invalid_yaml_is_refused(tmp_path: Path) -> None:
         read_config(str(path))
 
 
-def test_empty_yaml_is_an_empty_config(tmp_path: Path) -> None:
-    assert read_config(str(write(tmp_path / "empty.yaml", ""))) == {}
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "distributed_type: DEEPSPED\n",
+            "distributed_type 'DEEPSPED' is not one of accelerate's (did you mean DEEPSPEED?)",
+        ),
+        (
+            "distributed_typ: DEEPSPEED\n",
+            "unknown key 'distributed_typ' (did you mean distributed_type?); accelerate's config",
+        ),
+        ("distributed_type: MULTI_GPU\nnum_procs: 2\n", "unknown key 'num_procs' (did you mean num_processes?)"),
+        ("", "empty; an accelerate config names its distributed_type"),
+        ("num_processes: 2\n", "no distributed_type; accelerate needs one of NO, MULTI_CPU, MULTI_GPU"),
+        (
+            "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stag: 3\n",
+            "deepspeed_config: unknown key 'zero_stag' (did you mean zero_stage?), so accelerate launch would ignore it",
+        ),
+        (
+            "distributed_type: FSDP\nfsdp_config:\n  fsdp_verison: 2\n",
+            "fsdp_config: unknown key 'fsdp_verison' (did you mean fsdp_version?)",
+        ),
+        (
+            "distributed_type: MULTI_GPU\ncompute_environment: AMAZON_SAGEMAKR\n",
+            "compute_environment 'AMAZON_SAGEMAKR' is not one of accelerate's (did you mean AMAZON_SAGEMAKER?)",
+        ),
+    ],
+    ids=["value", "key", "unknown-key", "empty", "no-type", "deepspeed-key", "fsdp-key", "environment"],
+)
+def test_a_config_accelerate_would_refuse_or_ignore_is_refused_naming_the_key(
+    text: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A misspelled DEEPSPEED (or key, or an empty file) ran plain DDP on CPU, with exit 0 and strategy: ddp recorded
+    (issue 38, case 3): torchrun's path never hands the file to accelerate, whose loader refuses all of these."""
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    path = write(tmp_path / "typo.yaml", text)
+    with pytest.raises(LaunchConfigError) as refused:
+        read_config(str(path))
+    assert str(refused.value).startswith(f"--config_file {path}: {said}")
+    if "config:" not in text:  # accelerate's own loader agrees (it says nothing of the strategy sections' keys)
+        with pytest.raises((ValueError, TypeError)):
+            ClusterConfig.from_yaml_file(str(path))
+    assert launch.main(["--cpu", "--config_file", str(path), "--dry_run", "--", "--output_dir", "x"]) == 2
+    assert capsys.readouterr().err.strip() == f"qa-train launch: error: {refused.value}"
+
+
+def test_the_agent_refuses_a_bad_config_before_accelerate_launch(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """slurm/train.sbatch's GPU path runs `accelerate launch` through the agent: one line and exit 2, where accelerate
+    raised a traceback and exit 1 (and ignores a misspelled key of deepspeed_config)."""
+    from qa_train.strategy import agent
+
+    path = write(tmp_path / "typo.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stag: 3\n")
+    assert agent.main(["accelerate", "--config_file", str(path), "--num_processes", "2", "-m", "qa_train"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"qa-train launch: error: --config_file {path}: deepspeed_config: unknown key 'zero_stag' (did you mean "
+        "zero_stage?), so accelerate launch would ignore it"
+    )
+
+
+def test_fsdp_keys_without_their_prefix_are_read_as_accelerate_reads_them(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "fsdp.yaml", "distributed_type: FSDP\nfsdp_config:\n  version: 2\n  offload_params: false\n"
+    )
+    assert cpu_refusal(read_config(str(path))) is None
 
 
 def test_deepspeed_json_is_resolved_against_launch_dir(ds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -281,6 +345,8 @@ def test_gpu_is_accelerate_launch(cfg: dict) -> None:
         "qa_train",
         *TRAIN,
     ]
+    # The launch's start, for the ranks' stop-request clock (a PREEMPT older than the run is ignored).
+    assert abs(float(env.pop("QA_TRAIN_RUN_STARTED")) - time.time()) < 60
     assert env == dict(os.environ)
 
 
@@ -344,8 +410,9 @@ def test_cpu_deepspeed_is_accelerate_launch() -> None:
         "qa_train",
         *TRAIN,
     ]
-    # qa_train picks gloo itself under DeepSpeed; the environment is passed through, naming DeepSpeed's accelerator
-    # and the ranks' share of the cores.
+    # qa_train picks gloo itself under DeepSpeed; the environment is passed through, naming DeepSpeed's accelerator,
+    # the ranks' share of the cores and the launch's start.
+    assert abs(float(env.pop("QA_TRAIN_RUN_STARTED")) - time.time()) < 60
     assert env == {
         **os.environ,
         "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),

@@ -174,6 +174,30 @@ def test_data_refused_while_windowing_is_one_line(
     assert message == "<command line>: question q: the context tokenises to nothing"
 
 
+def test_a_model_without_a_trained_qa_head_is_refused_naming_the_missing_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A masked-LM checkpoint answered from a randomly initialised QA head with exit 0 (issue 38, case 10)."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, BertForMaskedLM
+
+    model = tmp_path / "mlm"
+    torch.manual_seed(0)
+    BertForMaskedLM(AutoConfig.from_pretrained(TINY)).save_pretrained(model)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        shutil.copy(TINY / name, model / name)
+    message = refused([str(model), "-q", "Who?", "-c", "Somebody.", "--device", "cpu"], capsys)
+    assert message == (
+        f"{model}: not a trained question-answering model: its weights lack qa_outputs.bias, qa_outputs.weight "
+        "(randomly initialised, they would answer at random); fine-tune it with qa-train first"
+    )
+    # A trained one (every weight in its file) still answers.
+    trained = high_padding_model(tmp_path / "qa")
+    assert predict.main([str(trained), "-q", "Who?", "-c", "Somebody.", "--device", "cpu"]) == 0
+
+
 def test_no_answer_at_all_prints_json_not_nan() -> None:
     """No window held a valid span: the score was NaN, which json.dumps writes and JSON readers refuse."""
     entry = predict.best_entry(Answers({"q": ""}, {"q": []}), "q")

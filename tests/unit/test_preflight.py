@@ -13,15 +13,23 @@ import pytest
 import torch
 from conftest import TINY, tiny_flags
 
-from qa_train.config.outputdir import claim, clear_previous_run
+from qa_train.config.outputdir import Cleared, claim, clear_previous_run
 from qa_train.config.settings import ConfigError, ModelArgs, OutputArgs
 from qa_train.model.modeling import check_positions, load_model, load_model_config, load_tokenizer
 
 
 def finished_run(out: Path) -> Path:
-    (out / "checkpoints" / "step_00000002").mkdir(parents=True)
+    """What a run leaves, with the marks that make it provably qa_train's: a checkpoint with its trainer state and
+    manifest, an export's config and weights, metrics.json with qa_train's version."""
+    step = out / "checkpoints" / "step_00000002"
+    step.mkdir(parents=True)
+    (step / "trainer_state.json").write_text("{}")
+    (step / "model.safetensors").write_bytes(b"weights")
+    (step / "manifest.json").write_text(json.dumps({"files": {"trainer_state.json": 2, "model.safetensors": 7}}))
     (out / "final").mkdir()
-    (out / "metrics.json").write_text("{}")
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt"):
+        (out / "final" / name).write_text("{}")
+    (out / "metrics.json").write_text(json.dumps({"qa_train_version": "0.1.0"}))
     (out / "notes.txt").write_text("the user's own file")
     return out
 
@@ -46,7 +54,7 @@ def test_overwrite_removes_the_old_run_on_the_main_process_only(tmp_path: Path) 
     args = OutputArgs(output_dir=str(out), overwrite_output_dir=True)
     claim(args)
     assert (out / "metrics.json").exists(), "claiming removes nothing: the data has not been read yet"
-    assert clear_previous_run(args, is_main=False) == ["metrics.json", "final", "checkpoints"]
+    assert clear_previous_run(args, is_main=False) == Cleared(["metrics.json", "final", "checkpoints"], [])
     assert (out / "metrics.json").exists(), "only the main process deletes"
     clear_previous_run(args, is_main=True)
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
@@ -62,7 +70,7 @@ def test_a_stale_stop_request_goes_with_overwrite_and_is_not_a_run(tmp_path: Pat
     with pytest.raises(ConfigError, match=r"holds a run \(metrics.json, final, checkpoints\)"):
         claim(OutputArgs(output_dir=str(out)))
     args = OutputArgs(output_dir=str(out), overwrite_output_dir=True)
-    assert clear_previous_run(args, is_main=True) == ["metrics.json", "final", "checkpoints", "PREEMPT"]
+    assert clear_previous_run(args, is_main=True).removed == ["metrics.json", "final", "checkpoints", "PREEMPT"]
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     (out / "PREEMPT").touch()
     clear_previous_run(args, is_main=True)  # with no run beside it too
@@ -89,23 +97,105 @@ def test_overwrite_beside_a_resume_replaces_only_what_the_resume_does_not_contin
     pass the --overwrite_output_dir they had passed, and the old run was never replaced."""
     done = tmp_path / "done"  # a finished run without checkpoints: nothing to resume, so overwrite replaces it
     done.mkdir()
-    (done / "metrics.json").write_text("{}")
+    (done / "metrics.json").write_text(json.dumps({"qa_train_version": "0.1.0"}))
     args = OutputArgs(output_dir=str(done), resume_from_checkpoint="latest", overwrite_output_dir=True)
     claim(args)
-    assert clear_previous_run(args, is_main=True) == ["metrics.json"] and not (done / "metrics.json").exists()
+    assert clear_previous_run(args, is_main=True).removed == ["metrics.json"]
+    assert not (done / "metrics.json").exists()
 
     out = finished_run(tmp_path / "out")  # a checkpoint elsewhere: the run in out is not the one continued
     elsewhere = tmp_path / "other" / "step_00000009"
     elsewhere.mkdir(parents=True)
     args = OutputArgs(output_dir=str(out), resume_from_checkpoint=str(elsewhere), overwrite_output_dir=True)
     claim(args)
-    assert clear_previous_run(args, is_main=True) == ["metrics.json", "final", "checkpoints"]
+    assert clear_previous_run(args, is_main=True).removed == ["metrics.json", "final", "checkpoints"]
 
     out = finished_run(tmp_path / "again")  # its own checkpoints: a requeued job resumes them, overwrite or not
     for resume in ("latest", str(out / "checkpoints" / "step_00000002")):
         args = OutputArgs(output_dir=str(out), resume_from_checkpoint=resume, overwrite_output_dir=True)
         claim(args)
-        assert clear_previous_run(args, is_main=True) == [] and (out / "checkpoints" / "step_00000002").is_dir()
+        assert clear_previous_run(args, is_main=True) == Cleared() and (out / "checkpoints" / "step_00000002").is_dir()
+
+
+def test_an_empty_output_dir_is_refused_and_the_working_directory_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """`--output_dir "$OUT"` with OUT unset: the run wrote into the working directory, and with
+    --overwrite_output_dir deleted its final/, checkpoints/ and wandb/ (issue 38, case 2)."""
+    from qa_train.__main__ import main
+
+    cwd = finished_run(tmp_path / "thesis")
+    (cwd / "final" / "thesis.tex").write_text("\\documentclass{report}")
+    before = sorted(p.relative_to(cwd) for p in cwd.rglob("*"))
+    monkeypatch.chdir(cwd)
+    for extra in ([], ["--overwrite_output_dir"]):
+        assert main([*tiny_flags(Path("x"), "--max_train_steps", "1", *extra), "--output_dir", ""]) == 2
+        assert capsys.readouterr().err == (
+            "qa_train: error: --output_dir: is empty (an unset shell variable?); name the run's folder, "
+            "e.g. --output_dir runs/my-run\n"
+        )
+    assert sorted(p.relative_to(cwd) for p in cwd.rglob("*")) == before
+
+
+def test_overwrite_removes_only_what_is_provably_qa_trains_and_names_the_rest(tmp_path: Path) -> None:
+    out = finished_run(tmp_path / "out")
+    (out / "checkpoints" / "step_00000002" / "my-notes.txt").write_text("not in the manifest")
+    (out / "checkpoints" / "step_00000009").mkdir()  # no trainer state or manifest: not a checkpoint of ours
+    (out / "checkpoints" / "step_00000009" / "weights.pt").write_bytes(b"someone's")
+    ours, theirs = out / "wandb" / "offline-run-20261126_1-ab12", out / "wandb" / "run-20240101_0-zz99"
+    for run, config in ((ours, "config: {'qa_train_version': '0.1.0'}"), (theirs, "config: {'lr': 0.1}")):
+        (run / "logs").mkdir(parents=True)
+        (run / "logs" / "debug.log").write_text(config)
+    (out / "wandb" / "latest-run").symlink_to(ours.name)
+    (out / "tensorboard").mkdir()
+    (out / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"a user's TensorBoard run")
+    args = OutputArgs(output_dir=str(out), overwrite_output_dir=True)
+    claim(args)
+    cleared = clear_previous_run(args, is_main=True)
+    assert cleared.removed == ["metrics.json", "final", "checkpoints", "wandb"]
+    kept = [
+        "checkpoints/step_00000002/my-notes.txt",
+        "checkpoints/step_00000009",
+        "wandb/run-20240101_0-zz99",
+        "tensorboard",
+    ]
+    assert cleared.kept == kept
+    left = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert left == [
+        "checkpoints/step_00000002/my-notes.txt",
+        "checkpoints/step_00000009/weights.pt",
+        "notes.txt",
+        "tensorboard/events.out.tfevents.1.host",
+        "wandb/run-20240101_0-zz99/logs/debug.log",
+    ]
+
+
+@pytest.mark.parametrize("with_export", [True, False])
+def test_a_final_folder_holding_a_users_files_is_never_replaced(with_export: bool, tmp_path: Path) -> None:
+    """The export replaces final/ whole: a user's file there would go with it, overwrite or resume alike."""
+    out = finished_run(tmp_path / "out")
+    if not with_export:
+        shutil.rmtree(out / "final")
+        (out / "final").mkdir()
+    (out / "final" / "thesis.tex").write_text("\\documentclass{report}")
+    for args in (
+        OutputArgs(output_dir=str(out), overwrite_output_dir=True),
+        OutputArgs(output_dir=str(out), resume_from_checkpoint="latest"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            claim(args)
+        assert str(refused.value) == (
+            f"--output_dir {out}: final/ holds what qa_train did not write (final/thesis.tex), and a run replaces "
+            "that folder whole; move it, or choose another --output_dir"
+        )
+    assert (out / "final" / "thesis.tex").exists() and (out / "metrics.json").exists()
+
+
+def test_the_ownership_rules_know_the_checkpoints_file_names() -> None:
+    from qa_train.config import ownership
+    from qa_train.strategy import checkpoint
+
+    assert (ownership.MANIFEST, ownership.STATE_FILE) == (checkpoint.MANIFEST, checkpoint.STATE_FILE)
 
 
 def test_an_unwritable_folder_is_refused(tmp_path: Path) -> None:

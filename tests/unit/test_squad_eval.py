@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import DEMO_DEV
 from squad_cases import NESTED
 
 from qa_train.data.load import load_file
@@ -186,3 +187,41 @@ def test_load_references_rejects_duplicate_ids_and_empty_answers(tmp_path: Path)
     no_answer = dict(FLAT[1], answers={"text": [], "answer_start": []})
     with pytest.raises(ValueError, match=r"empty\.jsonl: question q2: expected a non-empty list"):
         load_references(_write_jsonl(tmp_path / "empty.jsonl", [FLAT[0], no_answer]))
+
+
+def test_precomposed_and_decomposed_answers_are_the_same_answer() -> None:
+    """A decomposed reference ('Jose' + U+0301) scored 0 against the same name precomposed (issue 38, case 11)."""
+    assert exact_match("Jos\u00e9", "Jose\u0301") == 1.0 and exact_match("Jos\u00e9", "Jose") == 0.0
+    assert score({"q": ["Jose\u0301 Mari\u0301a"]}, {"q": "Jos\u00e9 Mar\u00eda"})["exact_match"] == 100.0
+
+
+def test_a_missing_file_is_refused_in_one_line_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """It exited 1 with a raw "error: [Errno 2] No such file or directory: '...'" (issue 38, case 16)."""
+    from qa_train.squad import scoring
+
+    predictions = tmp_path / "predictions.json"
+    predictions.write_text("{}")
+    assert scoring.main([str(tmp_path / "dev.json"), str(predictions)]) == 2
+    assert capsys.readouterr().err == f"qa-train score: error: {tmp_path / 'dev.json'}: no such file\n"
+    assert scoring.main([str(DEMO_DEV), str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"qa-train score: error: {tmp_path}: is a directory, not a file\n"
+
+
+@pytest.mark.parametrize("kind", ["xz", "gz", "bz2"])
+def test_a_compressed_dev_file_is_read_as_it_is(tmp_path: Path, kind: str, capsys: pytest.CaptureFixture) -> None:
+    """The SQuAD dev set is kept as .json.xz: it was refused as not UTF-8 (issue 38, case 16)."""
+    import bz2
+    import gzip
+    import lzma
+
+    from qa_train.squad import scoring
+
+    compress = {"xz": lzma.compress, "gz": gzip.compress, "bz2": bz2.compress}[kind]
+    packed = tmp_path / f"dev.json.{kind}"
+    packed.write_bytes(compress(DEMO_DEV.read_bytes()))
+    references = load_references(DEMO_DEV)
+    predictions = tmp_path / "predictions.json"
+    predictions.write_text(json.dumps({qid: golds[0] for qid, golds in references.items()}))
+    assert load_references(packed) == references
+    assert scoring.main([str(packed), str(predictions)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"exact_match": 100.0, "f1": 100.0}

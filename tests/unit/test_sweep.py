@@ -84,6 +84,15 @@ def test_a_sweep_that_cannot_run_is_refused_in_one_line_before_any_run(
     assert not out.exists()
 
 
+def test_an_unknown_config_is_refused_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """It exited 1, the code of a crash, where every other refusal is 2 (issue 38, case 16)."""
+    out = tmp_path / "bench"
+    assert bench.main(["--cpu", "--configs", "zero9", "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("qa-train bench: error: --configs zero9: no ")
+    assert "(have: single, ddp," in err[0] and not out.exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import sys
@@ -480,6 +481,24 @@ def test_tensorboard_events_hold_what_was_logged(tmp_path: Path) -> None:
     events.Reload()
     scalars = events.Scalars("train/loss")
     assert [(e.step, round(e.value, 4)) for e in scalars] == [(1, 1.0), (2, 0.5), (3, 0.3333)]
+
+
+def test_a_full_disk_while_writing_metrics_json_names_it_and_leaves_no_temporary_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """write() fails with ENOSPC and no file name: the line said "No space left on device" alone, and
+    .metrics.json.tmp stayed (issue 38, case 4)."""
+    real_write = Path.write_text
+
+    def full(self: Path, text: str, *args, **kwargs) -> int:
+        real_write(self, text[:10], *args, **kwargs)  # the disk fills part-way
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError) as err:
+        Tracker(Stand([]), tmp_path).finish(metrics(mfu=None))
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(tmp_path / "metrics.json")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_metrics_json_is_to_json_written_atomically(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

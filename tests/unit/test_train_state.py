@@ -110,12 +110,13 @@ def test_another_split_mid_epoch_is_refused_when_grouped_by_length() -> None:
         ({"seed": 7}, "--seed 42"),
         ({"group_by_length": True}, "--group_by_length False"),
         ({"num_train_windows": 900}, "the checkpoint's training data and windowing"),
+        ({"train_data": "4f0c"}, "the checkpoint's training data and windowing"),  # same count, other windows
     ],
 )
 def test_another_window_order_mid_epoch_is_refused_and_at_a_boundary_noted(change: dict, fix: str) -> None:
     """A mid-epoch resume replays the epoch's order and skips what was consumed: another seed, grouping or set
     of windows would train some windows twice and others never."""
-    order = {"seed": 42, "group_by_length": False, "num_train_windows": 1000}
+    order = {"seed": 42, "group_by_length": False, "num_train_windows": 1000, "train_data": "9ab1"}
     refusals, notes = resume_conflicts(contract(batches_in_epoch=12, **order), contract(**{**order, **change}))
     [name] = change
     assert notes == [] and len(refusals) == 1 and "12 micro-batches into epoch 1" in refusals[0]
@@ -183,3 +184,14 @@ def test_another_global_batch_recounts_the_steps_from_the_windows_trained() -> N
     smaller = continue_at(saved, contract(gradient_accumulation_steps=2, global_batch_size=32), updates_per_epoch=20)
     assert (smaller.completed_steps, smaller.batches_in_epoch) == (26, 12)
     assert "trained again" not in smaller.note
+
+
+def test_another_model_shape_is_refused_as_such_before_loading() -> None:
+    """Resuming under another model config said the checkpoint "could not be loaded ... if it is damaged, resume
+    from the previous checkpoint", which fails the same way (issue 38, case 7)."""
+    narrow, wide = (f"bert, hidden_size {h}, num_hidden_layers 2" for h in (128, 256))
+    assert resume_conflicts(contract(model_shape=narrow), contract(model_shape=wide))[0] == [
+        f"it is a checkpoint of another model shape ({narrow}; this run builds {wide}): resume with the --config_name "
+        "or --model_name_or_path that wrote it, or start a new run with --overwrite_output_dir"
+    ]
+    assert resume_conflicts(contract(), contract(model_shape=narrow)) == ([], [])  # unknown before the field: skipped

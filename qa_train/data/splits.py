@@ -1,0 +1,60 @@
+"""The questions of a run's splits, parsed and validated before any tokenisation. Free of torch, transformers and
+accelerate, so that `python -m qa_train` refuses a bad file before importing them (seconds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from qa_train.config.settings import TrainArgs
+from qa_train.data.load import AnswerRule, Examples, load_file, load_split
+
+
+@dataclass
+class Splits:
+    """Parsed and validated questions, before any tokenisation."""
+
+    train: Examples
+    evaluation: Examples | None
+    test: Examples | None = None
+    warnings: list[str] = field(default_factory=list)  # logged once, by the main process, when it featurises
+
+
+def shared_questions(train: Examples, evaluation: Examples | None, shown: int = 3) -> list[str]:
+    """Evaluation questions that also train make EM/F1 measure recall, not answering: a warning rather than a
+    refusal, as scoring the training data is a fair check that a model can fit it at all."""
+    if evaluation is None:
+        return []
+    training = set(train.ids)
+    shared = [qid for qid in evaluation.ids if qid in training]
+    if not shared:
+        return []
+    why = "EM/F1 will measure recall of the training data, not answering unseen questions"
+    if len(shared) == len(evaluation):
+        same = "; the files are identical" if train.fingerprint == evaluation.fingerprint else ""
+        return [
+            f"{evaluation.source}: all {len(evaluation)} evaluation questions are training questions too "
+            f"(their ids are in {train.source}{same}); {why}"
+        ]
+    return [
+        f"{evaluation.source}: {len(shared)} of {len(evaluation)} evaluation questions share an id with a "
+        f"training question in {train.source} (e.g. {', '.join(map(repr, shared[:shown]))}); {why}"
+    ]
+
+
+def load_splits(args: TrainArgs) -> Splits:
+    """Every rank parses and validates on its own, before any process group exists: a bad record is
+    refused by each rank in one line, and no rank is left waiting in a collective for one that failed."""
+    d = args.data
+    rule: AnswerRule = "may_be_empty" if d.version_2_with_negative else "required"
+    train = load_split(d.train_file, d.dataset_name, d.dataset_config_name, "train", d.max_train_samples, rule)
+    evaluation = (
+        load_split(d.validation_file, d.dataset_name, d.dataset_config_name, "validation", d.max_eval_samples, rule)
+        if args.eval.needs_eval_data
+        else None
+    )
+    test = (
+        load_file(d.test_file, "optional").head(d.max_predict_samples)
+        if args.eval.do_predict and d.test_file is not None  # validated: --do_predict comes with --test_file
+        else None
+    )
+    return Splits(train, evaluation, test, shared_questions(train, evaluation))

@@ -1,0 +1,98 @@
+"""DeepSpeed's JIT-built ops (CPUAdam, the CPU shared-memory collectives): building them ahead, and clearing the
+build locks that a killed build leaves behind.
+
+torch builds each op under a `lock` file it creates and removes itself; a process killed while holding it (SIGKILL,
+an OOM kill, a job's time limit) leaves the file, and every later DeepSpeed run on that machine then waits on it
+forever, without a word. torch's FileBaton has no owner and no timeout, so the check is ours: a lock that no process
+on this host holds open and that is older than any build is stale. A young lock with no local holder may be a build
+on another node sharing the home folder, so it is waited for until it is released or becomes stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+logger = logging.getLogger("qa_train")
+
+# Longer than a build takes on a loaded 2-core machine (both ops together take about two minutes there).
+STALE_AFTER_S = 600.0
+PREBUILT = ("CPUAdamBuilder", "ShareMemCommBuilder")
+
+
+def build_root() -> Path:
+    """torch's folder of JIT-built extensions (what torch.utils.cpp_extension uses without a build_directory)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+
+
+def build_locks(root: Path) -> list[Path]:
+    """Every extension's build lock under `root` (one folder per Python/CUDA flavour, one per op)."""
+    return sorted(root.glob("*/*/lock")) + sorted(root.glob("*/lock"))
+
+
+def held_here(lock: Path) -> bool:
+    """Whether a process on this host has `lock` open (torch keeps the lock's descriptor open while it builds)."""
+    target = os.path.realpath(lock)
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            links = [os.readlink(fd) for fd in fd_dir.iterdir()]
+        except OSError:  # the process ended, or is another user's
+            continue
+        if target in links:
+            return True
+    return False
+
+
+def clear_stale_locks(
+    root: Path | None = None,
+    stale_after_s: float = STALE_AFTER_S,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[Path]:
+    """Remove the build locks nobody holds that are older than `stale_after_s`, waiting for younger unheld ones to
+    be released or to become stale; return the locks removed."""
+    removed: list[Path] = []
+    for lock in build_locks(root or build_root()):
+        said = False
+        while True:
+            try:
+                age = clock() - lock.stat().st_mtime
+            except FileNotFoundError:
+                break  # released
+            if held_here(lock):
+                break  # a live build on this host: torch waits for it
+            if age >= stale_after_s:
+                lock.unlink(missing_ok=True)
+                removed.append(lock)
+                logger.warning(f"qa_train: removed {lock}, a build lock left by a killed build (no process holds it)")
+                break
+            if not said:
+                logger.warning(
+                    f"qa_train: waiting for the build lock {lock} (no process on this host holds it; "
+                    f"it is removed as stale when {stale_after_s:.0f} s old)"
+                )
+                said = True
+            sleep(min(5.0, stale_after_s - age))
+    return removed
+
+
+def prebuild() -> None:
+    """Build (or load) the ops DeepSpeed builds at first use, so that stall stays out of the first run."""
+    clear_stale_locks()
+    from deepspeed.accelerator import get_accelerator
+
+    for name in PREBUILT:
+        builder = get_accelerator().create_op_builder(name)
+        if builder is not None and builder.is_compatible():
+            builder.load(verbose=False)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(stream=sys.stderr, format="%(message)s")
+    prebuild()
