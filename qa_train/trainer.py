@@ -13,6 +13,7 @@ import math
 import os
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ from qa_train import __version__
 from qa_train.config.outputdir import clear_previous_run
 from qa_train.config.settings import TrainArgs, every_n_steps
 from qa_train.core.preemption import StopRequest
-from qa_train.data.loaders import build_loaders, featurize_splits
+from qa_train.data.batching import windows_in_step
+from qa_train.data.loaders import TrainOrder, build_loaders, featurize_splits
 from qa_train.data.splits import Splits, load_splits
 from qa_train.evaluation import (
     SAMPLE_COLUMNS,
@@ -49,8 +51,16 @@ from qa_train.model.modeling import (
     loading,
     model_shape,
     uses_token_types,
+    window_losses,
 )
-from qa_train.model.optimization import batches_per_rank, build_optimizer, hyperparameters, reapply, step_plan
+from qa_train.model.optimization import (
+    batches_per_rank,
+    build_optimizer,
+    hyperparameters,
+    optimizer_order,
+    reapply,
+    step_plan,
+)
 from qa_train.observe.hostmem import HostMemory
 from qa_train.observe.metrics import BatchCount, DeviceMemory, TrainSummary, device_name, peak_tflops
 from qa_train.observe.monitor import ModelCost, TrainingMetrics, interval_log
@@ -59,8 +69,8 @@ from qa_train.observe.progress import Progress, ProgressOutput
 from qa_train.observe.recorder import Tracker
 from qa_train.observe.schema import RunMetrics
 from qa_train.observe.trackers import build_trackers
-from qa_train.strategy import best, build, checkpoint, checks, deepspeed_json, faults, oom, saving, sharded
-from qa_train.strategy.train_state import TrainerState
+from qa_train.strategy import best, build, checkpoint, checks, deepspeed_json, faults, oom, resume, saving, sharded
+from qa_train.strategy.train_state import CHECKPOINT_FORMAT, TrainerState
 
 log = logging.getLogger("qa_train")
 
@@ -120,8 +130,19 @@ class Trainer:
         """`splits`: the data as `python -m qa_train` read it before the heavy imports; read here otherwise."""
         from accelerate.utils import set_seed
 
-        self.args = args
         self.output_dir = Path(args.output.output_dir)
+        out = args.output
+        self.request = resume.Request(out.resume_from_checkpoint, self.output_dir, out.allow_global_batch_change)
+        # Before anything is sized by it: a checkpoint of another number of processes keeps its global batch.
+        self.refit = resume.refit_accumulation(
+            self.request,
+            args.data.per_device_train_batch_size,
+            args.optim.gradient_accumulation_steps,
+            int(os.environ.get("WORLD_SIZE", "1")),
+        )
+        if self.refit is not None:
+            args = replace(args, optim=replace(args.optim, gradient_accumulation_steps=self.refit.accumulation))
+        self.args = args
         # Preflight on every rank before any process group: limits and records are refused in one line.
         m = args.model  # each caller names what it loads from (predict says MODEL_DIR)
         with loading("--tokenizer_name" if m.tokenizer_name else "--model_name_or_path", m.tokenizer_source):
@@ -133,7 +154,6 @@ class Trainer:
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
         self.mixed_precision = build.launch_precision(args.system.mixed_precision)
         splits = load_splits(args) if splits is None else splits
-        out = args.output
         project = out.wandb_project
         assert project is not None  # OutputArgs.__post_init__ fills it in
         trackers = build_trackers(
@@ -151,6 +171,8 @@ class Trainer:
         self.accelerator = build.make_accelerator(args, trackers, self.mixed_precision)
         self.is_main = self.accelerator.is_main_process
         setup_logging(self.is_main, bars=not args.output.disable_tqdm)
+        if self.refit is not None and self.is_main:
+            log.warning("%s", self.refit.message)
         checks.check_world(self.accelerator)
         checks.check_recompute(self.accelerator, args.system.gradient_checkpointing)
         self.strategy = build.detect_strategy(self.accelerator)
@@ -211,8 +233,9 @@ class Trainer:
     def _build_inputs(self, splits: Splits) -> None:
         self.inputs = featurize_splits(self.accelerator, splits, self.args.data, self.tokenizer)
         self.token_types = uses_token_types(self.model_config, self.tokenizer)
+        order = TrainOrder(self.args.system.seed, self.global_batch_size)
         self.train_dl, self.eval_dl = build_loaders(
-            self.inputs, self.tokenizer, self.args.data, self.args.system.seed, self.on_cuda, self.token_types
+            self.inputs, self.tokenizer, self.args.data, order, self.on_cuda, self.token_types
         )
         log.info("%s", self.inputs.describe())
         self.host_memory.trim()  # featurisation's transient Python objects
@@ -226,15 +249,19 @@ class Trainer:
         args, accelerator = self.args, self.accelerator
         import_model_code(self.model_config)
         self.host_memory.mark_baseline()  # training memory is what the run adds above this
+        self.steps = step_plan(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
+        self.log_every = every_n_steps(args.output.logging_steps, self.steps.total_steps)
+        self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.steps.total_steps)
         with loading("--model_name_or_path", args.model.model_name_or_path or ""):  # a hub id's weights, offline
             model = load_model(args.model, self.tokenizer, self.model_config)
+        # The checkpoint is checked against this run before anything is loaded; converted weights go in here,
+        # before compile and prepare, so every strategy shards them as it would a fresh model's.
+        self.now = self._contract()
+        self.resuming = resume.before_prepare(accelerator, self.request, self.now, model, optimizer_order(model))
         if args.system.gradient_checkpointing:  # before compile and prepare, which wrap the layers it marks
             enable_checkpointing(model)
         if args.system.torch_compile:
             compile_model(model, args.system, dynamic=not args.data.pad_to_max_length)
-        self.steps = step_plan(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
-        self.log_every = every_n_steps(args.output.logging_steps, self.steps.total_steps)
-        self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.steps.total_steps)
         optimizer, scheduler = build_optimizer(accelerator, model, args, self.steps)
         deepspeed_json.reconcile_with_flags(accelerator, args, self.mixed_precision)
         sharded.fit_fsdp_wrap(accelerator, model)
@@ -245,9 +272,9 @@ class Trainer:
         self.train_dl = prepared[0]
         self.eval_dl = prepared[1] if self.eval_dl is not None else None
 
-    def _resume(self) -> TrainerState:
-        """A fresh state carrying this run's contract, or the checkpoint's counters once the contract holds."""
-        now = TrainerState(
+    def _contract(self) -> TrainerState:
+        """A fresh state carrying what this run is and how it is sized: what a checkpoint must agree with."""
+        return TrainerState(
             world_size=self.accelerator.num_processes,
             global_batch_size=self.global_batch_size,
             per_device_train_batch_size=self.args.data.per_device_train_batch_size,
@@ -259,17 +286,23 @@ class Trainer:
             train_data=self.inputs.train_fingerprint,
             model_shape=model_shape(self.model_config),
             checkpoint_layout=build.checkpoint_layout(self.strategy, self.accelerator),
+            checkpoint_format=CHECKPOINT_FORMAT,
+            qa_train_version=__version__,
         )
-        spec = self.args.output.resume_from_checkpoint
-        path = checkpoint.agreed_resume(self.accelerator, spec, self.output_dir)
-        if path is None:
-            root = checkpoint.checkpoint_root(self.output_dir)
-            if spec == "latest" and not checkpoint.step_folders(root):  # damaged ones were named, with "from scratch"
-                log.info("no checkpoint in %s yet: starting from scratch", root)
-            return now
+
+    def _resume(self) -> TrainerState:
+        """A fresh state carrying this run's contract, or the checkpoint's counters once the contract holds."""
+        if self.resuming is None:
+            return self.now
+        path = self.resuming.path
         fresh = hyperparameters(self.scheduler)
-        state = checkpoint.load_checkpoint(self.accelerator, path, now)
-        changed = reapply(self.scheduler, fresh)
+        state = resume.after_prepare(
+            self.accelerator, self.resuming, self.model, self.optimizer, self.steps.updates_per_epoch
+        )
+        # The schedule is placed by the steps done: one saved by other processes (stepped once per process per
+        # update), by DeepSpeed's engine or under another global batch would be off.
+        position = state.completed_steps * deepspeed_json.scheduler_steps_per_update(self.accelerator)
+        changed = reapply(self.scheduler, fresh, position)
         if self.is_main:
             checkpoint.set_aside_later(path, self.output_dir)
             if changed:
@@ -415,11 +448,12 @@ class Trainer:
     def _micro_step(self, batch: dict[str, torch.Tensor]) -> None:
         real, padded = batch.pop("num_tokens")
         batch.pop("feature_index")
+        weights, starts, ends = batch.pop("real"), batch.pop("start_positions"), batch.pop("end_positions")
         accelerator, max_norm = self.accelerator, self.args.optim.max_grad_norm
         with accelerator.accumulate(self.model):
-            loss = self.model(**batch).loss
-            scale = self._window_scale()
-            accelerator.backward(loss * scale if scale != 1 else loss)
+            losses = window_losses(self.model(**batch), starts, ends)
+            loss = (losses * weights).sum() * self._step_weight()
+            accelerator.backward(loss)
             if accelerator.sync_gradients:
                 # Only a clipping run measures the norm (as transformers' Trainer): measuring costs a pass.
                 clipped = accelerator.clip_grad_norm_(self.model.parameters(), max_norm) if max_norm > 0 else None
@@ -434,15 +468,16 @@ class Trainer:
             loss, BatchCount(samples, real, padded, self._metrics.cost.batch_flops(padded, width))
         )
 
-    def _window_scale(self) -> float:
-        """accelerate (and DeepSpeed's engine) divide every micro-batch's loss by --gradient_accumulation_steps, also
-        in an epoch's last window, which may hold fewer: its update would be the mean gradient shrunk by their share
-        (its norm logged and clipped as such). Trainer divides by the window's own count; this makes up the
-        difference. Windows start with the epoch (accelerate syncs at the loader's end), so the one the current
-        micro-batch belongs to is known from its position."""
+    def _step_weight(self) -> float:
+        """An update is the mean gradient over its step's windows, whichever rank and micro-batch holds each: a
+        micro-batch's loss is its windows' sum x processes x accumulation / the step's windows, which accelerate (and
+        DeepSpeed's engine) divide by the accumulation and the ranks average. A whole step is the usual mean; an
+        epoch's last step has fewer windows (the rest pad it, weighted 0), counted alike on any number of processes.
+        Steps start with the epoch, so the current one is known from the micro-batches consumed."""
         accumulation = self.args.optim.gradient_accumulation_steps
-        start = self.state.batches_in_epoch - self.state.batches_in_epoch % accumulation
-        return accumulation / max(1, min(accumulation, len(self.train_dl) - start))
+        step = self.state.batches_in_epoch // accumulation
+        windows = windows_in_step(step, len(self.inputs.train_features), self.global_batch_size)
+        return self.accelerator.num_processes * accumulation / max(windows, 1)
 
     def _after_update(self, profiler) -> bool:
         """Count the update, log, checkpoint; True when the epoch loop must end (done or stopping)."""

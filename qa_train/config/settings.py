@@ -406,7 +406,19 @@ class OutputArgs:
         default=None, metadata={"help": "Save a resumable checkpoint every N steps, or 'epoch'."}
     )
     resume_from_checkpoint: str | None = field(
-        default=None, metadata={"help": "Checkpoint directory, or 'latest' in --output_dir."}
+        default=None,
+        metadata={
+            "help": "Checkpoint directory, or 'latest' in --output_dir. It continues under any strategy and number "
+            "of processes with the same global batch (the accumulation is refitted when only the processes changed)."
+        },
+    )
+    allow_global_batch_change: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume with another global batch (per-device batch x accumulation x processes) than the "
+            "checkpoint's: the steps done and the LR schedule are recounted from the windows trained. Without it "
+            "another global batch is refused."
+        },
     )
     save_total_limit: int | None = field(default=None, metadata={"help": "Keep at most this many checkpoints."})
     save_final_model: bool = field(default=True, metadata={"help": "Export model + tokenizer to output_dir/final."})

@@ -1,7 +1,9 @@
-"""Windows -> padded batches: dynamic padding, length grouping, token counts for throughput."""
+"""Windows -> padded batches: dynamic padding, length grouping, token counts for throughput, and an epoch's order
+that is the same on every number of processes."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -22,6 +24,10 @@ class WindowDataset(Dataset):
         return len(self.f)
 
     def __getitem__(self, i: int) -> dict:
+        # Past the end: a window that only pads an epoch's last global batch (WholeGlobalBatches), trained with no
+        # weight; its copy of window i - len keeps the batch's shapes.
+        real = i < len(self)
+        i = i % len(self)
         lo, hi = self.f.row_start[i], self.f.row_start[i + 1]
         item = {
             "input_ids": self.f.input_ids[lo:hi],
@@ -31,6 +37,7 @@ class WindowDataset(Dataset):
         if self.with_labels:
             item["start_positions"] = self.f.start_positions[i]
             item["end_positions"] = self.f.end_positions[i]
+            item["real"] = real
         return item
 
 
@@ -77,6 +84,8 @@ class Collator:
         if "start_positions" in items[0]:
             batch["start_positions"] = torch.tensor([int(x["start_positions"]) for x in items], dtype=torch.long)
             batch["end_positions"] = torch.tensor([int(x["end_positions"]) for x in items], dtype=torch.long)
+        if "real" in items[0]:
+            batch["real"] = torch.tensor([x["real"] for x in items], dtype=torch.float32)
         return batch
 
 
@@ -105,3 +114,58 @@ class LengthGroupedSampler(Sampler[int]):
         chunks = [order[i : i + self.group] for i in range(0, len(order), self.group)]
         sorted_chunks = [c[np.argsort(-self.lengths[c], kind="stable")] for c in chunks]
         return iter(np.concatenate(sorted_chunks).tolist())
+
+
+class SeededPermutation(Sampler[int]):
+    """A shuffle deterministic in (seed, epoch): torch.randperm seeded with seed + epoch, the order accelerate's
+    SeedableRandomSampler gave before, so a checkpoint written then resumes on the order it started."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.n, generator=generator).tolist())
+
+
+class WholeGlobalBatches(Sampler[int]):
+    """An epoch's order made whole global batches: its last, short one is filled with pad windows, numbered past the
+    dataset's end (WindowDataset gives them weight 0), so every window is trained once an epoch.
+
+    accelerate hands rank r micro-batches r, r + N, ... of this order, so optimizer step k trains windows
+    [k G, (k + 1) G) of the epoch's shuffle whatever the number of processes N and the per-device x accumulation
+    split of G. accelerate's own filling of an epoch's end (to whole batches of per-device x N, with real windows
+    trained twice) would depend on N: here every step is whole, and accelerate adds nothing.
+    """
+
+    def __init__(self, order: LengthGroupedSampler | SeededPermutation, global_batch: int) -> None:
+        self.order = order
+        self.global_batch = global_batch
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch = getattr(self.order, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.order) / self.global_batch) * self.global_batch
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(self.order)
+        windows = len(order)
+        pad = [windows + order[i % windows] for i in range(len(self) - windows)] if windows else []
+        return iter(order + pad)
+
+
+def windows_in_step(step_in_epoch: int, windows: int, global_batch: int) -> int:
+    """The real windows of an epoch's optimizer step: the global batch, or what is left of the epoch."""
+    return max(0, min(global_batch, windows - step_in_epoch * global_batch))

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, SequentialSampler
 
 from qa_train.config.settings import DataArgs
 from qa_train.core.preemption import shield_loader_worker
-from qa_train.data.batching import Collator, LengthGroupedSampler, WindowDataset
+from qa_train.data.batching import Collator, LengthGroupedSampler, SeededPermutation, WholeGlobalBatches, WindowDataset
 from qa_train.data.features import Features, cache_key, load_or_featurize
 from qa_train.data.load import Examples
 from qa_train.data.splits import Splits
@@ -113,24 +113,33 @@ def inference_loader(features: Features, collate: Collator, data: DataArgs, on_c
     )
 
 
+@dataclass
+class TrainOrder:
+    """What decides which windows each optimizer step trains: the seed and the global batch (never the number of
+    processes, so a checkpoint continues on another one exactly)."""
+
+    seed: int
+    global_batch: int
+
+
 def build_loaders(
-    inputs: Inputs, tokenizer, data: DataArgs, seed: int, on_cuda: bool, token_types: bool = True
+    inputs: Inputs, tokenizer, data: DataArgs, order: TrainOrder, on_cuda: bool, token_types: bool = True
 ) -> tuple[DataLoader, DataLoader | None]:
     """Unprepared loaders: accelerate shards them per rank in `prepare`."""
     collate = collator(tokenizer, data, token_types)
     train_set = WindowDataset(inputs.train_features, with_labels=True)
-    sampler = (
-        LengthGroupedSampler(inputs.train_features.lengths, data.per_device_train_batch_size, seed)
+    shuffle = (
+        LengthGroupedSampler(inputs.train_features.lengths, data.per_device_train_batch_size, order.seed)
         if data.group_by_length
-        else RandomSampler(train_set)
+        else SeededPermutation(len(train_set), order.seed)
     )
     # An own generator: otherwise every new iterator draws a seed from the global RNG, and a resumed
     # run (which makes one more iterator after restoring RNG state) would see different dropout.
     train = DataLoader(
         train_set,
         batch_size=data.per_device_train_batch_size,
-        sampler=sampler,
-        generator=torch.Generator().manual_seed(seed),
+        sampler=WholeGlobalBatches(shuffle, order.global_batch),
+        generator=torch.Generator().manual_seed(order.seed),
         collate_fn=collate,
         **_loader_options(data, on_cuda),
     )

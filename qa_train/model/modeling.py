@@ -261,6 +261,20 @@ def check_positions(config, tokenizer, max_seq_length: int, doc_stride: int | No
         question_room(PairTemplate.from_tokenizer(tokenizer), max_seq_length, doc_stride)
 
 
+def window_losses(outputs, starts, ends):
+    """Each window's span loss, as transformers' question-answering heads average it over a batch: the cross-entropy
+    of the start and of the end position, halved; a position outside the window (qa_train's windows have none: an
+    answer outside is labelled at CLS) counts 0."""
+    import torch.nn.functional as F
+
+    outside = outputs.start_logits.size(1)
+
+    def entropy(logits, positions):
+        return F.cross_entropy(logits, positions.clamp(0, outside), ignore_index=outside, reduction="none")
+
+    return (entropy(outputs.start_logits, starts) + entropy(outputs.end_logits, ends)) / 2
+
+
 @contextlib.contextmanager
 def _quiet_load_report(quiet: bool) -> Iterator[None]:
     """transformers' table of missing and unexpected weights, silenced where the refusal names them in one line."""

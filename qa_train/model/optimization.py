@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from qa_train.config.settings import OptimArgs, TrainArgs
-from qa_train.strategy import deepspeed_json
+from qa_train.strategy import deepspeed_json, sharded
 
 
 @dataclass
@@ -63,6 +63,14 @@ def param_groups(model, weight_decay: float) -> list[dict]:
         {"params": [p for n, p in named if n not in skip], "weight_decay": weight_decay},
         {"params": [p for n, p in named if n in skip], "weight_decay": 0.0},
     ]
+
+
+def optimizer_order(model) -> dict[str, tuple[int, ...]]:
+    """The parameters' whole shapes by name, in the order param_groups hands them to the optimizer (how its state
+    dict numbers them)."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    shapes = sharded.full_shapes(model)
+    return {names[id(p)]: shapes[names[id(p)]] for group in param_groups(model, 0.0) for p in group["params"]}
 
 
 def build_optimizer(accelerator, model, args: TrainArgs, steps: StepPlan):
@@ -121,12 +129,16 @@ def hyperparameters(scheduler) -> Hyperparameters | None:
     )
 
 
-def reapply(scheduler, fresh: Hyperparameters | None) -> list[str]:
+def reapply(scheduler, fresh: Hyperparameters | None, position: int | None = None) -> list[str]:
     """Put this run's settings back over a loaded checkpoint's, the schedule continuing at the checkpoint's
-    step; returns what differed, one phrase each."""
+    step (at `position` scheduler steps where given: a schedule stepped once per process per update, saved by
+    another number of processes or not saved at all, is placed by the steps done); returns what differed, one
+    phrase each."""
     sched = _lambda_scheduler(scheduler)
     if sched is None or fresh is None or len(sched.optimizer.param_groups) != len(fresh.groups):
         return []
+    if position is not None:
+        sched.last_epoch, sched._step_count = position, position + 1
     changes = []
     if list(sched.base_lrs) != fresh.base_lrs:
         changes.append(f"learning rate {sched.base_lrs[0]:.3g} -> {fresh.base_lrs[0]:.3g}")

@@ -14,13 +14,20 @@ import re
 import shutil
 import stat
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 from qa_train.core.errors import one_line
 from qa_train.strategy.faults import failed_ranks, run_fault
-from qa_train.strategy.train_state import TrainerState, is_int, resume_conflicts, state_from_json
+from qa_train.strategy.train_state import (
+    NewerCheckpoint,
+    TrainerState,
+    is_int,
+    resume_conflicts,
+    state_from_json,
+)
 
 log = logging.getLogger("qa_train")
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -147,9 +154,23 @@ def verify(path: str | Path, contents: bool = False) -> str | None:
         return problems[0] + more
     try:
         state_from_json((path / STATE_FILE).read_text())
+    except NewerCheckpoint as err:
+        return f"{STATE_FILE}: {err}"
     except (OSError, ValueError) as err:
         return f"{STATE_FILE}: unreadable or invalid ({one_line(err)})"
     return _content_problem(path, crcs) if contents else None
+
+
+def newer_format(path: Path) -> str | None:
+    """Why a newer qa_train's checkpoint cannot be resumed here, or None: `latest` refuses it rather than skip back
+    to an older checkpoint of the run, whose continuation would overwrite the newer one's."""
+    try:
+        state_from_json((path / STATE_FILE).read_text())
+    except NewerCheckpoint as err:
+        return f"{path / STATE_FILE}: {err}"
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _content_problem(path: Path, crcs: dict[str, int]) -> str | None:
@@ -222,6 +243,9 @@ def resolve_resume(spec: str | None, output_dir: str | Path, contents: bool = Fa
     if spec is None:
         return None
     if spec == "latest":
+        newer = next(filter(None, map(newer_format, step_folders(checkpoint_root(output_dir)))), None)
+        if newer:
+            raise CheckpointError(f"--resume_from_checkpoint latest: {newer}")
         latest = latest_usable(checkpoint_root(output_dir), warn=True, contents=contents)
         if latest is not None:
             _check_trusted(latest)
@@ -234,6 +258,19 @@ def resolve_resume(spec: str | None, output_dir: str | Path, contents: bool = Fa
     good = _newest_good_sibling(path)
     instead = f"the newest good checkpoint there is {good}" if good else f"there is no good checkpoint in {path.parent}"
     raise CheckpointError(f"--resume_from_checkpoint {path}: {problem}; {instead}")
+
+
+def peek(spec: str | None, output_dir: str | Path) -> tuple[Path, TrainerState] | None:
+    """The checkpoint resolve_resume would likely pick and its trainer state, by sizes alone and without a word:
+    None where there is none or it would be refused (said later, on the main process, with its contents checked)."""
+    try:
+        if spec == "latest":
+            path = latest_usable(checkpoint_root(output_dir), warn=False)
+        else:
+            path = Path(spec) if spec is not None and verify(Path(spec)) is None else None
+        return None if path is None else (path, read_state(path))
+    except (OSError, CheckpointError):
+        return None
 
 
 def _check_trusted(path: Path) -> None:
@@ -295,41 +332,51 @@ def set_aside_later(path: Path, output_dir: str | Path) -> list[Path]:
     return moved
 
 
-def load_checkpoint(accelerator, path: Path, now: TrainerState | None = None) -> TrainerState:
-    """Restore everything save_checkpoint wrote; with `now`, refuse a checkpoint this run cannot continue first.
+def load_checkpoint(accelerator, path: Path, now: TrainerState | None = None, checked: bool = False) -> TrainerState:
+    """Restore everything save_checkpoint wrote; with `now`, refuse a checkpoint this run cannot continue first
+    (unless `checked`: check_contract has passed it already).
 
     Checkpoints must be trusted: DeepSpeed's loader unpickles them (torch.load with weights_only=False).
     """
     saved = read_state(path)
-    if now is not None:
-        _check_contract(accelerator, path, saved, now)
+    if now is not None and not checked:
+        check_contract(accelerator, path, saved, now)
+    agreed(accelerator, path, lambda: accelerator.load_state(str(path)))
+    if saved.world_size in (None, accelerator.num_processes):  # another world size has other ranks' RNG: not carried
+        _warn_on_rng(path, accelerator.process_index)
+    return saved if now is None else replace(saved, **now.contract())
+
+
+def agreed(accelerator, path: Path, work: Callable[[], object] | None, doing: str = "loaded") -> None:
+    """This rank's part of loading `path` (None: nothing to do here), then agreement: a rank's own files (its ZeRO
+    optimizer shard) can fail where the others load, so every rank learns which failed and all refuse the
+    checkpoint together. Alone, the failed rank left the others to meet it at the next collective (a "connection
+    closed by peer" traceback, or a hang), and its reason was never said (only rank 0 speaks)."""
     error = None
-    try:
-        accelerator.load_state(str(path))
-    except library_errors() as err:  # corrupt content: SafetensorError, RuntimeError, pickle errors, DCP's ...
-        error = own_error(err)
-        if run_fault(error):
-            raise error from err  # not the checkpoint's fault: exit 7 or 6, as anywhere else in the run
-    # A rank's own files (its ZeRO optimizer shard) can fail where the others load: every rank learns which failed
-    # and all refuse the checkpoint together. Alone, the failed rank left the others to meet it at the next
-    # collective (a "connection closed by peer" traceback, or a hang), and its reason was never said (only rank
-    # 0 speaks).
+    if work is not None:
+        try:
+            work()
+        except library_errors() as err:  # corrupt content: SafetensorError, RuntimeError, pickle errors, DCP's ...
+            error = own_error(err)
+            if run_fault(error):
+                raise error from err  # not the checkpoint's fault: exit 7 or 6, as anywhere else in the run
     failed = failed_ranks(accelerator, error is not None)
     if failed:
         rank = accelerator.process_index
         message = (
-            _load_failure(path, error, rank if accelerator.num_processes > 1 else None)
+            _load_failure(path, error, rank if accelerator.num_processes > 1 else None, doing)
             if rank == failed[0] and error is not None  # failed[0] is this rank only when its own load failed
-            else f"checkpoint {path} could not be loaded: rank {failed[0]} failed"
+            else f"checkpoint {path} could not be {doing}: rank {failed[0]} failed"
         )
         raise CheckpointError(message, reporter=failed[0]) from error
-    _warn_on_rng(path, accelerator.process_index)
-    return saved if now is None else replace(saved, **now.contract())
 
 
-def _check_contract(accelerator, path: Path, saved: TrainerState, now: TrainerState) -> None:
-    # Before load_state: a different world size would otherwise fail deep inside DeepSpeed, misleadingly.
-    refusals, notes = resume_conflicts(saved, now)
+def check_contract(
+    accelerator, path: Path, saved: TrainerState, now: TrainerState, allow_global_batch_change: bool = False
+) -> None:
+    """Refuse, before anything is loaded, what this run cannot continue (another model shape, tokenizer or global
+    batch, ...): a library's loader would otherwise fail deep inside, misleadingly. The main process says the rest."""
+    refusals, notes = resume_conflicts(saved, now, allow_global_batch_change)
     if refusals:
         raise CheckpointError(f"--resume_from_checkpoint {path}: cannot continue it: {'; '.join(refusals)}")
     if accelerator.is_main_process:
@@ -337,7 +384,44 @@ def _check_contract(accelerator, path: Path, saved: TrainerState, now: TrainerSt
             log.warning("resuming from %s: %s", path, note)
 
 
-def _load_failure(path: Path, err: BaseException, rank: int | None = None) -> str:
+def conversion_reason(saved: TrainerState, now: TrainerState) -> str | None:
+    """Why the library cannot load `saved` under this run's strategy itself, or None (it can: load_checkpoint).
+    accelerate's single/DDP files hold whole tensors and FSDP's are resharded by torch.distributed.checkpoint, at
+    any world size; DeepSpeed's partitions need its own universal conversion. Unknown layouts (checkpoints before
+    the field) are left to the library, as before."""
+    was, now_is = saved.checkpoint_layout, now.checkpoint_layout
+    if was is None or now_is is None:
+        return None
+    if was != now_is:
+        return f"saved as {was}, loaded as {now_is}"
+    if saved.world_size not in (None, now.world_size) and was.startswith("DeepSpeed"):
+        return f"DeepSpeed partitions its optimizer state per process, {saved.world_size} -> {now.world_size}"
+    return None
+
+
+def convert(accelerator, path: Path, shapes: dict[str, tuple[int, ...]], output_dir: str | Path) -> Path:
+    """`path` in qa_train's portable layout (qa_train.strategy.portable), written by the main process into this
+    run's checkpoints folder (a hidden name that neither `latest` nor rotation sees); every rank gets the folder
+    once it is complete, or a CheckpointError."""
+    from qa_train.strategy import portable
+
+    out = checkpoint_root(output_dir) / f".portable-{path.name}"
+    took: list[float] = []
+    work = (lambda: took.append(portable.convert(path, shapes, out))) if accelerator.is_main_process else None
+    agreed(accelerator, path, work, doing="converted")
+    if took:
+        log.info("converted %s to the portable layout in %s (%.1f s)", path, out, took[0])
+    return out
+
+
+def discard(accelerator, folder: Path) -> None:
+    """The portable folder once every rank has loaded it."""
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _load_failure(path: Path, err: BaseException, rank: int | None = None, doing: str = "loaded") -> str:
     step = _step_of(path)
     earlier = _newest_good_sibling(path, before=step)
     hint = (
@@ -351,7 +435,7 @@ def _load_failure(path: Path, err: BaseException, rank: int | None = None) -> st
             "its tensors have other shapes than this run's model: it is a checkpoint of another model; resume with "
             "the --config_name or --model_name_or_path that wrote it"
         )
-    return f"checkpoint {path} could not be loaded: {who}{one_line(err)}; {hint}"
+    return f"checkpoint {path} could not be {doing}: {who}{one_line(err)}; {hint}"
 
 
 def _warn_on_rng(path: Path, process_index: int) -> None:

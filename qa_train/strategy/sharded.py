@@ -137,6 +137,12 @@ def _full_fp32_on_main(param, main: bool):
         return param.detach().to("cpu", copy=True).float() if main else None
 
 
+def full_shapes(model) -> dict[str, tuple[int, ...]]:
+    """Every parameter's whole shape, by name in the model's order: ZeRO-3 (which transformers builds partitioned
+    before `prepare`) leaves empty placeholders whose ds_shape is the real one."""
+    return {name: tuple(getattr(p, "ds_shape", p.shape)) for name, p in model.named_parameters()}
+
+
 def num_parameters(model) -> int:
     """Parameters of an unwrapped model; ZeRO-3 leaves empty placeholders whose ds_numel is the real size."""
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())

@@ -1,5 +1,5 @@
 """What a checkpoint records besides accelerate's state (trainer_state.json), and which changes a resumed run
-may make to it: the resume contract."""
+may make to it: the resume contract, and where a run on another number of processes or global batch continues."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ CONTRACT = (
     "total_steps",
 )
 COUNTERS = ("completed_steps", "epoch", "batches_in_epoch")
+# Trainer state format: 2 records what wrote it (WRITER); a checkpoint of a higher format is refused.
+CHECKPOINT_FORMAT = 2
+WRITER = ("checkpoint_format", "qa_train_version")
 # What decides the order of the training windows: a mid-epoch resume replays the epoch's order and skips what
 # was consumed, so all of these must be as they were (at an epoch boundary a change only starts a new order).
 DATA_ORDER = {  # name: (what it is, how to resume as before)
@@ -65,10 +68,26 @@ class TrainerState:
     best_eval: dict[str, Any] | None = None
     # A stop request ended the run at a step that owed an in-loop evaluation: the resumed run does it first.
     eval_owed: bool = False
+    # WRITER: None in checkpoints of format 1 (before 2026-11-26), which recorded neither.
+    checkpoint_format: int | None = None
+    qa_train_version: str | None = None
 
     def contract(self) -> dict[str, Any]:
         """The contract's fields by name (ints, a bool and strs: Any, so that dataclasses.replace takes them)."""
-        return {name: getattr(self, name) for name in (*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape")}
+        return {
+            name: getattr(self, name) for name in (*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape", *WRITER)
+        }
+
+    @property
+    def windows_into_epoch(self) -> int | None:
+        """Training windows of `epoch` consumed (over every rank), or None where the checkpoint does not say."""
+        if self.world_size is None or self.per_device_train_batch_size is None:
+            return None
+        return self.batches_in_epoch * self.per_device_train_batch_size * self.world_size
+
+
+class NewerCheckpoint(ValueError):
+    """A trainer_state.json of a format this qa_train does not know: written by a newer one."""
 
 
 def state_from_json(text: str) -> TrainerState:
@@ -76,6 +95,14 @@ def state_from_json(text: str) -> TrainerState:
     data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
+    written = data.get("checkpoint_format")
+    if written is not None and not is_int(written):
+        raise ValueError(f"checkpoint_format is {written!r}, not a number")
+    if written is not None and written > CHECKPOINT_FORMAT:  # before its unknown keys: they are why
+        raise NewerCheckpoint(
+            f"written by a newer qa_train ({data.get('qa_train_version') or 'version unknown'}, checkpoint format "
+            f"{written}; this one reads format {CHECKPOINT_FORMAT} and older): upgrade qa_train to resume it"
+        )
     unknown = sorted(set(data) - {f.name for f in fields(TrainerState)})
     if unknown:
         raise ValueError(f"unknown keys {', '.join(unknown)} (written by a newer qa_train?)")
@@ -92,7 +119,7 @@ def state_from_json(text: str) -> TrainerState:
         value = data.get(name)
         if value is not None and not kinds.get(name, is_int)(value):
             raise ValueError(f"{name} is {value!r}")
-    for name in ("checkpoint_layout", "model_shape"):
+    for name in ("checkpoint_layout", "model_shape", "qa_train_version"):
         if not isinstance(data.get(name) or "", str):
             raise ValueError(f"{name} is {data[name]!r}, not a string")
     if not isinstance(data.get("eval_owed", False), bool):
@@ -107,11 +134,14 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str], list[str]]:
+def resume_conflicts(
+    saved: TrainerState, now: TrainerState, allow_global_batch_change: bool = False
+) -> tuple[list[str], list[str]]:
     """Why this run cannot continue `saved` (refusals), and what changes although it can (notes).
 
     Each is one phrase naming the checkpoint's value and this run's. None on either side is unknown
-    (an older checkpoint, or a caller that did not say) and skipped.
+    (an older checkpoint, or a caller that did not say) and skipped. Another strategy or number of processes is
+    no refusal: the checkpoint is resharded or converted (qa_train.strategy.checkpoint says how).
     """
 
     def changed(name: str) -> bool:
@@ -120,33 +150,31 @@ def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str],
 
     refusals: list[str] = []
     notes: list[str] = []
-    if changed("checkpoint_layout"):  # before the library's loader fails on files it does not know, or hangs
-        refusals.append(
-            f"it was saved as {saved.checkpoint_layout}, this run loads {now.checkpoint_layout}: each strategy writes "
-            "its own files; resume under the accelerate config that wrote it, or start a new run with "
-            "--overwrite_output_dir"
-        )
     if changed("model_shape"):  # before the library's loader fails with "size mismatch" (or "damaged")
         refusals.append(
             f"it is a checkpoint of another model shape ({saved.model_shape}; this run builds {now.model_shape}): "
             "resume with the --config_name or --model_name_or_path that wrote it, or start a new run with "
             "--overwrite_output_dir"
         )
-    if changed("world_size"):
-        refusals.append(
-            f"it was written by {saved.world_size} processes, this run has {now.world_size}: its optimizer, RNG and "
-            f"data-position state and its LR schedule are sized for {saved.world_size}; resume with "
-            f"{saved.world_size} processes, or start a new run with --overwrite_output_dir"
-        )
     if changed("global_batch_size"):
-        refusals.append(
-            f"its global batch is {saved.global_batch_size}, this run's is {now.global_batch_size}: the steps done "
-            f"and the LR schedule count batches of {saved.global_batch_size}; resume with per-device batch x "
-            f"accumulation x processes = {saved.global_batch_size}, or start a new run with --overwrite_output_dir"
+        if not allow_global_batch_change:
+            refusals.append(
+                f"its global batch is {saved.global_batch_size}, this run's is {now.global_batch_size}: the steps "
+                f"done and the LR schedule count batches of {saved.global_batch_size}; resume with per-device batch x "
+                f"accumulation x processes = {saved.global_batch_size}, add --allow_global_batch_change to continue "
+                f"with {now.global_batch_size} (the steps and the schedule recomputed from the windows trained), or "
+                "start a new run with --overwrite_output_dir"
+            )
+    elif changed("world_size"):
+        notes.append(
+            f"it was written by {processes(saved.world_size)}, this run has {now.world_size}, with the same global "
+            f"batch of {now.global_batch_size}: every step trains the windows it would have; per-rank RNG (dropout "
+            "masks) is not carried"
         )
-    elif not refusals and (changed("per_device_train_batch_size") or changed("gradient_accumulation_steps")):
-        split = _split_change(saved, now)
-        (refusals if saved.batches_in_epoch else notes).append(split)
+    regrouped = bool(saved.batches_in_epoch and now.group_by_length and changed("per_device_train_batch_size"))
+    if regrouped or not (changed("global_batch_size") or changed("world_size")):  # else the world's note says it
+        if changed("per_device_train_batch_size") or changed("gradient_accumulation_steps"):
+            (refusals if regrouped else notes).append(_split_change(saved, now))
     for name in DATA_ORDER:
         if changed(name) and not (name == "train_data" and changed("num_train_windows")):  # one cause, said once
             (refusals if saved.batches_in_epoch else notes).append(_order_change(saved, now, name))
@@ -174,22 +202,68 @@ def _order_change(saved: TrainerState, now: TrainerState, name: str) -> str:
 
 
 def _split_change(saved: TrainerState, now: TrainerState) -> str:
-    """Same global batch, another per-device x accumulation split: safe only at an epoch boundary.
-
-    Resuming skips `batches_in_epoch` micro-batches of this run's per-device size on each rank
-    (skip_first_batches on the sharded loader), and the length-grouped sampler's order depends on that
-    size too; so mid-epoch, another split would see some examples twice and others never.
-    """
+    """Same global batch, another per-device x accumulation split: the resume skips the windows consumed, counted
+    in windows, so every step trains the same windows. The length-grouped order sorts runs of per-device-batch
+    windows, though: there another split mid-epoch would reorder the windows under those skipped."""
     was = f"{saved.per_device_train_batch_size} per device x {saved.gradient_accumulation_steps} accumulation"
     now_is = f"{now.per_device_train_batch_size} x {now.gradient_accumulation_steps}"
-    if saved.batches_in_epoch:
+    if (
+        saved.batches_in_epoch
+        and now.group_by_length
+        and saved.per_device_train_batch_size != now.per_device_train_batch_size
+    ):
         return (
             f"its batches were {was}, this run's are {now_is}: it stopped {saved.batches_in_epoch} micro-batches "
-            f"into epoch {saved.epoch}, and skipping that many of another size would see examples twice or "
-            f"never; resume with --per_device_train_batch_size {saved.per_device_train_batch_size} "
-            f"--gradient_accumulation_steps {saved.gradient_accumulation_steps}"
+            f"into epoch {saved.epoch}, and --group_by_length orders the windows by runs of per-device batches, "
+            f"so another size would see windows twice or never; resume with --per_device_train_batch_size "
+            f"{saved.per_device_train_batch_size} --gradient_accumulation_steps {saved.gradient_accumulation_steps}"
         )
     return (
-        f"batches {was} -> {now_is} with the same global batch {now.global_batch_size}: the checkpoint is at an "
-        "epoch boundary, so no example is skipped or repeated; updates match in expectation, not bit for bit"
+        f"batches {was} -> {now_is} with the same global batch {now.global_batch_size}: every step trains the "
+        "windows it would have (its update agrees to rounding)"
     )
+
+
+def processes(n: int | None) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"
+
+
+def kept_accumulation(saved: TrainerState, per_device: int, world_size: int) -> int | None:
+    """The gradient accumulation that keeps the checkpoint's global batch with `per_device` windows on each of
+    `world_size` processes, or None when the checkpoint does not say its global batch or no whole number keeps it."""
+    if saved.global_batch_size is None:
+        return None
+    accumulation, rest = divmod(saved.global_batch_size, per_device * world_size)
+    return accumulation if accumulation and not rest else None
+
+
+@dataclass
+class Position:
+    """Where a resumed run continues: its optimizer steps done and this rank's micro-batches of the epoch to skip."""
+
+    completed_steps: int
+    batches_in_epoch: int
+    note: str | None = None
+
+
+def continue_at(saved: TrainerState, now: TrainerState, updates_per_epoch: int) -> Position:
+    """The checkpoint's position in this run's units. The windows consumed are counted over every rank, so another
+    number of processes or per-device batch skips exactly them; another global batch (allowed by
+    --allow_global_batch_change) recounts the steps from the windows trained, in whole steps of the new size."""
+    windows = saved.windows_into_epoch
+    micro = (now.per_device_train_batch_size or 0) * (now.world_size or 0)
+    if windows is None or not micro:  # a checkpoint of format 1, or a caller that did not say: as saved
+        return Position(saved.completed_steps, saved.batches_in_epoch)
+    if saved.global_batch_size in (None, now.global_batch_size) or now.global_batch_size is None:
+        return Position(saved.completed_steps, windows // micro)
+    batch = now.global_batch_size
+    steps_in_epoch, again = divmod(windows, batch)
+    completed = saved.epoch * updates_per_epoch + steps_in_epoch
+    note = (
+        f"global batch {saved.global_batch_size} -> {batch} (--allow_global_batch_change): step "
+        f"{saved.completed_steps} of {saved.global_batch_size} windows continues as step {completed} of {batch}, "
+        f"{windows} windows into epoch {saved.epoch}"
+        + (f" (its last {again} are trained again)" if again else "")
+        + f"; the LR schedule is recomputed for {now.total_steps} steps of {batch}"
+    )
+    return Position(completed, steps_in_epoch * (now.gradient_accumulation_steps or 1), note)

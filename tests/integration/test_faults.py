@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEMO_DEV, PY, ROOT, TINY, base_env, error_lines, run_cmd, run_ok, tiny_flags
+from conftest import DEMO_DEV, PY, ROOT, TINY, base_env, error_lines, read_metrics, run_cmd, run_ok, tiny_flags
 from safetensors.torch import load_file
 
 
@@ -191,7 +191,7 @@ def test_max_seq_length_beyond_the_position_embeddings_is_refused_before_featuri
     assert not (tmp_path / "cache").exists(), "featurisation ran before the refusal"
 
 
-def test_resume_under_another_world_size_or_batch_is_refused(
+def test_resume_under_another_global_batch_is_refused_unless_allowed(
     finished: Path, tmp_path: Path, env: dict[str, str]
 ) -> None:
     out = old_run(finished, tmp_path)
@@ -199,18 +199,29 @@ def test_resume_under_another_world_size_or_batch_is_refused(
     proc = run_cmd(qa_train(out, *resume, "--per_device_train_batch_size", "4"), env)
     assert proc.returncode == 2
     [line] = error_lines(proc.stderr)
-    assert "global batch" in line and "8" in line and "4" in line
+    assert "its global batch is 8, this run's is 4" in line and "add --allow_global_batch_change" in line
 
-    # A checkpoint written by 2 processes (what a 2-rank DDP run records), resumed by 1.
+    # A checkpoint written by 2 processes (what a 2-rank DDP run records), resumed by 1 with a per-device batch no
+    # accumulation turns into its global batch of 16.
     state_file = out / "checkpoints" / "step_00000003" / "trainer_state.json"
     state = json.loads(state_file.read_text())
     state.update(world_size=2, global_batch_size=16, per_device_train_batch_size=8)
     state_file.write_text(json.dumps(state))
     _refresh_manifest(state_file)
-    proc = run_cmd(qa_train(out, *resume, "--per_device_train_batch_size", "16"), env)
+    proc = run_cmd(qa_train(out, *resume, "--per_device_train_batch_size", "3"), env)
     assert proc.returncode == 2
     [line] = error_lines(proc.stderr)
-    assert "2 processes" in line and "1" in line
+    assert "its global batch is 16, this run's is 3" in line and "--allow_global_batch_change" in line
+
+    # Allowed: step 3 of 16 windows (48 into the epoch) is step 1 of 32, and the 16 windows after it are trained again.
+    allowed = [*resume, "--per_device_train_batch_size", "32", "--allow_global_batch_change", "--logging_steps", "1"]
+    proc = run_ok(qa_train(out, *allowed), env)
+    assert (
+        "global batch 16 -> 32 (--allow_global_batch_change): step 3 of 16 windows continues as step 1 of 32, 48 "
+        "windows into epoch 0 (its last 16 are trained again)" in proc.stderr
+    )
+    # The old run's log after the new step 1 is dropped: steps 2-4 are the new global batch's.
+    assert read_metrics(out)["train_steps"] == 4 and steps_in(out) == [1, 2, 3, 4]
 
 
 def _refresh_manifest(changed: Path) -> None:

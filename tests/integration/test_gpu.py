@@ -1,5 +1,6 @@
 """On one CUDA GPU: every config, and compiled runs, train in bf16 and export a model that answers as evaluation
-did; FSDP and ZeRO-3 resume after a kill; bf16 follows fp32; offload takes model states off the GPU.
+did; FSDP and ZeRO-3 resume after a kill, and continue a checkpoint of 2 CPU processes; bf16 follows fp32; offload
+takes model states off the GPU.
 
     pytest -m gpu tests/integration/test_gpu.py          # on a GPU machine (tools/gpu_session.sh tests)
 
@@ -18,7 +19,7 @@ import pytest
 import torch
 from conftest import ASSETS, PY, ROOT, base_env, error_lines, export_answers, read_metrics, run_ok, tiny_flags
 from safetensors.torch import load_file
-from test_strategies import STEPS, kill_after_checkpoint, step_log
+from test_strategies import STEPS, kill_after_checkpoint, launch_cmd, step_log
 
 from qa_train.studies.bench import free_port
 
@@ -158,6 +159,27 @@ def test_kill_and_resume_on_gpu_matches_uninterrupted(config: str, tmp_path: Pat
     )
     print(f"{config}: worst relative weight difference after resume {worst:.2e}")
     assert worst <= RESUME_WEIGHT_RTOL
+
+
+@pytest.mark.parametrize("config", ["fsdp", "zero3"])
+def test_a_checkpoint_of_two_cpu_processes_continues_on_one_gpu(config: str, tmp_path: Path) -> None:
+    """A world-size change on a one-GPU machine: the step-4 checkpoint of 2 CPU processes (gloo) continues on the GPU
+    as 1 process with accumulation 2 (FSDP2's files resharded by torch.distributed.checkpoint, ZeRO-3's converted),
+    the same windows at every step; fp32 on both, so the GPU follows the CPU run's losses to the GPU's rounding."""
+    env = base_env(tmp_path)
+    reference, out = tmp_path / "cpu", tmp_path / "gpu"
+    run_ok(launch_cmd(config, reference), env)  # 2 CPU processes, STEPS steps, a checkpoint every 4
+    flags = tiny_flags(out, "--max_train_steps", str(STEPS), "--logging_steps", "1", "--no_eval", "--disable_tqdm")
+    step_4 = reference / "checkpoints" / "step_00000004"
+    said = run_ok(gpu_cmd(config, out, *flags, "--mixed_precision", "no", "--resume_from_checkpoint", str(step_4)), env)
+    assert "--gradient_accumulation_steps 1 -> 2 keeps its global batch of 16" in said.stdout + said.stderr
+    m = read_metrics(out)
+    assert (m["world_size"], m["global_batch_size"], m["device"].startswith("cpu")) == (1, 16, False)
+    ours, ref = step_log(out), step_log(reference)
+    assert sorted(ours) == list(range(5, STEPS + 1))
+    for step in ours:
+        assert ours[step]["train/lr"] == ref[step]["train/lr"], f"LR differs at step {step}"
+        assert ours[step]["train/loss"] == pytest.approx(ref[step]["train/loss"], rel=RESUME_LOSS_RTOL)
 
 
 def test_bf16_loss_follows_fp32(tmp_path: Path) -> None:

@@ -255,3 +255,35 @@ def test_a_node_count_sweep_runs_one_job_per_point_and_reports_speedup(clone: Pa
     )
     assert json.loads((tmp_path / "report" / "report.json").read_text())["table"] == saved["table"]
     assert "| zero2 | zero2 | 2 | 2 | 1 |" in again.stdout
+
+
+def test_a_run_stopped_on_two_nodes_continues_on_one_with_the_same_global_batch(
+    clone: Path, slurm, tmp_path: Path
+) -> None:
+    """A job stopped on 2 nodes (`scancel --signal=TERM`: every rank checkpoints at the step it holds at) and the same
+    command submitted again with `--nodes 1`: the run refits its accumulation to keep the global batch of 16 and
+    continues the checkpoint, with nothing but the node count changed (issue 36)."""
+    out = tmp_path / "out"
+    settings = {"OUTPUT_DIR": str(out), "LOG_DIR": str(tmp_path / "logs1"), "MAIN_PORT": str(port(29765))}
+    env = job_env(tmp_path, slurm, **settings, QA_TRAIN_TEST_HOLD_AT_STEP="3")
+    flags = ["--output", str(tmp_path / "batch.out"), "slurm/train.sbatch", *train_flags(6)]
+    job_id = sbatch(clone, env, "--nodes", "2", *flags)
+    wait_until("ranks holding at step 3", holding(out, 2))
+    subprocess.run(["scancel", "--signal=TERM", str(job_id)], env=env, check=True)
+    info = ended(env, job_id, tmp_path / "batch.out", tmp_path / "logs1" / "node0.log")
+    assert info["JobState"] == "FAILED" and info["NodeList"] == "qa-n[1-2]", info
+    assert stopped_at((tmp_path / "logs1" / "node0.log").read_text()) == 3
+    assert json.loads((out / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())["world_size"] == 2
+
+    env = job_env(tmp_path, slurm, **{**settings, "LOG_DIR": str(tmp_path / "logs2")})
+    again = sbatch(clone, env, "--nodes", "1", *flags)
+    info = ended(env, again, tmp_path / "batch.out", tmp_path / "logs2" / "node0.log")
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), info
+    node0 = (tmp_path / "logs2" / "node0.log").read_text()
+    checkpoint = out / "checkpoints" / "step_00000003"
+    assert f"resuming {checkpoint}, written by 2 processes, on 1: --gradient_accumulation_steps 1 -> 2" in node0
+    assert f"resumed from {checkpoint} at step 3" in node0
+    m = read_metrics(out)
+    assert (m["world_size"], m["train_steps"], m["global_batch_size"]) == (1, 6, 16)
+    assert m["args"]["gradient_accumulation_steps"] == 2
+    assert sorted(set(logged_steps(out))) == list(range(1, 7))

@@ -77,3 +77,85 @@ def test_length_grouped_sampler_is_a_seeded_permutation() -> None:
     shuffled = np.random.default_rng(1).permutation(1000).reshape(-1, 8)
     waste = lambda b: (lengths[b].max(axis=1, keepdims=True) - lengths[b]).sum()  # noqa: E731
     assert waste(grouped) < waste(shuffled) / 5
+
+
+class _Ids:
+    """Window ids as a dataset indexes them: past its end, a pad window (a copy, marked) as WindowDataset has it."""
+
+    def __init__(self, windows: int) -> None:
+        self.windows = windows
+
+    def __len__(self) -> int:
+        return self.windows
+
+    def __getitem__(self, i: int) -> int:
+        return i if i < self.windows else -1 - (i % self.windows)  # a pad: negative, its copy's id recoverable
+
+
+def _global_steps(processes: int, windows: int, global_batch: int, per_device: int, epoch: int = 0, skip: int = 0):
+    """The window ids each optimizer step trains (pads negative) when `processes` ranks share the global batch
+    (accumulation making up the rest), read through accelerate's own sharding of the training loader, from step
+    `skip` on."""
+    from accelerate.data_loader import prepare_data_loader, skip_first_batches
+    from torch.utils.data import DataLoader
+
+    from qa_train.data.batching import SeededPermutation, WholeGlobalBatches
+
+    accumulation = global_batch // (per_device * processes)
+    ranks = []
+    for rank in range(processes):
+        sampler = WholeGlobalBatches(SeededPermutation(windows, seed=7), global_batch)
+        loader = DataLoader(_Ids(windows), batch_size=per_device, sampler=sampler)
+        shard = prepare_data_loader(loader, num_processes=processes, process_index=rank, put_on_device=False)
+        shard = skip_first_batches(shard, skip * accumulation) if skip else shard
+        shard.set_epoch(epoch)
+        batches = [b.tolist() for b in shard]
+        ranks.append([sum(batches[i : i + accumulation], []) for i in range(0, len(batches), accumulation)])
+    assert len({len(r) for r in ranks}) == 1, "every rank takes as many steps"
+    return [sorted(sum((r[k] for r in ranks), [])) for k in range(len(ranks[0]))]
+
+
+def test_each_optimizer_step_trains_the_same_windows_on_1_2_and_4_processes() -> None:
+    """The global order is the seed's and the global batch's alone: a checkpoint continues on another number of
+    processes (accumulation keeping the global batch) with the same windows at every step, the epoch's last too."""
+    from qa_train.data.batching import windows_in_step
+
+    one, two, four = (_global_steps(n, windows=50, global_batch=8, per_device=2) for n in (1, 2, 4))
+    assert one == two == four
+    print("window ids per global step (1, 2 and 4 processes; pads negative):", one)
+    assert len(one) == 7 and all(len(step) == 8 for step in one), "ceil(50 / 8) whole steps"
+    real = [[w for w in step if w >= 0] for step in one]
+    assert sorted(sum(real, [])) == list(range(50)), "every window once in the epoch"
+    assert [len(r) for r in real] == [windows_in_step(k, 50, 8) for k in range(7)] == [8] * 6 + [2]
+    # Another epoch, another order; and resuming after step 3 on another world size continues at step 4.
+    assert _global_steps(2, 50, 8, 2, epoch=1) != one
+    assert _global_steps(4, 50, 8, 2, skip=3) == _global_steps(1, 50, 8, 2)[3:]
+    # Another split of the same global batch (per-device 4 x accumulation 2 on one process) trains the same windows.
+    assert _global_steps(1, 50, 8, 4) == one
+
+
+def test_a_pad_window_is_a_marked_copy() -> None:
+    from qa_train.data.batching import WindowDataset
+
+    tok, feats = _features()
+    data = WindowDataset(feats, with_labels=True)
+    pad, window = data[len(data) + 3], data[3]
+    assert (pad["real"], window["real"]) == (False, True) and pad["feature_index"] == 3
+    assert (pad["input_ids"] == window["input_ids"]).all()
+    batch = Collator(tok.pad_token_id, 384, False)([window, pad])
+    assert batch["real"].tolist() == [1.0, 0.0]
+
+
+def test_the_shuffle_is_the_one_earlier_checkpoints_were_written_with() -> None:
+    """accelerate's seedable sampler gave the training order before: a mid-epoch checkpoint written then skips
+    the windows it really trained."""
+    from accelerate.data_loader import SeedableRandomSampler
+
+    from qa_train.data.batching import SeededPermutation
+
+    ours = SeededPermutation(97, seed=42)
+    theirs = SeedableRandomSampler(data_source=range(97), data_seed=42)
+    for epoch in (0, 3):
+        ours.set_epoch(epoch)
+        theirs.set_epoch(epoch)
+        assert list(ours) == list(theirs)

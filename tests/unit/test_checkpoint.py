@@ -25,7 +25,7 @@ from qa_train.strategy.checkpoint import (
     resolve_resume,
 )
 from qa_train.strategy.saving import CheckpointSaveError, _rotate, save_checkpoint
-from qa_train.strategy.train_state import CONTRACT, DATA_ORDER, TrainerState, state_from_json
+from qa_train.strategy.train_state import CONTRACT, DATA_ORDER, WRITER, TrainerState, state_from_json
 
 MANIFEST = "manifest.json"
 RUN = "0123456789abcdef0123456789abcdef"  # the run_id of the folders `make` writes
@@ -735,9 +735,8 @@ def test_an_older_trainer_state_loads(tmp_path: Path) -> None:
     old = make_old_format(tmp_path, "step_00000003")
     state = load_checkpoint(FakeAccelerator(), old)
     assert (state.completed_steps, state.epoch, state.batches_in_epoch) == (3, 1, 2)
-    assert state.contract() == dict.fromkeys(
-        [*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape"]
-    )  # all unknown
+    unknown = [*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape", *WRITER]
+    assert state.contract() == dict.fromkeys(unknown)  # all unknown
     assert len(state.run_id) == 32
 
 
@@ -853,8 +852,9 @@ def test_load_refuses_a_broken_contract_before_loading_anything(tmp_path: Path) 
     with pytest.raises(ckpt.CheckpointError) as err:
         load_checkpoint(acc, path, contract(world_size=4, global_batch_size=128, run_id="new"))
     assert str(err.value).startswith(
-        f"--resume_from_checkpoint {path}: cannot continue it: it was written by 2 processes, this run has 4: "
+        f"--resume_from_checkpoint {path}: cannot continue it: its global batch is 64, this run's is 128: "
     )
+    assert "--allow_global_batch_change" in str(err.value)
     assert acc.loaded == []
 
 
@@ -913,3 +913,63 @@ def test_a_load_failure_on_one_rank_stops_every_rank_and_that_rank_says_why(
     assert entry.main(tiny_flags(tmp_path / "out", "--no_eval")) == 2
     said = capsys.readouterr().err.splitlines()
     assert said == ([f"qa_train: error: {own.value}"] if rank == 1 else [])
+
+
+# --- checkpoints of a newer qa_train, and which ones must be converted ----------------------------------------
+
+
+def test_a_newer_qa_trains_checkpoint_is_refused_by_name_not_skipped(tmp_path: Path) -> None:
+    """Its unknown keys used to read as damage: `latest` skipped it for an older checkpoint of the run, whose
+    continuation would then overwrite the newer run's progress."""
+    make(tmp_path, "step_00000002")
+    newer = make(tmp_path, "step_00000004")
+    state = {**json.loads((newer / STATE_FILE).read_text()), "checkpoint_format": 3, "qa_train_version": "9.0"}
+    (newer / STATE_FILE).write_text(json.dumps({**state, "shard_plan": "x"}))
+    write_manifest(newer)
+    said = "written by a newer qa_train (9.0, checkpoint format 3; this one reads format 2 and older): upgrade qa_train"
+    assert ckpt.verify(newer) == f"{STATE_FILE}: {said} to resume it"
+    with pytest.raises(ckpt.CheckpointError) as err:
+        resolve_resume("latest", tmp_path)
+    assert str(err.value) == f"--resume_from_checkpoint latest: {newer / STATE_FILE}: {said} to resume it"
+    with pytest.raises(ckpt.CheckpointError) as explicit:
+        resolve_resume(str(newer), tmp_path)
+    assert said in str(explicit.value)
+
+
+@pytest.mark.parametrize(
+    ("saved", "now", "reason"),
+    [
+        (
+            "model.safetensors and optimizer.bin",
+            "DeepSpeed ZeRO-3 files",
+            "saved as model.safetensors and optimizer.bin",
+        ),
+        ("FSDP sharded_state_dict files", "model.safetensors and optimizer.bin", "saved as FSDP sharded_state_dict"),
+        (
+            "DeepSpeed ZeRO-2 files",
+            "DeepSpeed ZeRO-2 files",
+            "DeepSpeed partitions its optimizer state per process, 2 -> 1",
+        ),
+        ("model.safetensors and optimizer.bin", "model.safetensors and optimizer.bin", None),  # whole tensors
+        ("FSDP sharded_state_dict files", "FSDP sharded_state_dict files", None),  # DCP reshards itself
+        (None, "DeepSpeed ZeRO-2 files", None),  # before the field: left to the library, as before
+    ],
+)
+def test_a_checkpoint_is_converted_only_where_its_library_cannot_load_it(saved, now, reason) -> None:
+    was = contract(checkpoint_layout=saved)
+    reason_now = ckpt.conversion_reason(
+        was, contract(world_size=1, gradient_accumulation_steps=8, checkpoint_layout=now)
+    )
+    assert (reason_now is None) if reason is None else reason_now.startswith(reason)
+    assert ckpt.conversion_reason(was, contract(checkpoint_layout=saved)) is None, "the same layout and world"
+
+
+def test_peek_reads_the_likely_checkpoint_without_a_word(tmp_path: Path, caplog) -> None:
+    """Before any process group: what a requeued job's accumulation is refitted from."""
+    good = make(tmp_path, "step_00000002")
+    truncate(make(tmp_path, "step_00000004") / "model.safetensors")
+    with caplog.at_level("WARNING", logger="qa_train"):
+        assert ckpt.peek("latest", tmp_path)[0] == good
+        assert ckpt.peek(str(tmp_path / "checkpoints" / "step_00000004"), tmp_path) is None
+        assert ckpt.peek(None, tmp_path) is None and ckpt.peek("latest", tmp_path / "none") is None
+    assert caplog.text == ""

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from qa_train.strategy.train_state import DATA_ORDER, TrainerState, resume_conflicts
+from qa_train.strategy.train_state import (
+    DATA_ORDER,
+    NewerCheckpoint,
+    TrainerState,
+    continue_at,
+    kept_accumulation,
+    resume_conflicts,
+    state_from_json,
+)
 
 
 def test_fresh_states_get_distinct_run_ids() -> None:
@@ -30,24 +38,34 @@ def test_the_same_contract_resumes_quietly() -> None:
     assert resume_conflicts(contract(), contract()) == ([], [])
 
 
-def test_another_world_size_is_refused() -> None:
-    refusals, notes = resume_conflicts(contract(), contract(world_size=4, global_batch_size=128))
-    assert refusals[0] == (
-        "it was written by 2 processes, this run has 4: its optimizer, RNG and data-position state "
-        "and its LR schedule are sized for 2; resume with 2 processes, or start a new run with "
-        "--overwrite_output_dir"
+def test_another_world_size_with_the_same_global_batch_continues_and_says_what_is_not_carried() -> None:
+    now = contract(world_size=1, gradient_accumulation_steps=8)
+    assert resume_conflicts(contract(), now) == (
+        [],
+        [
+            "it was written by 2 processes, this run has 1, with the same global batch of 64: every step trains the "
+            "windows it would have; per-rank RNG (dropout masks) is not carried"
+        ],
     )
-    assert refusals[1].startswith("its global batch is 64, this run's is 128: ")
+
+
+def test_another_world_size_with_another_global_batch_is_refused_naming_the_flag() -> None:
+    refusals, notes = resume_conflicts(contract(), contract(world_size=4, global_batch_size=128))
+    assert refusals == [
+        "its global batch is 64, this run's is 128: the steps done and the LR schedule count batches of 64; resume "
+        "with per-device batch x accumulation x processes = 64, add --allow_global_batch_change to continue with 128 "
+        "(the steps and the schedule recomputed from the windows trained), or start a new run with "
+        "--overwrite_output_dir"
+    ]
     assert notes == []
 
 
-def test_another_global_batch_is_refused() -> None:
-    refusals, _ = resume_conflicts(contract(), contract(gradient_accumulation_steps=8, global_batch_size=128))
-    assert refusals == [
-        "its global batch is 64, this run's is 128: the steps done and the LR schedule count batches "
-        "of 64; resume with per-device batch x accumulation x processes = 64, or start a new run with "
-        "--overwrite_output_dir"
-    ]
+def test_another_global_batch_is_refused_unless_allowed() -> None:
+    now = contract(gradient_accumulation_steps=8, global_batch_size=128)
+    refusals, _ = resume_conflicts(contract(), now)
+    assert len(refusals) == 1 and refusals[0].startswith("its global batch is 64, this run's is 128: ")
+    assert "add --allow_global_batch_change to continue with 128" in refusals[0]
+    assert resume_conflicts(contract(), now, allow_global_batch_change=True) == ([], [])
 
 
 def test_another_total_is_a_note() -> None:
@@ -59,25 +77,28 @@ def test_another_total_is_a_note() -> None:
     assert notes[0].endswith("; the checkpoint is already at step 40, so no training step runs")
 
 
-def test_another_split_of_the_same_global_batch_at_an_epoch_boundary_is_a_note() -> None:
+@pytest.mark.parametrize("batches_in_epoch", [0, 12])
+def test_another_split_of_the_same_global_batch_is_a_note_at_a_boundary_and_mid_epoch(batches_in_epoch: int) -> None:
+    """The windows consumed are skipped by count, not by micro-batches: another split trains the same windows."""
     now = contract(per_device_train_batch_size=16, gradient_accumulation_steps=2)
-    assert resume_conflicts(contract(), now) == (
+    assert resume_conflicts(contract(batches_in_epoch=batches_in_epoch), now) == (
         [],
         [
-            "batches 8 per device x 4 accumulation -> 16 x 2 with the same global batch 64: the checkpoint is at an epoch "
-            "boundary, so no example is skipped or repeated; updates match in expectation, not bit for bit"
+            "batches 8 per device x 4 accumulation -> 16 x 2 with the same global batch 64: every step trains the "
+            "windows it would have (its update agrees to rounding)"
         ],
     )
 
 
-def test_another_split_mid_epoch_is_refused() -> None:
-    saved = contract(batches_in_epoch=12)
-    now = contract(per_device_train_batch_size=16, gradient_accumulation_steps=2)
+def test_another_split_mid_epoch_is_refused_when_grouped_by_length() -> None:
+    """The length-grouped order sorts runs of per-device batches: another size reorders the skipped windows."""
+    saved = contract(batches_in_epoch=12, group_by_length=True)
+    now = contract(per_device_train_batch_size=16, gradient_accumulation_steps=2, group_by_length=True)
     assert resume_conflicts(saved, now) == (
         [
             "its batches were 8 per device x 4 accumulation, this run's are 16 x 2: it stopped 12 micro-batches into "
-            "epoch 1, and skipping that many of another size would see examples twice or never; resume with "
-            "--per_device_train_batch_size 8 --gradient_accumulation_steps 4"
+            "epoch 1, and --group_by_length orders the windows by runs of per-device batches, so another size would "
+            "see windows twice or never; resume with --per_device_train_batch_size 8 --gradient_accumulation_steps 4"
         ],
         [],
     )
@@ -110,19 +131,59 @@ def test_unknown_fields_are_skipped() -> None:
     assert resume_conflicts(contract(), TrainerState()) == ([], [])
 
 
-def test_another_checkpoint_layout_is_refused_before_loading() -> None:
-    """A DDP checkpoint resumed under FSDP crashed in torch.distributed.checkpoint, an FSDP one under DDP or ZeRO
-    failed with "FileNotFoundError ... pytorch_model.bin" or a bare AssertionError, and FSDP's sharded files under
-    its full-state-dict type hung (rank 0 failed while rank 1 waited in a broadcast)."""
+def test_another_checkpoint_layout_is_no_refusal() -> None:
+    """Another strategy's files are converted (qa_train.strategy.checkpoint.conversion_reason): they used to be
+    refused here, as a DDP checkpoint under FSDP crashed in torch.distributed.checkpoint and FSDP's sharded files
+    under its full-state-dict type hung."""
     saved = contract(checkpoint_layout="FSDP sharded_state_dict files")
-    refusals, _ = resume_conflicts(saved, contract(checkpoint_layout="FSDP full_state_dict files"))
-    assert refusals == [
-        "it was saved as FSDP sharded_state_dict files, this run loads FSDP full_state_dict files: "
-        "each strategy writes its own files; resume under the accelerate config that wrote it, or "
-        "start a new run with --overwrite_output_dir"
-    ]
-    assert resume_conflicts(saved, contract(checkpoint_layout="FSDP sharded_state_dict files")) == ([], [])
+    assert resume_conflicts(saved, contract(checkpoint_layout="DeepSpeed ZeRO-3 files")) == ([], [])
     assert resume_conflicts(contract(), saved) == ([], [])  # a checkpoint from before the field: unknown, skipped
+
+
+def test_a_trainer_state_of_a_newer_format_says_so_before_its_unknown_keys() -> None:
+    newer = '{"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0, "checkpoint_format": 3, "shards": 4}'
+    with pytest.raises(NewerCheckpoint, match=r"written by a newer qa_train \(version unknown, checkpoint format 3"):
+        state_from_json(newer)
+    current = '{"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0, "checkpoint_format": 2}'
+    assert state_from_json(current).checkpoint_format == 2
+
+
+@pytest.mark.parametrize(
+    ("processes", "per_device", "kept"), [(1, 8, 8), (4, 8, 2), (8, 8, 1), (16, 8, None), (2, 6, None), (2, 16, 2)]
+)
+def test_the_accumulation_kept_for_another_number_of_processes(processes: int, per_device: int, kept) -> None:
+    assert kept_accumulation(contract(), per_device, processes) == kept
+    assert kept_accumulation(TrainerState(), 8, 1) is None, "a checkpoint that does not say its global batch"
+
+
+def test_the_position_is_counted_in_windows_on_another_world_size_or_split() -> None:
+    """12 micro-batches of 8 on 2 processes: 192 windows into the epoch, 3 steps of 64."""
+    saved = contract(batches_in_epoch=12)
+    one = continue_at(saved, contract(world_size=1, gradient_accumulation_steps=8), updates_per_epoch=10)
+    assert (one.completed_steps, one.batches_in_epoch, one.note) == (40, 24, None)
+    split = continue_at(
+        saved, contract(world_size=4, per_device_train_batch_size=16, gradient_accumulation_steps=1), 10
+    )
+    assert (split.completed_steps, split.batches_in_epoch) == (40, 3)
+    assert continue_at(TrainerState(completed_steps=5, batches_in_epoch=3), contract(), 10) == continue_at(
+        TrainerState(completed_steps=5, batches_in_epoch=3), contract(world_size=4), 10
+    ), "a checkpoint that does not say its sizes: as saved"
+
+
+def test_another_global_batch_recounts_the_steps_from_the_windows_trained() -> None:
+    """Step 40 of 64 windows, 192 windows into epoch 1 (10 updates of 64 an epoch): with 128, epoch 1 has 5 updates
+    of 128; 192 windows are one step of 128 and 64 more, which are trained again."""
+    saved = contract(batches_in_epoch=12)
+    now = contract(gradient_accumulation_steps=8, global_batch_size=128, total_steps=50)
+    at = continue_at(saved, now, updates_per_epoch=5)
+    assert (at.completed_steps, at.batches_in_epoch) == (6, 8)
+    assert at.note == (
+        "global batch 64 -> 128 (--allow_global_batch_change): step 40 of 64 windows continues as step 6 of 128, "
+        "192 windows into epoch 1 (its last 64 are trained again); the LR schedule is recomputed for 50 steps of 128"
+    )
+    smaller = continue_at(saved, contract(gradient_accumulation_steps=2, global_batch_size=32), updates_per_epoch=20)
+    assert (smaller.completed_steps, smaller.batches_in_epoch) == (26, 12)
+    assert "trained again" not in smaller.note
 
 
 def test_another_model_shape_is_refused_as_such_before_loading() -> None:

@@ -1,0 +1,301 @@
+"""qa_train's portable checkpoint layout, made on demand where the libraries cannot reshard a checkpoint themselves:
+another strategy family (DeepSpeed <-> FSDP <-> DDP), or DeepSpeed on another number of processes.
+
+A portable folder holds the full fp32 weights and Adam's two moments keyed by parameter name (three safetensors
+files, written one at a time so the conversion holds at most one of them whole), and the optimizer's step
+(portable.json, written last). The main process converts the checkpoint (`convert`); then every rank loads the
+weights into its model before `prepare` (so each strategy shards them as it does a fresh model's) and the moments
+into the prepared optimizer after it. The LR schedule, counters and data position come from trainer_state.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+KINDS = ("weights", "exp_avg", "exp_avg_sq")
+META = "portable.json"
+FORMAT = 1
+ACCELERATE_WEIGHTS = ("model.safetensors", "pytorch_model_fsdp.bin")  # single/DDP, FSDP's full state dict
+DCP_WEIGHTS, DCP_OPTIMIZER = "pytorch_model_fsdp_0", "optimizer_0"  # FSDP's sharded state dict
+
+
+class PortableError(ValueError):
+    """A checkpoint that cannot be converted, said in one line naming the file."""
+
+
+def convert(path: Path, shapes: dict[str, tuple[int, ...]], out: Path) -> float:
+    """Write `path`'s weights, moments and step to the portable folder `out` (main process); returns the seconds it
+    took. `shapes`: the model's parameters and their shapes, in the optimizer's order (how accelerate's
+    optimizer.bin numbers them; ZeRO-3's universal files hold them flat)."""
+    t0 = time.perf_counter()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    names = list(shapes)
+    reader = _reader(path, names, out / "library")
+    step = reader.step()
+    from safetensors.torch import save_file
+
+    for kind in KINDS:
+        tensors = {name: _shaped(t, shapes.get(name)).contiguous() for name, t in reader.read(kind).items()}
+        if kind != "weights":
+            missing = sorted(set(names) - set(tensors))
+            if missing:
+                raise PortableError(f"{path}: no {kind} for {missing[0]} (and {len(missing) - 1} more parameters)")
+        save_file(tensors, out / f"{kind}.safetensors")
+        del tensors
+    shutil.rmtree(out / "library", ignore_errors=True)
+    (out / META).write_text(json.dumps({"format": FORMAT, "step": step, "source": str(path)}))
+    return time.perf_counter() - t0
+
+
+def _shaped(tensor: torch.Tensor, shape: tuple[int, ...] | None) -> torch.Tensor:
+    return tensor.reshape(shape) if shape is not None and tensor.shape != shape else tensor
+
+
+def load_weights(model, folder: Path) -> None:
+    """The portable weights into an unprepared model (every rank, before `prepare`). Under ZeRO-3 transformers has
+    built the model partitioned already: its parameters are gathered whole for the load, as transformers loads
+    pretrained weights there, and the main process's values are partitioned again on the way out."""
+    from safetensors.torch import load_file
+
+    params = list(model.parameters())
+    if not any(hasattr(p, "ds_id") for p in params):
+        _load_whole(model, load_file(folder / "weights.safetensors"), folder)
+        return
+    import deepspeed
+    import torch.distributed as dist
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+        if dist.get_rank() == 0:
+            _load_whole(model, load_file(folder / "weights.safetensors"), folder)
+
+
+def _load_whole(model, weights: dict[str, torch.Tensor], folder: Path) -> None:
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    params = {name for name, _ in model.named_parameters()}
+    lacking = [name for name in missing if name in params]  # buffers the library does not keep are rebuilt
+    if lacking or unexpected:
+        what = f"lacks {lacking[0]}" if lacking else f"has {unexpected[0]}, which this model does not"
+        raise PortableError(f"{folder}: the converted checkpoint {what}")
+
+
+def load_optimizer(accelerator, model, optimizer, folder: Path) -> None:
+    """Adam's moments and step into the prepared optimizer (every rank, after `prepare`)."""
+    from accelerate.utils import DistributedType
+
+    step = json.loads((folder / META).read_text())["step"]
+    with _moments(folder) as moment:
+        if accelerator.distributed_type == DistributedType.DEEPSPEED:
+            _into_deepspeed(model, step, moment)
+        else:
+            _into_torch(accelerator.unwrap_model(model), optimizer.optimizer, step, moment)
+
+
+@contextlib.contextmanager
+def _moments(folder: Path) -> Iterator[Callable[[str, str], torch.Tensor]]:
+    """moment(kind, name): one parameter's moment, read from its file when asked (a rank holds one at a time)."""
+    from safetensors import safe_open
+
+    with (
+        safe_open(folder / "exp_avg.safetensors", "pt") as first,
+        safe_open(folder / "exp_avg_sq.safetensors", "pt") as second,
+    ):
+        files = {"exp_avg": first, "exp_avg_sq": second}
+        yield lambda kind, name: files[kind].get_tensor(name)
+
+
+def _into_torch(module, optimizer, step: int, moment: Callable[[str, str], torch.Tensor]) -> None:
+    """A torch optimizer (single, DDP, FSDP2): its state dict rebuilt by parameter name. FSDP2's parameters are
+    DTensors: each rank cuts its own shard from the full moment (no collective)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    def placed(full: torch.Tensor, param) -> torch.Tensor:
+        if isinstance(param, DTensor):
+            return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        return full.to(param.device)
+
+    names = {id(p): name for name, p in module.named_parameters()}
+    order = [p for group in optimizer.param_groups for p in group["params"]]
+    state = {
+        i: {"step": torch.tensor(float(step))} | {kind: placed(moment(kind, names[id(p)]), p) for kind in KINDS[1:]}
+        for i, p in enumerate(order)
+    }
+    # This run's param groups: its learning rate and settings (reapplied after a resume in any case).
+    optimizer.load_state_dict({**optimizer.state_dict(), "state": state})
+
+
+def _into_deepspeed(engine, step: int, moment: Callable[[str, str], torch.Tensor]) -> None:
+    """DeepSpeed's tensor-fragment API (safe_set_full_optimizer_state) writes each full moment into this rank's
+    partition under every ZeRO stage and offload, once the state it writes into exists (`_seed_deepspeed`)."""
+    from deepspeed.utils import safe_set_full_optimizer_state
+
+    _seed_deepspeed(engine.optimizer, step)
+    for name, param in engine.module.named_parameters():
+        if param.requires_grad:
+            for kind in KINDS[1:]:
+                safe_set_full_optimizer_state(param, moment(kind, name), kind)
+
+
+def _seed_deepspeed(zero, step: int) -> None:
+    """ZeRO's base optimizer makes its Adam state at its first step (DeepSpeed links each parameter's fragment of it
+    only then), and the fragment API has nothing to write into before: the state of each flat fp32 partition is made
+    here as the optimizer would (zero moments, which the API then fills, and the step), then linked as DeepSpeed
+    links it after a step. DeepSpeed's own universal loader builds the same state from its per-parameter files."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    base = zero.optimizer
+    # ZeRO-1/2's partitions are its optimizer's parameters; ZeRO-3 hands each to it only for its step.
+    flats = getattr(zero, "single_partition_of_fp32_groups", None) or zero.fp32_partitioned_groups_flat
+    on_device = base.defaults.get("fused") or base.defaults.get("capturable")  # torch keeps `step` with them
+    for flat in flats:
+        if not base.state.get(flat):
+            counter = step if isinstance(base, DeepSpeedCPUAdam) else torch.tensor(float(step))
+            base.state[flat] = {
+                "step": counter.to(flat.device) if torch.is_tensor(counter) and on_device else counter,
+                "exp_avg": torch.zeros_like(flat),
+                "exp_avg_sq": torch.zeros_like(flat),
+            }
+    link = getattr(zero, "_lazy_init_hp_params_optimizer_state", None)  # ZeRO-1/2: what its first step does
+    if link is not None:
+        link()
+
+
+# --- readers: one per library layout --------------------------------------------------------------------------
+
+
+def _reader(path: Path, names: list[str], scratch: Path):
+    if any((path / name).is_file() for name in ACCELERATE_WEIGHTS):
+        return TorchFiles(path, names)
+    if (path / DCP_WEIGHTS).is_dir():
+        return DistributedCheckpoint(path)
+    if (path / "latest").is_file():
+        return DeepSpeedFiles(path, scratch)
+    raise PortableError(f"{path}: neither accelerate's, FSDP's nor DeepSpeed's checkpoint files")
+
+
+class TorchFiles:
+    """accelerate's files for single and DDP (model.safetensors, optimizer.bin keyed by index) or FSDP's full state
+    dict (pytorch_model_fsdp.bin, optimizer.bin keyed by name)."""
+
+    def __init__(self, path: Path, names: list[str]) -> None:
+        self.path, self.names = path, names
+        # mmap: the moments are paged in one tensor at a time as they are written out.
+        self.optimizer = torch.load(path / "optimizer.bin", map_location="cpu", mmap=True, weights_only=True)
+        keys = list(self.optimizer["state"])
+        if keys and isinstance(keys[0], int) and len(keys) != len(names):
+            raise PortableError(
+                f"{path / 'optimizer.bin'}: state for {len(keys)} parameters, this model has {len(names)}"
+            )
+
+    def read(self, kind: str) -> dict[str, torch.Tensor]:
+        if kind == "weights":
+            if (self.path / "model.safetensors").is_file():
+                from safetensors.torch import load_file
+
+                return load_file(self.path / "model.safetensors")
+            return torch.load(self.path / "pytorch_model_fsdp.bin", map_location="cpu", mmap=True, weights_only=True)
+        state = self.optimizer["state"]
+        return {self.names[k] if isinstance(k, int) else k: entry[kind] for k, entry in state.items()}
+
+    def step(self) -> int:
+        return _first_step(entry.get("step") for entry in self.optimizer["state"].values())
+
+
+class DistributedCheckpoint:
+    """FSDP's sharded state dict (torch.distributed.checkpoint), read whole on this process alone: the same
+    resharding torch does between world sizes, to one full tensor per name."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _load(self, folder: str, keys: dict[str, str]) -> dict[str, torch.Tensor]:
+        """{our name: checkpoint key} -> {our name: full tensor}."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        reader = dcp.FileSystemReader(str(self.path / folder))
+        stored = reader.read_metadata().state_dict_metadata
+        wanted = {}
+        for key in keys.values():
+            meta = stored[key]
+            if not isinstance(meta, TensorStorageMetadata):  # optimizer.state holds tensors only; bytes are not ours
+                raise PortableError(f"{self.path / folder}: {key} is not a tensor")
+            wanted[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
+        dcp.load(wanted, storage_reader=reader, no_dist=True)
+        return {name: wanted[key] for name, key in keys.items()}
+
+    def _keys(self, folder: str, prefix: str, suffix: str = "") -> dict[str, str]:
+        import torch.distributed.checkpoint as dcp
+
+        stored = dcp.FileSystemReader(str(self.path / folder)).read_metadata().state_dict_metadata
+        return {
+            key[len(prefix) : len(key) - len(suffix)]: key
+            for key in stored
+            if key.startswith(prefix) and key.endswith(suffix)
+        }
+
+    def read(self, kind: str) -> dict[str, torch.Tensor]:
+        if kind == "weights":
+            return self._load(DCP_WEIGHTS, self._keys(DCP_WEIGHTS, "model."))
+        return self._load(DCP_OPTIMIZER, self._keys(DCP_OPTIMIZER, "optimizer.state.", f".{kind}"))
+
+    def step(self) -> int:
+        first = dict(list(self._keys(DCP_OPTIMIZER, "optimizer.state.", ".step").items())[:1])
+        return _first_step(self._load(DCP_OPTIMIZER, first).values())
+
+
+class DeepSpeedFiles:
+    """DeepSpeed's ZeRO partitions, made whole per parameter by DeepSpeed's own universal-checkpoint conversion
+    (ds_to_universal, in this process: its worker pool would fork a rank) into `scratch`, then read by name."""
+
+    def __init__(self, path: Path, scratch: Path) -> None:
+        from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+        tag = (path / "latest").read_text().strip()
+        settings = {
+            "input_folder": str(path / tag),
+            "output_folder": str(scratch),
+            "num_extract_workers": 1,
+            "num_merge_workers": 1,
+            "keep_temp_folder": False,
+            "strict": True,
+            "inject_missing_state": True,  # ZeRO-1/2 checkpoints lack the info ZeRO-3's carry; nothing else is added
+        }
+        import argparse
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its bars
+            ds_to_universal(argparse.Namespace(**settings))
+        self.zero = scratch / "zero"
+        self.names = sorted(p.name for p in self.zero.iterdir() if p.is_dir())
+
+    def _tensor(self, name: str, file: str) -> torch.Tensor:
+        saved = torch.load(self.zero / name / file, map_location="cpu", weights_only=True)
+        return saved["param"] if isinstance(saved, dict) else saved
+
+    def read(self, kind: str) -> dict[str, torch.Tensor]:
+        file = "fp32.pt" if kind == "weights" else f"{kind}.pt"
+        return {name: self._tensor(name, file) for name in self.names}
+
+    def step(self) -> int:
+        per_param = self.zero / self.names[0] / "step.pt"
+        if per_param.is_file():  # ZeRO-1/2
+            return _first_step([torch.load(per_param, weights_only=True)])
+        # ZeRO-3 keeps it with its global state (which pickles DeepSpeed's loss scaler: not weights only)
+        state = torch.load(self.zero / "optimizer_state.pt", map_location="cpu", weights_only=False)
+        return _first_step(entry.get("step") for entry in state["optimizer_state_dict"]["state"].values())
+
+
+def _first_step(steps: Any) -> int:
+    for step in steps:
+        if step is not None:
+            return int(step.item() if torch.is_tensor(step) else step)
+    return 0
