@@ -20,7 +20,8 @@ class Preempted(Exception):
 
 
 def run(args: TrainArgs) -> RunMetrics | None:
-    """Train, evaluate, record and export. Returns metrics on the main process (None elsewhere)."""
+    """Train, evaluate, record and export (with --do_train false: evaluate and record). Returns metrics on the main
+    process (None elsewhere)."""
     started = time.perf_counter()
     trainer = Trainer(args)
     initial = trainer.evaluate() if args.eval.eval_on_start else None
@@ -30,8 +31,8 @@ def run(args: TrainArgs) -> RunMetrics | None:
         label = f"at step {start} (resumed)" if start else "before training"
         log.info("%s: exact_match %.2f, f1 %.2f", label, initial.exact_match, initial.f1)
 
-    trained = trainer.fit()
-    if not trained.finished:
+    trained = trainer.fit() if args.eval.do_train else None
+    if trained is not None and not trained.finished:
         if trainer.is_main:  # every rank stops, and a non-main rank still shows warnings: one line is enough
             log.warning(
                 "stop requested: checkpoint saved at step %d; rerun with --resume_from_checkpoint latest",
@@ -49,7 +50,8 @@ def run(args: TrainArgs) -> RunMetrics | None:
     trainer.record(metrics)  # before the export: a full disk there must not lose EM/F1
     if args.eval.do_predict:
         outcome.predict(trainer, scores)  # with the model the export will be: with --save_best, maybe not the last
-    trainer.log_model(outcome.export(trainer, scores))
+    if trained is not None:  # an evaluation-only run exports nothing: its model is --model_name_or_path
+        trainer.log_model(outcome.export(trainer, scores))
     trainer.finish()
     if metrics is not None:
         print(summary_table(metrics), flush=True)

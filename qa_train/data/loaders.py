@@ -15,6 +15,7 @@ from qa_train.config.settings import DataArgs, TrainArgs
 from qa_train.core.preemption import shield_loader_worker
 from qa_train.data.batching import Collator, LengthGroupedSampler, WindowDataset
 from qa_train.data.features import Features, load_or_featurize
+from qa_train.data.hub import HubDataset
 from qa_train.data.load import Examples, load_file, load_split
 
 log = logging.getLogger("qa_train")
@@ -26,7 +27,7 @@ class Inputs:
     and is ~120 MB for SQuAD); evaluation and prediction keep their examples and offsets for post-processing."""
 
     num_train_examples: int
-    train_features: Features
+    train_features: Features | None  # None when the run does not train (--do_train false)
     eval_examples: Examples | None = None
     eval_features: Features | None = None
     cache_hits: list[bool] = field(default_factory=list)
@@ -41,26 +42,28 @@ class Inputs:
         )
         if self.test_examples is not None and self.test_features is not None:
             evaluation += f"; predict: {len(self.test_examples)} questions -> {len(self.test_features)} windows"
-        return (
-            f"train: {self.num_train_examples} questions -> {len(self.train_features)} windows; {evaluation} "
-            f"(cache hits {self.cache_hits})"
+        training = (
+            f"train: {self.num_train_examples} questions -> {len(self.train_features)} windows"
+            if self.train_features is not None
+            else "no training"
         )
+        return f"{training}; {evaluation} (cache hits {self.cache_hits})"
 
 
 @dataclass
 class Splits:
     """Parsed and validated questions, before any tokenisation."""
 
-    train: Examples
+    train: Examples | None
     evaluation: Examples | None
     test: Examples | None = None
     warnings: list[str] = field(default_factory=list)  # logged once, by the main process, when it featurises
 
 
-def shared_questions(train: Examples, evaluation: Examples | None, shown: int = 3) -> list[str]:
+def shared_questions(train: Examples | None, evaluation: Examples | None, shown: int = 3) -> list[str]:
     """Evaluation questions that also train make EM/F1 measure recall, not answering: a warning rather than a
     refusal, as scoring the training data is a fair check that a model can fit it at all."""
-    if evaluation is None:
+    if train is None or evaluation is None:
         return []
     training = set(train.ids)
     shared = [qid for qid in evaluation.ids if qid in training]
@@ -82,11 +85,13 @@ def shared_questions(train: Examples, evaluation: Examples | None, shown: int = 
 def load_splits(args: TrainArgs) -> Splits:
     """Every rank parses and validates on its own, before any process group exists: a bad record is
     refused by each rank in one line, and no rank is left waiting in a collective for one that failed."""
-    d = args.data
+    d, m = args.data, args.model
     rule = "may_be_empty" if d.version_2_with_negative else "required"
-    train = load_split(d.train_file, d.dataset_name, d.dataset_config_name, "train", d.max_train_samples, rule)
+    hub = HubDataset(d.dataset_name, d.dataset_config_name, m.cache_dir, m.token) if d.dataset_name else None
+    # --do_train false reads no training file at all, not even to count it.
+    train = load_split(d.train_file, hub, "train", d.max_train_samples, rule) if args.eval.do_train else None
     evaluation = (
-        load_split(d.validation_file, d.dataset_name, d.dataset_config_name, "validation", d.max_eval_samples, rule)
+        load_split(d.validation_file, hub, "validation", d.max_eval_samples, rule)
         if args.eval.needs_eval_data
         else None
     )
@@ -104,11 +109,14 @@ def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> 
     # if the first process could not replace it), instead of each featurising and writing the same files again.
     since = 0.0 if not data.overwrite_cache else math.inf if accelerator.is_local_main_process else time.time()
     with accelerator.local_main_process_first():
-        features, hit = load_or_featurize(
-            splits.train, tokenizer, data.max_seq_length, data.doc_stride, fresh_since=since
-        )
-        inputs = Inputs(len(splits.train), features, cache_hits=[hit])
-        splits.train = None  # type: ignore[assignment]  # the text is not needed once the windows are cut
+        inputs = Inputs(0, None)
+        if splits.train is not None:
+            inputs.train_features, hit = load_or_featurize(
+                splits.train, tokenizer, data.max_seq_length, data.doc_stride, fresh_since=since
+            )
+            inputs.num_train_examples = len(splits.train)
+            inputs.cache_hits.append(hit)
+            splits.train = None  # the text is not needed once the windows are cut
         if splits.evaluation is not None:
             inputs.eval_examples = splits.evaluation
             inputs.eval_features, hit = load_or_featurize(
@@ -157,9 +165,14 @@ def inference_loader(features: Features, collate: Collator, data: DataArgs, on_c
 
 def build_loaders(
     inputs: Inputs, tokenizer, data: DataArgs, seed: int, on_cuda: bool, token_types: bool = True
-) -> tuple[DataLoader, DataLoader | None]:
-    """Unprepared loaders: accelerate shards them per rank in `prepare`."""
+) -> tuple[DataLoader | None, DataLoader | None]:
+    """Unprepared loaders (None for a split the run does not read): accelerate shards them per rank in `prepare`."""
     collate = collator(tokenizer, data, token_types)
+    evaluation = None
+    if inputs.eval_features is not None:
+        evaluation = inference_loader(inputs.eval_features, collate, data, on_cuda)
+    if inputs.train_features is None:
+        return None, evaluation
     train_set = WindowDataset(inputs.train_features, with_labels=True)
     sampler = (
         LengthGroupedSampler(inputs.train_features.lengths, data.per_device_train_batch_size, seed)
@@ -176,7 +189,4 @@ def build_loaders(
         collate_fn=collate,
         **_loader_options(data, on_cuda),
     )
-    evaluation = None
-    if inputs.eval_features is not None:
-        evaluation = inference_loader(inputs.eval_features, collate, data, on_cuda)
     return train, evaluation
