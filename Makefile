@@ -15,6 +15,8 @@ DEMO_DIR ?= runs/demo
 TEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 # `make test-fast`: tests/unit alone (no process started, no training loop run), two workers taking test by test.
 TEST_FAST_WORKERS ?= -n 2
+# The SLURM tests start their own two-node cluster (tests/slurm_cluster.py) where SLURM is installed, and skip
+# elsewhere: `sudo python3 tests/slurm_cluster.py install` on Debian or Ubuntu.
 DEMO_V2_DIR ?= runs/demo-v2
 
 define DS_PREBUILD
@@ -58,13 +60,15 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q tests/unit $(TEST_FAST_WORKERS)
 
-# ruff's lint and format rules (pyproject.toml), as CI runs them before the tests.
+# ruff's lint and format rules and mypy's type check of qa_train (pyproject.toml), as CI runs them before the
+# tests. .pre-commit-config.yaml runs the same on each commit.
 lint: install
 	$(VENV)/bin/ruff check qa_train tests tools
 	$(VENV)/bin/ruff format --check qa_train tests tools
+	$(VENV)/bin/mypy
 
 bench-data: install
 	$(PY) tools/bench_data.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache

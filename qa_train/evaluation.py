@@ -94,7 +94,7 @@ def predict_logits(
     """
     model.eval()
     pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    host: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    host: list[tuple[torch.Tensor, ...]] = []  # (start logits, end logits, feature index) on the host
 
     def drain() -> None:
         if pending:

@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,9 +42,10 @@ def predict(t: Trainer, final_scores: EvalResult | None) -> Path | None:
     predictions file."""
     from accelerate.utils import release_memory
 
-    data, inputs = t.args.data, t.inputs
+    data, examples, features = t.args.data, t.inputs.test_examples, t.inputs.test_features
+    assert examples is not None and features is not None  # --do_predict reads --test_file before training
     loader = t.accelerator.prepare_data_loader(
-        inference_loader(inputs.test_features, collator(t.tokenizer, data, t.token_types), data, t.on_cuda)
+        inference_loader(features, collator(t.tokenizer, data, t.token_types), data, t.on_cuda)
     )
     if not t.best.replaces_last(final_scores):
         logits = predict_logits(t.accelerator, t.model, loader, data.max_seq_length, t.host_memory)
@@ -57,9 +59,9 @@ def predict(t: Trainer, final_scores: EvalResult | None) -> Path | None:
     t.host_memory.trim()
     if not t.is_main:
         return None
-    test_set = EvalSet.build(inputs.test_examples, inputs.test_features, data.max_seq_length)
+    test_set = EvalSet.build(examples, features, data.max_seq_length)
     path = write_answers(t.output_dir, "predict", answer(test_set, logits, span_rules(t.args)))
-    log.info("predict: %d questions answered -> %s", len(inputs.test_examples), path)
+    log.info("predict: %d questions answered -> %s", len(examples), path)
     return path
 
 
@@ -68,6 +70,7 @@ def _best_for_inference(t: Trainer) -> torch.nn.Module:
     the trained one, which under ZeRO-3 or FSDP is sharded and cannot simply take its weights. Left unwrapped
     (no DDP, no DeepSpeed engine), so its forward needs no collective."""
     score = t.best.kept
+    assert score is not None  # replaces_last: there is a kept model
     log.info("predict: answering with the best model (step %d, F1 %.2f)", score.step, score.f1)
     source = ModelArgs(
         model_name_or_path=str(t.output_dir / "best"),
@@ -85,14 +88,11 @@ def export(t: Trainer, final_scores: EvalResult | None) -> Path | None:
         return None
     if t.best.replaces_last(final_scores):
         t.accelerator.wait_for_everyone()
+        kept = t.best.kept
+        assert kept is not None  # replaces_last: there is a kept model
         if t.is_main:
             best.promote(t.output_dir)
-            log.info(
-                "exported the best model (step %d, F1 %.2f) to %s",
-                t.best.kept.step,
-                t.best.kept.f1,
-                t.output_dir / "final",
-            )
+            log.info("exported the best model (step %d, F1 %.2f) to %s", kept.step, kept.f1, t.output_dir / "final")
         return t.output_dir / "final"
     try:
         final = t.export_to(t.output_dir / "final")
@@ -161,7 +161,7 @@ def _evaluation_metrics(t: Trainer, final: EvalResult | None, ranks: list[RankFi
     )
 
 
-def _run_description(t: Trainer) -> dict[str, object]:
+def _run_description(t: Trainer) -> dict[str, Any]:
     """What every run's metrics.json says of the run itself, trained or not."""
     inputs, s = t.inputs, t.strategy
     return dict(

@@ -193,12 +193,13 @@ def answer(
     max_seq_length: int = 384,
     doc_stride: int = 128,
     rules: SpanRules = SpanRules(),
-) -> dict:
+) -> dict | None:
     """One question: {"answer", "score", "probability", "start", "end"}; loads the model on every call
-    (use a Predictor for many questions)."""
+    (use a Predictor for many questions). None on processes other than the main one, as Predictor.predict."""
     examples = command_line_question(question, context, "<input>", "answer()")
     data = DataArgs(dataset_name=None, max_seq_length=max_seq_length, doc_stride=doc_stride)
-    return best_entry(Predictor(model_dir, data, rules).predict(examples), "q")
+    answers = Predictor(model_dir, data, rules).predict(examples)
+    return best_entry(answers, "q") if answers is not None else None
 
 
 def _parser() -> argparse.ArgumentParser:

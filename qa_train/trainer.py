@@ -14,6 +14,7 @@ import os
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -112,6 +113,10 @@ class Trainer:
     """Builds the run in data-flow order: preflight (tokenizer, model limits, data) -> accelerator -> windows ->
     model and optimizer -> prepare -> resume -> tracker."""
 
+    # torch DataLoaders until prepare() swaps in accelerate's (untyped) ones; None once finish() releases them.
+    train_dl: Any
+    eval_dl: Any
+
     def __init__(self, args: TrainArgs) -> None:
         from accelerate.utils import set_seed
 
@@ -131,10 +136,12 @@ class Trainer:
             build.enable_tf32()
         splits = load_splits(args)
         out = args.output
+        project = out.wandb_project
+        assert project is not None  # OutputArgs.__post_init__ fills it in
         trackers = build_trackers(
             out.trackers,
             self.output_dir,
-            out.wandb_project,
+            project,
             {
                 "name": out.run_name,
                 "group": os.environ.get("WANDB_RUN_GROUP"),
@@ -182,7 +189,7 @@ class Trainer:
         self.first_step = self.state.completed_steps
         self.device = device_name(self.accelerator.device)
         self.tracker = Tracker(self.accelerator, self.output_dir)
-        self.tracker.start(out.wandb_project, self._run_config(), resumed_at=self.first_step)
+        self.tracker.start(project, self._run_config(), resumed_at=self.first_step)
         self._watch()
         cost = ModelCost(*flop_coefficients(self.model_config), peak_tflops(self.device, self.mixed_precision))
         self._metrics = TrainingMetrics(
@@ -206,10 +213,10 @@ class Trainer:
         log.info("%s", self.inputs.describe())
         self.host_memory.trim()  # featurisation's transient Python objects
         self.eval_set = None
-        if self.eval_dl is not None and self.is_main:  # post-processing happens on the main process only
-            self.eval_set = EvalSet.build(
-                self.inputs.eval_examples, self.inputs.eval_features, self.args.data.max_seq_length
-            )
+        examples, features = self.inputs.eval_examples, self.inputs.eval_features
+        # Post-processing happens on the main process only; the eval loader exists exactly when these do.
+        if self.eval_dl is not None and examples is not None and features is not None and self.is_main:
+            self.eval_set = EvalSet.build(examples, features, self.args.data.max_seq_length)
 
     def _build_model(self) -> None:
         args, accelerator = self.args, self.accelerator
@@ -413,10 +420,12 @@ class Trainer:
             except (RuntimeError, MemoryError) as err:
                 if not oom.is_out_of_memory(err):
                     raise
+                samples, width = batch["input_ids"].shape
                 raise oom.in_training_step(
                     err,
                     state.completed_steps + 1,
-                    *batch["input_ids"].shape,
+                    samples,
+                    width,
                     self.args.optim.gradient_accumulation_steps,
                     oom.plan_command(self.args, self.mixed_precision),
                 ) from err

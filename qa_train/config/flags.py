@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from qa_train.config.settings import DEMO_DEFAULTS, GROUPS, ConfigError, TrainArgs
 
@@ -88,12 +88,13 @@ ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
 def edit_distance(a: str, b: str) -> int:
     """Edits (insert, delete, substitute, swap two neighbours) from a to b. By hand: difflib's similarity ratio
     suggested --mixed_precision for --model_revision, and the standard library has no edit distance."""
-    previous, current = None, list(range(len(b) + 1))
+    previous: list[int] = []  # the row before the last: a swap looks two rows back
+    current = list(range(len(b) + 1))
     for i in range(1, len(a) + 1):
         before, previous, current = previous, current, [i] + [0] * len(b)
         for j in range(1, len(b) + 1):
             current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] != b[j - 1]))
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1] and before is not None:
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
                 current[j] = min(current[j], before[j - 2] + 1)
     return current[-1]
 
@@ -131,10 +132,10 @@ class _Parser(argparse.ArgumentParser):
         # with "expected one argument". No flag here starts with a digit: anything like -1, -.5 or -1e-3 is a value.
         self._negative_number_matcher = re.compile(r"^-\.?\d")
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_args(self, args=None, namespace=None):
         values, rest = self.parse_known_args(args, namespace)
         if rest:
             known = [o for a in self._actions for o in a.option_strings if a.help != argparse.SUPPRESS]
@@ -146,7 +147,7 @@ class _Parser(argparse.ArgumentParser):
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Defaults shown where they say something: not None, and not where the help already names its default."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
+    def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         if action.default is None or "default" in text.lower() or isinstance(action, argparse._StoreFalseAction):
             return text
@@ -267,10 +268,11 @@ def _file_value(action: argparse.Action, value: Any, where: str) -> Any:
         if value is None and action.default is None:
             return None
         raise ConfigError(f"{where}: expected a {getattr(action.type, '__name__', 'value')}, got {value!r}")
+    convert = action.type if callable(action.type) else None
     try:
-        converted = action.type(value) if action.type is not None else value
+        converted = convert(value) if convert is not None else value
     except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected a {action.type.__name__}, got {value!r}") from None
+        raise ConfigError(f"{where}: expected a {getattr(convert, '__name__', 'value')}, got {value!r}") from None
     if action.type is int and isinstance(value, float) and value != converted:
         raise ConfigError(f"{where}: expected a whole number, got {value!r}")
     if action.choices is not None and converted not in action.choices:

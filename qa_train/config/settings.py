@@ -188,7 +188,9 @@ class ModelArgs:
 
     @property
     def config_source(self) -> str:
-        return self.config_name or self.model_name_or_path  # one of them is set once __post_init__ has run
+        source = self.config_name or self.model_name_or_path
+        assert source is not None  # one of them is set once __post_init__ has run
+        return source
 
     @property
     def tokenizer_source(self) -> str:

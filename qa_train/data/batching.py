@@ -64,7 +64,7 @@ class Collator:
             ids[row, : lengths[row]] = x["input_ids"]
             types[row, : lengths[row]] = x["token_type_ids"]
         mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
-        batch = {
+        batch: dict[str, torch.Tensor | tuple[int, int]] = {
             "input_ids": torch.from_numpy(ids),
             "attention_mask": torch.from_numpy(mask),
             "feature_index": torch.tensor([x["feature_index"] for x in items], dtype=torch.long),

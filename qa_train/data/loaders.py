@@ -16,7 +16,7 @@ from qa_train.core.preemption import shield_loader_worker
 from qa_train.data.batching import Collator, LengthGroupedSampler, WindowDataset
 from qa_train.data.features import Features, load_or_featurize
 from qa_train.data.hub import HubDataset
-from qa_train.data.load import Examples, load_file, load_split
+from qa_train.data.load import AnswerRule, Examples, load_file, load_split
 
 log = logging.getLogger("qa_train")
 
@@ -86,7 +86,7 @@ def load_splits(args: TrainArgs) -> Splits:
     """Every rank parses and validates on its own, before any process group exists: a bad record is
     refused by each rank in one line, and no rank is left waiting in a collective for one that failed."""
     d, m = args.data, args.model
-    rule = "may_be_empty" if d.version_2_with_negative else "required"
+    rule: AnswerRule = "may_be_empty" if d.version_2_with_negative else "required"
     hub = HubDataset(d.dataset_name, d.dataset_config_name, m.cache_dir, m.token) if d.dataset_name else None
     # --do_train false reads no training file at all, not even to count it.
     train = load_split(d.train_file, hub, "train", d.max_train_samples, rule) if args.eval.do_train else None
@@ -95,7 +95,11 @@ def load_splits(args: TrainArgs) -> Splits:
         if args.eval.needs_eval_data
         else None
     )
-    test = load_file(d.test_file, "optional").head(d.max_predict_samples) if args.eval.do_predict else None
+    test = (
+        load_file(d.test_file, "optional").head(d.max_predict_samples)
+        if args.eval.do_predict and d.test_file is not None  # validated: --do_predict comes with --test_file
+        else None
+    )
     return Splits(train, evaluation, test, shared_questions(train, evaluation))
 
 

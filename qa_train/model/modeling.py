@@ -8,10 +8,14 @@ import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qa_train.config.settings import ConfigError, ModelArgs, SystemArgs
 from qa_train.core.errors import one_line
 from qa_train.data.features import PairTemplate, question_room
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger("qa_train")
 
@@ -67,30 +71,31 @@ def loading(flag: str, source: str, what: str = "it") -> Iterator[None]:
 def check_weights(args: ModelArgs) -> None:
     """A local --model_name_or_path without weights: from_pretrained would fail only once the model is built, after
     --overwrite_output_dir has removed the old run."""
-    if args.from_scratch:
+    source = args.model_name_or_path
+    if source is None:  # from scratch: nothing to load
         return
-    path = Path(args.model_name_or_path).expanduser()
+    path = Path(source).expanduser()
     if not path.is_dir():
-        if local_path(args.model_name_or_path):  # with --config_name, nothing has tried to load it yet
+        if local_path(source):  # with --config_name, nothing has tried to load it yet
             what = "is a file, not a model folder" if path.exists() else "no such directory"
-            raise ConfigError(f"--model_name_or_path {args.model_name_or_path}: {what}")
-        _check_cached_weights(args)
+            raise ConfigError(f"--model_name_or_path {source}: {what}")
+        _check_cached_weights(args, source)
         return
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise ConfigError(
-            f"--model_name_or_path {args.model_name_or_path}: no weights ({', '.join(WEIGHT_FILES[::2])}"
+            f"--model_name_or_path {source}: no weights ({', '.join(WEIGHT_FILES[::2])}"
             "); to train from random initialisation, pass the folder as --config_name instead"
         )
 
 
-def _check_cached_weights(args: ModelArgs) -> None:
+def _check_cached_weights(args: ModelArgs, hub_id: str) -> None:
     """Offline (HF_HUB_OFFLINE, as on compute nodes without a network), a hub id whose config and tokenizer are
     cached but whose weights are not would fail in from_pretrained only after the data was read and windowed."""
     from huggingface_hub import constants, try_to_load_from_cache
 
     if not constants.is_offline_mode():
         return  # online, from_pretrained downloads them
-    hub_id, where = args.model_name_or_path, {"cache_dir": args.cache_dir, "revision": args.model_revision}
+    where = {"cache_dir": args.cache_dir, "revision": args.model_revision}
     if not any(isinstance(try_to_load_from_cache(hub_id, name, **where), str) for name in WEIGHT_FILES):
         raise ConfigError(
             f"--model_name_or_path {hub_id}: HF_HUB_OFFLINE is set and its weights are not in the hub "
@@ -137,7 +142,7 @@ def load_model_config(args: ModelArgs):
     return config
 
 
-def qa_model_class(config) -> type:
+def qa_model_class(config) -> type[PreTrainedModel]:
     """transformers' XxxForQuestionAnswering class for this config."""
     from transformers import AutoModelForQuestionAnswering
 

@@ -91,12 +91,13 @@ def torch_optimizer(groups: list[dict], o: OptimArgs) -> torch.optim.Optimizer:
 
         # At --learning_rate under the schedule, as Trainer's: not Adafactor's own relative step size.
         return Adafactor(groups, lr=o.learning_rate, scale_parameter=False, relative_step=False)
-    adam = {"lr": o.learning_rate, "betas": (o.adam_beta1, o.adam_beta2), "eps": o.adam_epsilon}
+    betas = (o.adam_beta1, o.adam_beta2)
     if o.optim == "adamw_bnb_8bit":
         from bitsandbytes.optim import AdamW
 
-        return AdamW(groups, optim_bits=8, is_paged=False, **adam)
-    return torch.optim.AdamW(groups, fused=o.optim == "adamw_torch_fused" and torch.cuda.is_available(), **adam)
+        return AdamW(groups, lr=o.learning_rate, betas=betas, eps=o.adam_epsilon, optim_bits=8, is_paged=False)
+    fused = o.optim == "adamw_torch_fused" and torch.cuda.is_available()
+    return torch.optim.AdamW(groups, lr=o.learning_rate, betas=betas, eps=o.adam_epsilon, fused=fused)
 
 
 # What the flags set per parameter group; accelerate's load_state restores the checkpoint's values over them.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -276,7 +277,7 @@ def summarize(ranks: list[RankFigures], peak: float | None, on_cuda: bool, ranks
     )
 
 
-def machine_figures(ranks: list[RankFigures], ranks_per_node: int) -> dict[str, float | int | None]:
+def machine_figures(ranks: list[RankFigures], ranks_per_node: int) -> dict[str, Any]:
     """metrics.json's load_average_1m, other_processes_cpu_cores and cpu_count (None where unmeasured)."""
     if any(math.isnan(r.own_cpu_cores) or math.isnan(r.node_busy_cores) for r in ranks):
         return {}

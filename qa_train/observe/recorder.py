@@ -118,10 +118,12 @@ class Tracker:
         def table(run: Any) -> None:
             import wandb
 
+            # Table annotates columns as list[str | int], which a list[str] is not (lists are invariant).
+            values = wandb.Table(columns=columns, data=rows)  # type: ignore[arg-type]
             # A step the W&B run already holds (a resumed run with nothing left to train) would drop the table;
             # no step at all would be W&B's own count, which an offline run starts at 0.
             at = max(step, self.wandb_floor)
-            run.log({key: wandb.Table(columns=columns, data=rows), GLOBAL_STEP: at}, step=at)
+            run.log({key: values, GLOBAL_STEP: at}, step=at)
 
         self._wandb("table", table)
 

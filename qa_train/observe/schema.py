@@ -132,8 +132,9 @@ class RunMetrics(TrainFigures, Scores):
     """Optimizer steps completed (a resumed run counts the steps before its checkpoint)."""
     train_loss: float | None = None
     """Mean training loss over all ranks in the last logging interval."""
-    train_loss_per_rank: list[float] = field(default_factory=list)
-    """The same loss as each rank saw it after the all-reduce (equal when ranks agree)."""
+    train_loss_per_rank: list[float | None] = field(default_factory=list)
+    """The same loss as each rank saw it after the all-reduce (equal when ranks agree); null where no step was
+    logged."""
     world_size: int | None = None
     """Processes in the data-parallel world."""
     strategy: str | None = None

@@ -57,7 +57,8 @@ def start_wandb_run(output_dir: Path, **init_kwargs: Any) -> Any:
     if mode == "online" and run is None:
         mode = "offline"
     if run is None:
-        run = wandb.init(mode=mode, **init_kwargs)
+        # WANDB_MODE as set: wandb's settings also take "dryrun" and "run", which init's annotation leaves out.
+        run = wandb.init(mode=mode, **init_kwargs)  # type: ignore[arg-type]
     log.info("W&B run %s (mode=%s)", getattr(run, "name", "?"), mode)
     return run
 
@@ -91,7 +92,7 @@ class SafeWandB(WandBTracker):
     def __init__(self, project: str, output_dir: Path, **kwargs: Any) -> None:
         super().__init__(project, **kwargs)
         self.output_dir = output_dir
-        self.run = None
+        self.run: Any = None  # the wandb Run once started
 
     @on_main_process
     def start(self) -> None:

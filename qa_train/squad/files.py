@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from qa_train.data.json_lines import json_lines
 
@@ -38,8 +39,9 @@ def _add(path: Path, refs: dict[str, list[str]], qid: object, texts: list[str]) 
     refs[qid] = texts
 
 
-def _nested_references(path: Path, dataset: object) -> dict[str, list[str]]:
-    """Official layout: data -> paragraphs -> qas -> answers[{"text", ...}]."""
+def _nested_references(path: Path, dataset: Any) -> dict[str, list[str]]:
+    """Official layout: data -> paragraphs -> qas -> answers[{"text", ...}]; `dataset` is parsed JSON of any
+    shape (a wrong one is a KeyError or TypeError, reported below)."""
     refs: dict[str, list[str]] = {}
     where = "data"
     try:
@@ -101,7 +103,7 @@ def read_references(path: Path) -> tuple[dict[str, list[str]], str | None]:
         )
         version = str(whole["version"]) if "version" in whole else None
     elif _is_flat(whole):  # a JSON list of flat records
-        refs = _flat_references(path, ((f"record {i}", r) for i, r in enumerate(whole)))  # type: ignore[arg-type]
+        refs = _flat_references(path, ((f"record {i}", r) for i, r in enumerate(whole)))
     elif whole is not None and "\n" in text.strip():
         # One multi-line JSON document that is not SQuAD-shaped; reading it
         # line by line would only report a confusing "line 1: not valid JSON".

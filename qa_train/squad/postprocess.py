@@ -35,6 +35,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import numpy as np
 
@@ -237,6 +238,29 @@ def _nbest(
             )
         ]
     return nbest
+
+
+@overload
+def postprocess_predictions(
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    offsets: np.ndarray,
+    questions: Questions,
+    rules: SpanRules = ...,
+    return_nbest: Literal[False] = ...,
+) -> dict[str, str]: ...
+
+
+@overload
+def postprocess_predictions(
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    offsets: np.ndarray,
+    questions: Questions,
+    rules: SpanRules = ...,
+    *,
+    return_nbest: Literal[True],
+) -> tuple[dict[str, str], dict[str, list[dict]]]: ...
 
 
 def postprocess_predictions(

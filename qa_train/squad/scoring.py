@@ -162,6 +162,8 @@ def _best_threshold(
     """The official find_best_thresh: start from "every question answered no-answer" and let questions
     in rising na_prob order answer, one at a time; the best score seen and the na_prob where it was.
     A question without a prediction scores 0 at every threshold, so it is not counted as a right no-answer."""
+    current: float
+    best: float
     current = best = sum(1 for qid, v in has_ans.items() if not v and qid in predictions)
     best_thresh = 0.0
     for qid in sorted(na_probs, key=lambda q: na_probs[q]):  # stable: file order among equal values

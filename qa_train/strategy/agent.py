@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 # Signals after which a rank had no chance to say why: where they usually come from.
 KILLED_BY = {
@@ -29,7 +33,7 @@ def rank_exit_code(code: int) -> int:
     return code if code >= 0 else 128 - code
 
 
-def root_cause(failures: dict) -> tuple[int, object]:
+def root_cause(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
     """The first rank to fail, as torch's get_first_failure, but its timestamps are whole seconds: a rank that only
     saw its peer leave (exit 1, one line) can fail in the same second as the rank that ran out of memory or
     timed out, and a tie goes to the lower rank. Among the first, a code other than 1 says more."""

@@ -9,10 +9,19 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 log = logging.getLogger("qa_train")
 BEST_FILE = "best.json"
+
+
+class BestFields(TypedDict):
+    """metrics.json's best_* and exported_step (RunMetrics fields of the same names)."""
+
+    best_eval_step: int | None
+    best_exact_match: float | None
+    best_f1: float | None
+    exported_step: int | None
 
 
 @dataclass
@@ -52,7 +61,7 @@ class BestModel:
     they all decide alike."""
 
     def __init__(
-        self, accelerator: Any, output_dir: Path, keep: bool, resumed: bool, carried: dict[str, float] | None = None
+        self, accelerator: Any, output_dir: Path, keep: bool, resumed: bool, carried: dict[str, Any] | None = None
     ) -> None:
         """`carried`: the best evaluation a resumed checkpoint recorded; with `keep`, the model kept in
         output_dir/best says which one it is."""
@@ -94,7 +103,7 @@ class BestModel:
             if self.accelerator.is_main_process:
                 write_best(folder, scored)
 
-    def as_record(self) -> dict[str, float] | None:
+    def as_record(self) -> dict[str, Any] | None:
         """What a checkpoint carries of it (TrainerState.best_eval)."""
         return asdict(self.score) if self.score is not None else None
 
@@ -106,7 +115,7 @@ class BestModel:
         f1 = self._from_main(final_scores.f1 if final_scores is not None else -1.0)
         return f1 < 0 or f1 < self.kept.f1
 
-    def fields(self, final_scores: Any, step: int, exported: bool) -> dict[str, float | int | None]:
+    def fields(self, final_scores: Any, step: int, exported: bool) -> BestFields:
         """metrics.json's best_* (the final evaluation included) and which step final/ holds (main process)."""
         last = BestScore(step, final_scores.exact_match, final_scores.f1) if final_scores is not None else None
         seen, kept = self.score, self.kept

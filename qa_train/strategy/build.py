@@ -160,7 +160,9 @@ def checkpoint_layout(strategy: Strategy, accelerator) -> str:
 
 
 def _offload_device(section: dict | None) -> bool:
-    return bool(section) and str(section.get("device", "none")).lower() not in ("none", "")
+    if not section:
+        return False
+    return str(section.get("device", "none")).lower() not in ("none", "")
 
 
 def fsdp_offloads(plugin) -> bool:

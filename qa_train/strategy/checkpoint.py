@@ -68,8 +68,8 @@ def _step_folders(root: Path) -> list[Path]:
     """step_N folders, oldest first (temporary and trash folders never match STEP_DIR)."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _step_of(p) is not None and p.is_dir()]
-    return sorted(found, key=_step_of)
+    steps = {p: step for p in root.iterdir() if (step := _step_of(p)) is not None and p.is_dir()}
+    return sorted(steps, key=steps.__getitem__)
 
 
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -294,7 +294,7 @@ def load_checkpoint(accelerator, path: Path, now: TrainerState | None = None) ->
         rank = accelerator.process_index
         message = (
             _load_failure(path, error, rank if accelerator.num_processes > 1 else None)
-            if rank == failed[0]
+            if rank == failed[0] and error is not None  # failed[0] is this rank only when its own load failed
             else f"checkpoint {path} could not be loaded: rank {failed[0]} failed"
         )
         raise CheckpointError(message, reporter=failed[0]) from error

@@ -114,7 +114,7 @@ def _phase(accelerator, final: Path, tmp: Path, work: Callable[[], object] | Non
     rank = accelerator.process_index
     message = (
         _save_failure(final, reason, error, rank, failed, accelerator.num_processes)
-        if rank == failed[0]
+        if rank == failed[0] and error is not None and reason is not None  # this rank failed: both are set
         else f"checkpoint {final} could not be saved: rank {failed[0]} failed"
     )
     raise CheckpointSaveError(message, reporter=failed[0]) from error
@@ -200,6 +200,7 @@ def export_final(accelerator, model, tokenizer, final: Path) -> Path:
     tmp = final.with_name(f".tmp-{final.name}")
     state_dict = export_state_dict(accelerator, model)
     if accelerator.is_main_process:
+        assert state_dict is not None  # whole on the main process
         remove_entry(tmp)
         try:
             _write_export(accelerator.unwrap_model(model), state_dict, tokenizer, tmp)

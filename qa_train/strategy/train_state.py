@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 CONTRACT = (
     "world_size",
@@ -51,11 +52,12 @@ class TrainerState:
     checkpoint_layout: str | None = None
     # The best evaluation so far ({"step", "exact_match", "f1"}), so a resumed run's best_* still counts the
     # evaluations before the checkpoint (with --save_best, output_dir/best/best.json says the same).
-    best_eval: dict[str, float] | None = None
+    best_eval: dict[str, Any] | None = None
     # A stop request ended the run at a step that owed an in-loop evaluation: the resumed run does it first.
     eval_owed: bool = False
 
-    def contract(self) -> dict[str, int | bool | None]:
+    def contract(self) -> dict[str, Any]:
+        """The contract's fields by name (ints, a bool and a str: Any, so that dataclasses.replace takes them)."""
         return {name: getattr(self, name) for name in (*CONTRACT, *DATA_ORDER, "checkpoint_layout")}
 
 
@@ -104,7 +106,8 @@ def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str],
         was, now_is = getattr(saved, name), getattr(now, name)
         return was is not None and now_is is not None and was != now_is
 
-    refusals, notes = [], []
+    refusals: list[str] = []
+    notes: list[str] = []
     if changed("checkpoint_layout"):  # before the library's loader fails on files it does not know, or hangs
         refusals.append(
             f"it was saved as {saved.checkpoint_layout}, this run loads {now.checkpoint_layout}: each strategy writes "
@@ -129,7 +132,7 @@ def resume_conflicts(saved: TrainerState, now: TrainerState) -> tuple[list[str],
     for name in DATA_ORDER:
         if changed(name):
             (refusals if saved.batches_in_epoch else notes).append(_order_change(saved, now, name))
-    if changed("total_steps"):
+    if changed("total_steps") and now.total_steps is not None:
         note = (
             f"total steps {saved.total_steps} -> {now.total_steps}: the LR schedule is recomputed for "
             f"{now.total_steps} steps, so the learning rate jumps at step {saved.completed_steps}"

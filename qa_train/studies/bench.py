@@ -309,7 +309,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--timeout_s", type=float, default=3600, help="Per-run wall-clock limit.")
     p.add_argument("--wandb", action="store_true", help="Also log the report to W&B.")
     slurm_sweep.add_arguments(p)
-    opts = p.parse_args(argv[:cut])
+    opts = p.parse_args(slurm_sweep.attach_sbatch_args(argv[:cut]))
     problem = check_options(opts)
     if problem:
         p.error(problem)

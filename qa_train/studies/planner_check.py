@@ -37,7 +37,8 @@ class Check:
 
     @property
     def ratio(self) -> float | None:
-        return self.estimate_gib / self.measured_gib if self.estimate_gib and (self.measured_gib or 0) > 0 else None
+        estimate, measured = self.estimate_gib, self.measured_gib
+        return estimate / measured if estimate and measured is not None and measured > 0 else None
 
 
 def planner_config(m: RunMetrics) -> str:

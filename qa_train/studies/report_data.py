@@ -18,6 +18,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from qa_train.core.errors import ERROR_PREFIX
 from qa_train.observe.schema import MetricsFileError, PerRank, RunMetrics
@@ -280,7 +281,7 @@ def make_row(run_dir: Path, m: RunMetrics) -> Row:
 
 def failed_row(run_dir: Path, point: Point, why: str) -> Row:
     """A sweep's run without figures: its point, and why."""
-    nothing = {f.name: None for f in fields(Row)}
+    nothing: dict[str, Any] = {f.name: None for f in fields(Row)}
     return Row(
         **{
             **nothing,
@@ -423,8 +424,11 @@ def add_scaling(groups: list[Group]) -> None:
         if len(timed) < 2:
             continue
         base = min(timed, key=lambda g: (g.processes, g.nodes))
+        base_rate = base.figures.samples_per_s
         for g in timed:
-            g.speedup = g.figures.samples_per_s.over(base.figures.samples_per_s.median)
+            rate = g.figures.samples_per_s
+            assert rate is not None and base_rate is not None  # every timed point has a throughput
+            g.speedup = rate.over(base_rate.median)
             g.efficiency = g.speedup.over(g.processes / base.processes)
             g.scale_base, g.base_processes = base.key, base.processes
 
@@ -444,8 +448,8 @@ def add_baseline(groups: list[Group], baseline: str | None = None) -> Group | No
     base_rate = _rate(base) if base is not None else None
     for g in groups:
         rate = _rate(g)
-        ok = base_rate and rate is not None and g.workload == base.workload
-        g.vs_baseline = round(rate / base_rate, 3) if ok else None
+        same = base is not None and g.workload == base.workload
+        g.vs_baseline = round(rate / base_rate, 3) if base_rate and rate is not None and same else None
     return base
 
 

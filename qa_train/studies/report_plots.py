@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.figure import Figure
+from numpy.typing import ArrayLike
 
 from qa_train.studies.report_data import Group, Stat
 
@@ -126,8 +128,8 @@ def speedup_figure(groups: list[Group]) -> Figure | None:
         ax.errorbar(xs, heights, yerr=errors, marker="o", capsize=4, label=label)
         counts.setdefault(mine[0].base_processes or min(xs), set()).update(xs)
     # Ideal speed-up is the process ratio to each config's own base: one line per base where those differ.
-    for base, xs in sorted(counts.items()):
-        ticks = sorted(xs)
+    for base, measured in sorted(counts.items()):
+        ticks = sorted(measured)
         ax.plot(
             ticks,
             [n / base for n in ticks],
@@ -143,21 +145,29 @@ def speedup_figure(groups: list[Group]) -> Figure | None:
     return fig
 
 
-def bar_heights(fig: Figure) -> dict[str, list[float]]:
+def bar_heights(fig: Figure) -> dict[str | None, list[float]]:
     """The plotted bar series as {legend label: bar heights}; what the tests check."""
     ax = fig.axes[0]
     return {c.get_label(): [p.get_height() for p in c.patches] for c in ax.containers if isinstance(c, BarContainer)}
 
 
-def line_data(fig: Figure) -> dict[str, tuple[list[float], list[float]]]:
+def line_data(fig: Figure) -> dict[str | None, tuple[list[float], list[float]]]:
     """The plotted lines as {legend label: (x, y)} (an error-bar series by its data line); what the tests check."""
     ax = fig.axes[0]
     lines = {c.get_label(): c.lines[0] for c in ax.containers if isinstance(c, ErrorbarContainer)}
-    lines.update({line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")})
-    return {
-        label: ([float(v) for v in line.get_xdata()], [float(v) for v in line.get_ydata()])
-        for label, line in lines.items()
-    }
+    # Artist.get_label is typed `object`: set_label stores str(label), or None (no legend entry either way).
+    lines.update(
+        {
+            label: line
+            for line in ax.get_lines()
+            if isinstance(label := line.get_label(), str) and not label.startswith("_")
+        }
+    )
+    return {label: (_floats(line.get_xdata()), _floats(line.get_ydata())) for label, line in lines.items()}
+
+
+def _floats(values: ArrayLike) -> list[float]:
+    return [float(v) for v in np.asarray(values, dtype=float)]
 
 
 def save_figure(fig: Figure, path: Path) -> Path:

@@ -48,6 +48,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sbatch_args", default="", help="Extra sbatch options, one string (partition, account, time).")
 
 
+def attach_sbatch_args(argv: list[str]) -> list[str]:
+    """`--sbatch_args --wait` as `--sbatch_args=--wait`: argparse reads a value that starts with a dash and has no
+    space as a flag of its own, and refuses the option (`--sbatch_args "--partition gpu"` it already took)."""
+    out: list[str] = []
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
+        out.append(f"{arg}={rest.pop(0)}" if arg == "--sbatch_args" and rest else arg)
+    return out
+
+
 def check_options(opts: argparse.Namespace) -> str | None:
     """The first SLURM flag combination that cannot work, as one line, or None."""
     if not opts.slurm:

@@ -1,4 +1,5 @@
-"""slurm/train.sbatch on a fake 2-node cluster: real launch, real ranks, on loopback.
+"""slurm/train.sbatch on the fake cluster of tests/fake_slurm, for what the real one of test_slurm_cluster.py cannot
+do on this machine: GPU nodes, and a warning signal at a chosen moment.
 
 tests/fake_slurm puts `sbatch`, `srun` and `scontrol` first on PATH; each "node" is a process
 with the variables a real cluster sets (SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NODELIST, ...).
@@ -6,13 +7,12 @@ with the variables a real cluster sets (SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NO
 
 from __future__ import annotations
 
-import json
+import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PY, ROOT, base_env, port, read_metrics, run_cmd, run_ok, tiny_flags
+from conftest import PY, base_env, port, read_metrics, run_cmd, run_ok, tiny_flags
 
-pytestmark = pytest.mark.distributed
 FAKE = Path(__file__).resolve().parent / "fake_slurm"
 
 
@@ -43,42 +43,34 @@ def train_flags(steps: int) -> list[str]:
     return flags[:i] + flags[i + 2 :]  # the batch script sets --output_dir from OUTPUT_DIR
 
 
-@pytest.mark.parametrize(("config", "strategy", "base_port"), [("ddp", "ddp", 29721), ("zero2", "zero2", 29722)])
-def test_two_nodes_form_one_world(config: str, strategy: str, base_port: int, tmp_path: Path) -> None:
-    env = cluster_env(tmp_path, f"71{base_port % 100}", config, base_port)
-    proc = run_ok(["sbatch", "--nodes", "2", "slurm/train.sbatch", *train_flags(6)], env)
-    assert "2 nodes x 1 = 2 processes" in proc.stdout
-    # Compiled graphs are cached in the submit directory, which a requeued job on other nodes still sees.
-    assert f"compile cache {ROOT / '.cache' / 'torchinductor'}" in proc.stdout
-    m = read_metrics(tmp_path / "out")
-    assert (m["world_size"], m["strategy"], m["train_steps"]) == (2, strategy, 6)
-    assert m["train_loss_per_rank"][0] == m["train_loss_per_rank"][1]
-    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
-    assert logs == ["node0.log", "node1.log"]
-    # Each node launched with its own rank: a rank read once on the submit host would give two rank-0s.
-    node1 = (tmp_path / "logs" / "node1.log").read_text()
-    assert "--machine_rank 1" in node1 or "--node_rank 1" in node1
+def sbatch(env: dict[str, str], batch_log: Path, *args: str) -> tuple[int, str]:
+    """The fake sbatch (it waits for the job, as `sbatch --wait` does): its exit status and the batch log, which goes
+    where --output says, as on a real cluster."""
+    proc = run_cmd(["sbatch", "--output", str(batch_log), *args], env)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, batch_log.read_text() if batch_log.exists() else ""
 
 
-def test_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:
-    env = cluster_env(tmp_path, "7301", "ddp", 29731)
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")  # the user's own cache wins over the default
-    # The ranks hold after step 10 until asked to stop; the scheduler's warning signal comes once they hold.
-    env.update({"QA_TRAIN_TEST_HOLD_AT_STEP": "10", "FAKE_SLURM_SIGNAL_WHEN": str(tmp_path / "out" / "HOLDING-rank0")})
-    proc = run_ok(["sbatch", "--nodes", "2", "slurm/train.sbatch", *train_flags(40)], env, timeout=900)
-    assert "warning signal" in proc.stdout and "job requeued" in proc.stdout
-    assert "start 1" in proc.stdout  # the fake scheduler ran the requeued job
-    assert proc.stdout.count(f"compile cache {tmp_path / 'inductor'}") == 2, "both starts keep the user's cache"
-    node0 = (tmp_path / "logs" / "node0.log").read_text()
-    assert "stop requested: checkpoint saved at step" in node0
-    stopped_at = int(node0.split("stop requested: checkpoint saved at step ")[1].split(";")[0])
-    assert stopped_at == 10
-    assert f"resumed from {tmp_path / 'out'}/checkpoints/step_{stopped_at:08d}" in node0
-    m = read_metrics(tmp_path / "out")
-    assert (m["world_size"], m["train_steps"]) == (2, 40)
-    steps = {json.loads(x)["step"] for x in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()}
-    assert steps == set(range(1, 41))
-    assert not (tmp_path / "out" / "PREEMPT").exists()
+@pytest.mark.parametrize("cluster", ["fake", "real"])
+def test_no_sbatch_or_srun_creates_a_missing_output_folder(
+    cluster: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """What hid slurm/train.sbatch's missing logs/: the fake created output folders, which SLURM never does. The fake
+    and the real cluster now agree: a batch log in a missing folder fails the job before its script runs (only
+    slurmd's log says why; `sbatch --wait` exits 1), and an srun log there fails that task's launch while srun
+    itself exits 0 (SLURM 22.05)."""
+    if cluster == "real":
+        env = {**base_env(tmp_path), **request.getfixturevalue("slurm").env()}
+    else:
+        env = {**cluster_env(tmp_path, "7361", "ddp", 29761)}
+    script = tmp_path / "job.sh"
+    script.write_text('#!/bin/bash\nsrun --output nodir2/node%n.log true\necho "srun exit $?"\n')
+    proc = subprocess.run(["sbatch", "--wait", "--output", "nodir/%j.out", str(script)], cwd=tmp_path, env=env)
+    assert proc.returncode == 1 and not (tmp_path / "nodir").exists()
+    proc = subprocess.run(["sbatch", "--wait", "--output", "batch.out", str(script)], cwd=tmp_path, env=env)
+    log = (tmp_path / "batch.out").read_text()
+    assert proc.returncode == 0 and "srun: error: task 0 launch failed" in log and "srun exit 0" in log, log
+    assert not (tmp_path / "nodir2").exists()
 
 
 def test_a_warning_signal_after_the_training_loop_does_not_requeue_the_finished_run(tmp_path: Path) -> None:
@@ -88,9 +80,10 @@ def test_a_warning_signal_after_the_training_loop_does_not_requeue_the_finished_
     the script's CHECKPOINTING_STEPS default (4 here), which used to drop it."""
     env = cluster_env(tmp_path, "7311", "ddp", 29751)
     env["FAKE_SLURM_SIGNAL_WHEN"] = str(tmp_path / "out" / "metrics.json")
-    proc = run_ok(["sbatch", "--nodes", "1", "slurm/train.sbatch", *train_flags(6), "--checkpointing_steps", "2"], env)
-    assert "warning signal" in proc.stdout and "not requeued" in proc.stdout, proc.stdout
-    assert "start 1" not in proc.stdout and "job requeued" not in proc.stdout
+    args = ["--nodes", "1", "slurm/train.sbatch", *train_flags(6), "--checkpointing_steps", "2"]
+    code, log = sbatch(env, tmp_path / "batch.out", *args)
+    assert code == 0 and "warning signal" in log and "not requeued" in log, log
+    assert "start 1" not in log and "job requeued" not in log
     node0 = (tmp_path / "logs" / "node0.log").read_text()
     assert node0.count("model exported") == 1 and "resumed from" not in node0
     assert read_metrics(tmp_path / "out")["train_steps"] == 6
@@ -127,8 +120,10 @@ def test_a_gpu_job_runs_as_many_processes_per_node_as_it_asked_for_gpus(tmp_path
     """The script hard-codes no GPU count: the job's own --gpus-per-node (typed, as some sites write it) sets
     the processes per node, each node launching with its own rank."""
     env = gpu_node_env(tmp_path, "7331")
-    proc = run_ok(["sbatch", "--nodes", "2", "--gpus-per-node", "a100:3", "slurm/train.sbatch", "--seed", "7"], env)
-    assert "2 nodes x 3 = 6 processes" in proc.stdout
+    code, log = sbatch(
+        env, tmp_path / "batch.out", "--nodes", "2", "--gpus-per-node", "a100:3", "slurm/train.sbatch", "--seed", "7"
+    )
+    assert code == 0 and "2 nodes x 3 = 6 processes" in log, log
     for node in (0, 1):
         line = (tmp_path / "logs" / f"node{node}.log").read_text()
         assert f"--num_machines 2 --num_processes 6 --machine_rank {node}" in line and "-m qa_train" in line
@@ -140,20 +135,20 @@ def test_a_gpu_job_ends_with_its_ranks_code(tmp_path: Path) -> None:
     and the preemption trap, which must not requeue those, could not tell them apart. The agent passes the
     ranks' code on."""
     env = {**gpu_node_env(tmp_path, "7336"), "FAKE_RANKS_CODE": "3"}
-    proc = run_cmd(["sbatch", "--nodes", "1", "--gpus-per-node", "2", "slurm/train.sbatch"], env)
-    assert proc.returncode == 3, proc.stdout + proc.stderr
+    code, log = sbatch(env, tmp_path / "batch.out", "--nodes", "1", "--gpus-per-node", "2", "slurm/train.sbatch")
+    assert code == 3, log
 
 
 def test_a_gpu_job_without_gpus_is_refused_in_one_line_before_launching(tmp_path: Path) -> None:
     """Before: no GPU asked for gave `--num_processes 0` to accelerate, and its error named no cause."""
     env = gpu_node_env(tmp_path, "7341")
-    proc = run_cmd(["sbatch", "--nodes", "1", "slurm/train.sbatch"], env)
-    assert proc.returncode == 2
-    assert "slurm/train.sbatch: error: the job has no GPU: submit with --gpus-per-node N" in proc.stderr
+    code, log = sbatch(env, tmp_path / "batch.out", "--nodes", "1", "slurm/train.sbatch")
+    assert code == 2
+    assert "slurm/train.sbatch: error: the job has no GPU: submit with --gpus-per-node N" in log
     assert not (tmp_path / "logs").exists()  # srun never ran
     env["GPUS_PER_NODE"] = "four"
-    proc = run_cmd(["sbatch", "--nodes", "1", "slurm/train.sbatch"], env)
-    assert proc.returncode == 2 and "GPUS_PER_NODE=four is not a positive count" in proc.stderr
+    code, log = sbatch(env, tmp_path / "batch2.out", "--nodes", "1", "slurm/train.sbatch")
+    assert code == 2 and "GPUS_PER_NODE=four is not a positive count" in log
 
 
 def test_a_gpu_node_sweep_asks_each_job_for_its_gpus(tmp_path: Path) -> None:
@@ -179,68 +174,8 @@ def test_a_gpu_node_sweep_asks_each_job_for_its_gpus(tmp_path: Path) -> None:
         ],
         env,
     )
-    log = (out / "ddp-n2-r1" / "sbatch.log").read_text()
-    assert "sbatch --nodes 2 --gpus-per-node 4 " in log and "2 nodes x 4 = 8 processes" in log
-
-
-def test_node_sweep_submits_one_job_per_point_and_reports_speedup_against_one_node(tmp_path: Path) -> None:
-    """`qa_train.studies.bench --slurm --nodes 1 2` on the fake cluster: one sbatch per point, each into its own run dir
-    through the real slurm/train.sbatch; then qa_train.studies.report over the sweep's directory gives the same table."""
-    env = base_env(tmp_path)
-    env.update(
-        {
-            "PATH": f"{FAKE}:{Path(PY).parent}:{env['PATH']}",
-            "FAKE_SLURM_DIR": str(tmp_path / "slurm-state"),
-            "FAKE_SLURM_PYTHON": PY,
-            "MAIN_PORT": str(port(29741)),
-            "OMP_NUM_THREADS": "1",
-        }
-    )
-    out = tmp_path / "sweep"
-    proc = run_ok(
-        [
-            PY,
-            "-m",
-            "qa_train.cli",
-            "bench",
-            "--slurm",
-            "--cpu",
-            "--nodes",
-            "1",
-            "2",
-            "--procs_per_node",
-            "1",
-            "--configs",
-            "ddp",
-            "--max_train_steps",
-            "4",
-            "--output_dir",
-            str(out),
-            "--",
-            "--no_eval",
-            "--logging_steps",
-            "2",
-            "--max_train_samples",
-            "300",
-        ],
-        env,
-    )
-    assert "submitted 2 of 2 jobs" in proc.stdout
-    for nodes in (1, 2):
-        run = out / f"ddp-n{nodes}-r1"
-        m = read_metrics(run)
-        assert (m["world_size"], m["train_steps"], m["output_dir"]) == (nodes, 4, str(run))
-        assert f"{nodes} nodes x 1 = {nodes} processes" in (run / "sbatch.log").read_text()
-        assert sorted(p.name for p in (run / "logs").iterdir()) == [f"node{i}.log" for i in range(nodes)]
-        assert json.loads((run / "sweep_point.json").read_text())["nodes"] == nodes
-    saved = json.loads((out / "report" / "report.json").read_text())
-    one, two = saved["groups"]
-    assert (one["nodes"], one["processes"], two["nodes"], two["processes"]) == (1, 1, 2, 2)
-    rate = [read_metrics(out / f"ddp-n{n}-r1")["train_samples_per_second"] for n in (1, 2)]
-    assert two["speedup"]["median"] == pytest.approx(rate[1] / rate[0]) and one["speedup"]["median"] == 1.0
-    again = run_ok([PY, "-m", "qa_train.cli", "report", str(out), "--output", str(tmp_path / "report")], env)
-    assert json.loads((tmp_path / "report" / "report.json").read_text())["table"] == saved["table"]
-    assert "| ddp | ddp | 2 | 2 | 1 |" in again.stdout
+    assert "sbatch --nodes 2 --gpus-per-node 4 " in (out / "ddp-n2-r1" / "sbatch.log").read_text()
+    assert "2 nodes x 4 = 8 processes" in (out / "ddp-n2-r1" / "slurm-7351.out").read_text()
 
 
 def test_a_bench_rerun_clears_the_old_run_and_its_stale_stop_request(tmp_path: Path) -> None:

@@ -218,3 +218,32 @@ def test_a_nan_null_threshold_is_refused_as_training_refuses_it(capsys: pytest.C
         capsys,
     )
     assert message == "--null_score_diff_threshold: must be a number, got nan"
+
+
+class _Answering:
+    """A Predictor stand-in (no model): what Predictor.predict returns on the main process, or elsewhere None."""
+
+    def __init__(self, answers: Answers | None) -> None:
+        self.answers = answers
+
+    def __call__(self, *args: object, **kwargs: object) -> _Answering:
+        return self
+
+    def predict(self, examples: Examples) -> Answers | None:
+        assert examples.ids == ["q"]
+        return self.answers
+
+
+def test_answer_is_none_off_the_main_process_as_predict_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a launch only the main process answers: answer() said nothing there but failed on the missing
+    Answers (AttributeError), where Predictor.predict and the command line return None and exit 0."""
+    monkeypatch.setattr(predict, "Predictor", _Answering(None))
+    assert predict.answer("unused", "Who?", "Someone.") is None
+    monkeypatch.setattr(predict, "Predictor", _Answering(Answers({"q": ""}, {"q": []})))
+    assert predict.answer("unused", "Who?", "Someone.") == {
+        "answer": "",
+        "score": None,
+        "probability": 0.0,
+        "start": 0,
+        "end": 0,
+    }

@@ -104,6 +104,16 @@ def test_flag_combinations_that_cannot_work_name_the_flag(
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_sbatch_args_takes_its_value_after_a_space(monkeypatch: pytest.MonkeyPatch) -> None:
+    """argparse refused `--sbatch_args --wait` (a value that looks like a flag of its own); only
+    `--sbatch_args=--wait` went through."""
+    monkeypatch.setattr(slurm_sweep.shutil, "which", lambda name: f"/usr/bin/{name}")  # a login node's sbatch
+    for value in ("--wait", "-p gpu", "--partition gpu --time 01:00:00"):
+        opts, flags = bench.parse(["--slurm", "--sbatch_args", value, "--nodes", "2", "--", "--seed", "3"])
+        assert (opts.sbatch_args, opts.nodes, flags) == (value, [2], ["--seed", "3"])
+    assert bench.parse(["--slurm", "--sbatch_args=--wait"])[0].sbatch_args == "--wait"
+
+
 def test_slurm_points_are_configs_times_node_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(slurm_sweep.shutil, "which", lambda name: f"/usr/bin/{name}")  # a login node's sbatch
     opts, flags = bench.parse(

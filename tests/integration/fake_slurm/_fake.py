@@ -1,9 +1,12 @@
-"""A fake SLURM for tests: sbatch, srun and scontrol that run a batch script as N "nodes" on this machine.
+"""A fake SLURM for what the real one on this machine (tests/slurm_cluster.py) cannot do: GPU nodes, and a
+warning signal at a chosen moment. sbatch, srun and scontrol run a batch script as N "nodes" here.
 
-Each node is a process on loopback with the variables a real cluster sets. sbatch honours
-`--signal=B:SIG@T` by sending SIG to the batch shell once the file FAKE_SLURM_SIGNAL_WHEN exists
-(standing in for "T seconds before the time limit": a test makes the run create it at a chosen
-step) and re-runs the script when it requeued itself.
+Each node is a process on loopback with the variables a real cluster sets. sbatch waits for the job, as
+`sbatch --wait` does, and honours `--signal=B:SIG@T` by sending SIG to the batch shell once the file
+FAKE_SLURM_SIGNAL_WHEN exists (standing in for "T seconds before the time limit": a test makes the run
+create it at a chosen step) and re-runs the script when it requeued itself. Where both exist it behaves as
+SLURM 22.05 does: the batch output goes to --output (default slurm-%j.out in the submit directory), and
+neither sbatch nor srun creates a missing output folder.
 """
 
 from __future__ import annotations
@@ -64,12 +67,28 @@ def _signal_when(marker: Path, shell: subprocess.Popen, sig: int) -> None:
         time.sleep(0.05)
 
 
-def sbatch(argv: list[str]) -> int:
+# sbatch and srun options that take no value.
+FLAGS = {"wait", "parsable", "requeue", "no-requeue", "exclusive", "kill-on-bad-exit"}
+
+
+def _options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Leading long options (`--key value`, `--key=value`, valueless FLAGS) and what follows them."""
     opts: dict[str, str] = {}
     rest = list(argv)
     while rest and rest[0].startswith("--"):
-        key, _, value = rest.pop(0)[2:].partition("=")
-        opts[key] = value if value else rest.pop(0)
+        key, eq, value = rest.pop(0)[2:].partition("=")
+        opts[key] = value if eq else "1" if key in FLAGS else rest.pop(0)
+    return opts, rest
+
+
+def _open_output(pattern: str, fields: dict[str, str], mode: str):
+    """The output file as SLURM names it (%x job name, %j job id, %n node, %%), or None when its folder is missing."""
+    path = Path(re.sub(r"%([xjn%])", lambda m: fields.get(m.group(1), "%"), pattern))
+    return path.open(mode) if path.parent.is_dir() else None
+
+
+def sbatch(argv: list[str]) -> int:
+    opts, rest = _options(argv)
     script, script_args = Path(rest[0]), rest[1:]
     opts = {**_script_options(script), **opts}
     nodes = int(opts.get("nodes", "1"))
@@ -86,32 +105,31 @@ def sbatch(argv: list[str]) -> int:
     }
     if "gpus-per-node" in opts:  # as SLURM does for a job that asks for GPUs per node
         env["SLURM_GPUS_PER_NODE"] = opts["gpus-per-node"]
-    restarts, rc = 0, 0
-    while True:
-        env["SLURM_RESTART_COUNT"] = str(restarts)
-        (STATE / f"requeue-{job_id}").unlink(missing_ok=True)
-        print(f"fake sbatch: job {job_id} start {restarts}", flush=True)
-        shell = subprocess.Popen(["bash", str(script), *script_args], env=env)
-        when = os.environ.get("FAKE_SLURM_SIGNAL_WHEN")
-        if when and restarts == 0 and "signal" in opts:
-            sig = getattr(signal, "SIG" + opts["signal"].split(":")[-1].split("@")[0])
-            # Bound now: after a requeue `shell` names the next attempt, which must not get this warning.
-            threading.Thread(target=_signal_when, args=(Path(when), shell, sig), daemon=True).start()
-        rc = shell.wait()
-        if not (STATE / f"requeue-{job_id}").exists():
-            return rc
-        restarts += 1
+    print(job_id if "parsable" in opts else f"Submitted batch job {job_id}", flush=True)
+    fields = {"x": env["SLURM_JOB_NAME"], "j": job_id}
+    out = _open_output(opts.get("output", "slurm-%j.out"), fields, "a" if opts.get("open-mode") == "append" else "w")
+    if out is None:  # SLURM: JobState=FAILED Reason=JobLaunchFailure, said only in slurmd's log
+        return 1
+    restarts = 0
+    with out:
+        while True:
+            env["SLURM_RESTART_COUNT"] = str(restarts)
+            (STATE / f"requeue-{job_id}").unlink(missing_ok=True)
+            print(f"fake sbatch: job {job_id} start {restarts}", file=out, flush=True)
+            shell = subprocess.Popen(["bash", str(script), *script_args], env=env, stdout=out, stderr=out)
+            when = os.environ.get("FAKE_SLURM_SIGNAL_WHEN")
+            if when and restarts == 0 and "signal" in opts:
+                sig = getattr(signal, "SIG" + opts["signal"].split(":")[-1].split("@")[0])
+                # Bound now: after a requeue `shell` names the next attempt, which must not get this warning.
+                threading.Thread(target=_signal_when, args=(Path(when), shell, sig), daemon=True).start()
+            rc = shell.wait()
+            if not (STATE / f"requeue-{job_id}").exists():
+                return rc
+            restarts += 1
 
 
 def srun(argv: list[str]) -> int:
-    opts: dict[str, str] = {}
-    rest = list(argv)
-    while rest and rest[0].startswith("--"):
-        key, _, value = rest.pop(0)[2:].partition("=")
-        if key in ("kill-on-bad-exit",) and not value:
-            opts[key] = "1"
-            continue
-        opts[key] = value if value else rest.pop(0)
+    opts, rest = _options(argv)
     nodes = int(os.environ["SLURM_NNODES"])
     hosts = expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
     procs = []
@@ -127,14 +145,10 @@ def srun(argv: list[str]) -> int:
         }
         out = None
         if "output" in opts:
-            path = Path(
-                opts["output"]
-                .replace("%n", str(node))
-                .replace("%t", str(node))
-                .replace("%j", os.environ["SLURM_JOB_ID"])
-            )
-            path.parent.mkdir(parents=True, exist_ok=True)
-            out = path.open("a")
+            out = _open_output(opts["output"], {"n": str(node), "j": os.environ["SLURM_JOB_ID"]}, "a")
+            if out is None:  # SLURM 22.05's srun says so, starts nothing there, and still exits 0
+                print(f"srun: error: task {node} launch failed: Slurmd could not connect IO", file=sys.stderr)
+                continue
         procs.append(
             subprocess.Popen(
                 rest, env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True
@@ -142,17 +156,17 @@ def srun(argv: list[str]) -> int:
         )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, lambda s, f: [p.send_signal(s) for p in procs if p.poll() is None])
-    codes: list[int | None] = [None] * nodes
+    codes: list[int | None] = [None] * len(procs)
     while None in codes:
         for i, p in enumerate(procs):
             if codes[i] is None and p.poll() is not None:
                 codes[i] = p.returncode
-                if p.returncode and opts.get("kill-on-bad-exit"):
+                if p.returncode and opts.get("kill-on-bad-exit", "0") != "0":
                     for q in procs:
                         if q.poll() is None:
                             os.killpg(q.pid, signal.SIGKILL)
         time.sleep(0.1)
-    return max(abs(c or 0) for c in codes)
+    return max((abs(c or 0) for c in codes), default=0)
 
 
 if __name__ == "__main__":
