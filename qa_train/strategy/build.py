@@ -234,5 +234,6 @@ def prepare_for_evaluation(accelerator, model, loader) -> tuple[Any, Any]:
 
         objects.append(torch.optim.SGD(model.parameters(), lr=0.0))
     prepared = accelerator.prepare(*objects)
-    prepared = prepared if isinstance(prepared, tuple) else (prepared,)  # one object comes back bare
+    # One object comes back bare; several as a tuple, or a list under FSDP2.
+    prepared = tuple(prepared) if isinstance(prepared, tuple | list) else (prepared,)
     return prepared[0], (prepared[1] if loader is not None else None)
