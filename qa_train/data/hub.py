@@ -52,12 +52,17 @@ def open_split(source: HubDataset, split: str) -> Any:
             return _saved_split(source, folder, split)
     import datasets
 
+    # datasets warns about the cache it falls back on before failing: the refusal is the one line a user gets.
+    level = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity_error()
     try:
         return datasets.load_dataset(
             name, source.config_name, split=split, cache_dir=source.cache_dir, token=source.token
         )
     except Exception as err:  # noqa: BLE001 - every library failure becomes the flag's one line
         raise DataError(refusal(err, source, split)) from None
+    finally:
+        datasets.logging.set_verbosity(level)
 
 
 def _saved_split(source: HubDataset, folder: Path, split: str) -> Any:
@@ -113,6 +118,11 @@ def refusal(err: BaseException, source: HubDataset, split: str) -> str:
                 "pass --token (or set HF_TOKEN)"
             )
         return f"--dataset_name {name}: not on the hub, or private (then pass --token): {one_line(err)}"
+    if isinstance(err, ValueError) and text.startswith("Couldn't find cache for"):  # offline, config not cached
+        return (
+            f"--dataset_config_name {source.config_name}: {name} is cached without that config and the hub is off; "
+            f"drop the flag, or prepare it where the hub is reachable ({RECIPE})"
+        )
     if isinstance(err, ValueError) and text.startswith("BuilderConfig"):
         return f"--dataset_config_name {source.config_name}: {name} has no such config ({one_line(err)})"
     if isinstance(err, ValueError) and "Config name is missing" in text:

@@ -3,12 +3,25 @@ of datasets or the hub one line naming the flag."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from conftest import DEMO_DEV, DEMO_TRAIN
 from hub_folders import hub_download
 
 from qa_train.data.hub import HubDataset, looks_local, refusal
 from qa_train.data.load import DataError, load_file, load_split
+
+
+@pytest.fixture(scope="module", autouse=True)
+def datasets_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """datasets caches a local folder under its base name: these `squad` folders must not become the machine's
+    cached squad."""
+    import datasets.config
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path_factory.mktemp("hf-datasets"))
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +145,33 @@ def test_cache_dir_and_token_reach_datasets(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(DataError, match="^--dataset_name org/set: "):
         load_splits(args)
     assert asked == [(("org/set", None), {"split": "train", "cache_dir": "/tmp/c", "token": "hf_x"})]
+
+
+def test_an_uncached_config_offline_names_the_config_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline, datasets falls back on the cache and fails on a config it never saw: a ValueError before."""
+    err = ValueError("Couldn't find cache for squad for config 'nope'")
+    line = refusal(err, HubDataset("squad", "nope"), "train")
+    assert line.startswith("--dataset_config_name nope: squad is cached without that config and the hub is off")
+
+
+def test_a_hub_failure_is_the_only_line_on_stderr(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline, datasets warns about the cached version it falls back on before failing: that warning does not
+    precede the refusal. (datasets' handler holds the stderr of its import, which pytest's capture does not see:
+    a handler of the test's own on its logger counts the records instead.)"""
+    import logging
+
+    import datasets
+
+    datasets.load_dataset(str(hub_download(tmp_path / "squad", splits=("train",))))  # cached as `squad`
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    logging.getLogger("datasets").addHandler(handler)
+    try:
+        with pytest.raises(DataError, match=r"^--dataset_name squad: has no 'validation' split \(it has train\)"):
+            load_split(None, HubDataset("squad"), "validation", None)
+    finally:
+        logging.getLogger("datasets").removeHandler(handler)
+    assert [r.getMessage() for r in seen] == []
+    assert datasets.logging.get_verbosity() == datasets.logging.WARNING, "datasets' level is given back"
