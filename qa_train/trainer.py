@@ -315,6 +315,7 @@ class Trainer:
         """WANDB_WATCH, as Trainer honours it: histograms every max(100, --logging_steps) steps; not where a rank
         holds only a shard of each weight, whose hooks would see the shard."""
         out, what = self.args.output, self.args.output.wandb_watch
+        self._watch_every, self._backwards = 0, 0  # micro-batches between histograms, and those counted so far
         if self.is_main and out.log_model_when == "checkpoint" and out.checkpoint_every is None:
             log.warning("WANDB_LOG_MODEL=checkpoint: no checkpoint is written without --checkpointing_steps")
         if what is None or not self.is_main:
@@ -326,7 +327,9 @@ class Trainer:
                 self.strategy.name,
             )
             return
-        self.tracker.watch(self.accelerator.unwrap_model(self.model), what, max(100, self.log_every))
+        # W&B's hooks count backward passes: the optimizer-step interval times the micro-batches per step.
+        self._watch_every = max(100, self.log_every) * self.args.optim.gradient_accumulation_steps
+        self.tracker.watch(self.accelerator.unwrap_model(self.model), what, self._watch_every)
 
     @property
     def epoch(self) -> float:
@@ -446,6 +449,7 @@ class Trainer:
         batch.pop("feature_index")
         accelerator, max_norm = self.accelerator, self.args.optim.max_grad_norm
         with accelerator.accumulate(self.model):
+            self._open_watched_step()
             loss = self.model(**batch).loss
             scale = self._window_scale()
             accelerator.backward(loss * scale if scale != 1 else loss)
@@ -461,6 +465,14 @@ class Trainer:
         self._metrics.micro_batch(
             loss, BatchCount(samples, real, padded, self._metrics.cost.batch_flops(padded, width))
         )
+
+    def _open_watched_step(self) -> None:
+        """Before the micro-batch whose forward and backward passes W&B's hooks log (parameters, gradients): open
+        its step's row. (Evaluation's forward passes count for the parameters' hook too.)"""
+        if self._watch_every:
+            self._backwards += 1
+            if self._backwards % self._watch_every == 0:
+                self.tracker.open_step(self.state.completed_steps + 1)
 
     def _window_scale(self) -> float:
         """accelerate (and DeepSpeed's engine) divide every micro-batch's loss by --gradient_accumulation_steps, also

@@ -154,8 +154,15 @@ class Tracker:
         self._wandb("checkpoint artifact", artifact)
 
     def watch(self, model: Any, what: str, every: int) -> None:
-        """W&B's gradient and/or parameter histograms every `every` steps (WANDB_WATCH, as Trainer honours it)."""
+        """W&B's gradient and/or parameter histograms every `every` backward passes (WANDB_WATCH, as Trainer honours
+        it); `open_step` puts them in their step's row."""
         self._wandb("watch", lambda run: run.watch(model, log=what, log_freq=every))
+
+    def open_step(self, step: int) -> None:
+        """Open W&B's row for `step` before its backward pass: WANDB_WATCH's hooks log without a step, into the row
+        W&B holds open, which would otherwise be the last logged step's."""
+        if step >= self.wandb_floor:
+            self._wandb("watch", lambda run: run.log({GLOBAL_STEP: step}, step=step, commit=False))
 
     def _model_metadata(self, folder: Path) -> dict[str, Any]:
         m = self.metrics
