@@ -439,7 +439,11 @@ class OutputArgs:
         },
     )
     checkpointing_steps: str | None = field(
-        default=None, metadata={"help": "Save a resumable checkpoint every N steps, or 'epoch'."}
+        default=None,
+        metadata={
+            "help": "Save a resumable checkpoint (output_dir/checkpoints/step_N) every N optimizer steps, or at the end "
+            "of each epoch ('epoch'). Without it a run writes one only when a stop request ends it."
+        },
     )
     resume_from_checkpoint: str | None = field(
         default=None, metadata={"help": "Checkpoint directory, or 'latest' in --output_dir."}

@@ -187,6 +187,7 @@ def test_best_evaluation_is_recorded(single_run: Path) -> None:
     assert m["best_f1"] == pytest.approx(best_f1)
     assert m["best_eval_step"] == max(step for f1, step in scored if f1 == best_f1)  # a tie goes to the later
     assert m["exported_step"] == 300  # without --save_best the export is the last model
+    assert not (single_run / "checkpoints").exists(), "no --checkpointing_steps and no stop request: none written"
 
 
 def test_exported_model_answers_a_question(single_run: Path) -> None:

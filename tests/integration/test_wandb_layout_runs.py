@@ -93,6 +93,8 @@ def test_wandb_log_model_checkpoint_logs_every_checkpoint_and_the_export(run: Pa
         [],
     ]
     assert "final" in aliases[-1] and all(a.name == models[0].name for a in models), "versions of one artifact"
+    # --checkpointing_steps 50: at steps 50 and 100, and nowhere else
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000050", "step_00000100"]
 
 
 def test_tensorboard_hyperparameters_are_in_the_run_with_its_scalars(run: Path) -> None:
