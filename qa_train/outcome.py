@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,7 +24,7 @@ from qa_train.data.loaders import collator, inference_loader
 from qa_train.evaluation import EvalResult, EvalSet, answer, predict_logits, span_rules, write_answers
 from qa_train.model.modeling import load_model, load_model_config, resolve_attention
 from qa_train.observe.metrics import RankFigures, TrainSummary, gather_figures, peak_tflops, summarize
-from qa_train.observe.schema import RunMetrics
+from qa_train.observe.schema import PerRank, RunMetrics
 from qa_train.strategy import best, faults, sharded
 from qa_train.trainer import Trainer
 
@@ -117,16 +119,20 @@ def keep_best(t: Trainer, final_scores: EvalResult | None, exported: Path | None
 
 
 def run_metrics(
-    t: Trainer, trained: TrainSummary, final: EvalResult | None, initial: EvalResult | None, *, started: float
+    t: Trainer, trained: TrainSummary | None, final: EvalResult | None, initial: EvalResult | None, *, started: float
 ) -> RunMetrics | None:
     """metrics.json's content, complete, on the main process (None elsewhere): every rank's `trained` gathered (a
     collective: every rank must call it), the final and initial evaluations' results, and what the run was.
-    `started`: time.perf_counter() when the run began, for total_runtime_s."""
-    ranks = gather_figures(t.accelerator, RankFigures.measured(trained))
+    `trained` is None for an evaluation-only run (--do_train false): no training figure is reported, not even a
+    zero. `started`: time.perf_counter() when the run began, for total_runtime_s."""
+    ranks = gather_figures(t.accelerator, RankFigures.measured(trained) if trained else RankFigures.untrained())
     if not t.is_main:
         return None
-    figures = summarize(ranks, peak_tflops(t.device, t.mixed_precision), t.on_cuda)
-    inputs, s = t.inputs, t.strategy
+    if trained is None:
+        return _evaluation_metrics(t, final, ranks, started)
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", t.accelerator.num_processes))
+    figures = summarize(ranks, peak_tflops(t.device, t.mixed_precision), t.on_cuda, per_node)
+    inputs = t.inputs
     return RunMetrics(
         **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},
         exact_match=final.exact_match if final else None,
@@ -143,6 +149,31 @@ def run_metrics(
         train_steps=trained.steps,
         train_loss=trained.last_loss if math.isfinite(trained.last_loss) else None,  # NaN: no step was logged
         train_loss_per_rank=[r.last_loss if math.isfinite(r.last_loss) else None for r in ranks],
+        num_train_examples=inputs.num_train_examples,
+        num_train_features=len(inputs.train_features) if inputs.train_features is not None else 0,
+        global_batch_size=t.global_batch_size,
+        per_device_train_batch_size=t.args.data.per_device_train_batch_size,
+        **_run_description(t),
+    )
+
+
+def _evaluation_metrics(t: Trainer, final: EvalResult | None, ranks: list[RankFigures], started: float) -> RunMetrics:
+    """An evaluation-only run's metrics.json: its scores, what it ran on, and no training figure (None)."""
+    return RunMetrics(
+        peak_host_rss_gb=PerRank.of([r.lifetime_rss_gib for r in ranks]),
+        exact_match=final.exact_match if final else None,
+        f1=final.f1 if final else None,
+        squad_v2=final.squad_v2 if final else None,
+        eval_runtime_s=final.runtime_s if final else None,
+        total_runtime_s=round(time.perf_counter() - started, 3),
+        **_run_description(t),
+    )
+
+
+def _run_description(t: Trainer) -> dict[str, Any]:
+    """What every run's metrics.json says of the run itself, trained or not."""
+    inputs, s = t.inputs, t.strategy
+    return dict(
         world_size=t.accelerator.num_processes,
         strategy=s.name,
         zero_stage=s.zero_stage,
@@ -151,12 +182,8 @@ def run_metrics(
         mixed_precision=t.mixed_precision,
         device=t.device,
         num_parameters=sharded.num_parameters(t.accelerator.unwrap_model(t.model)),
-        num_train_examples=inputs.num_train_examples,
-        num_train_features=len(inputs.train_features),
         num_eval_examples=len(inputs.eval_examples) if inputs.eval_examples else 0,
         num_eval_features=len(inputs.eval_features) if inputs.eval_features else 0,
-        global_batch_size=t.global_batch_size,
-        per_device_train_batch_size=t.args.data.per_device_train_batch_size,
         max_seq_length=t.args.data.max_seq_length,
         output_dir=str(t.output_dir),
         qa_train_version=__version__,

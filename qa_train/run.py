@@ -24,8 +24,8 @@ class Preempted(Exception):
 
 
 def run(args: TrainArgs, splits: Splits | None = None) -> RunMetrics | None:
-    """Train, export, evaluate and record (`splits`: the data, when already read). Returns metrics on the main
-    process (None elsewhere)."""
+    """Train, export, evaluate and record (with --do_train false: evaluate and record; `splits`: the data, when
+    already read). Returns metrics on the main process (None elsewhere)."""
     started = time.perf_counter()
     trainer = Trainer(args, splits)
     initial = trainer.evaluate() if args.eval.eval_on_start else None
@@ -35,8 +35,8 @@ def run(args: TrainArgs, splits: Splits | None = None) -> RunMetrics | None:
         label = f"at step {start} (resumed)" if start else "before training"
         log.info("%s: exact_match %.2f, f1 %.2f", label, initial.exact_match, initial.f1)
 
-    trained = trainer.fit()
-    if not trained.finished:
+    trained = trainer.fit() if args.eval.do_train else None
+    if trained is not None and not trained.finished:
         if trainer.is_main:  # every rank stops, and a non-main rank still shows warnings: one line is enough
             log.warning(
                 "stop requested: checkpoint saved at step %d; rerun with --resume_from_checkpoint latest",
@@ -45,7 +45,8 @@ def run(args: TrainArgs, splits: Splits | None = None) -> RunMetrics | None:
         trainer.finish()
         raise Preempted
 
-    exported, failed = _export(trainer)
+    # An evaluation-only run exports nothing: its model is --model_name_or_path.
+    exported, failed = _export(trainer) if trained is not None else (None, None)
     try:
         scores = trainer.evaluate(Path(args.output.output_dir) / "eval_predictions.json") if args.eval.do_eval else None
         trainer.log_eval(scores)
@@ -60,7 +61,8 @@ def run(args: TrainArgs, splits: Splits | None = None) -> RunMetrics | None:
         if exported is not None:
             err.add_note(f"the trained model is exported to {exported}")
         raise
-    trainer.log_model(outcome.keep_best(trainer, scores, exported))
+    if trained is not None:
+        trainer.log_model(outcome.keep_best(trainer, scores, exported))
     trainer.finish()
     if failed is not None:
         raise failed  # the evaluation and metrics.json are written: exit 4
@@ -69,11 +71,11 @@ def run(args: TrainArgs, splits: Splits | None = None) -> RunMetrics | None:
     return metrics
 
 
-def _record(trainer: Trainer, trained: TrainSummary, metrics: RunMetrics | None) -> None:
+def _record(trainer: Trainer, trained: TrainSummary | None, metrics: RunMetrics | None) -> None:
     """metrics.json, unless this run trained no step and the run that trained the model wrote one: resumed at the
     last step (a requeued finished job, a rerun after a failed export), it cannot measure loss, speed or time."""
     earlier = trainer.output_dir / "metrics.json"
-    if trained.steps == trainer.first_step > 0 and earlier.is_file():
+    if trained is not None and trained.steps == trainer.first_step > 0 and earlier.is_file():
         if trainer.is_main:
             log.warning(
                 "resumed at step %d, the last: no step was trained, so %s keeps the figures of the run that "

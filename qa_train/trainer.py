@@ -54,6 +54,7 @@ from qa_train.model.modeling import (
     window_losses,
 )
 from qa_train.model.optimization import (
+    StepPlan,
     batches_per_rank,
     build_optimizer,
     hyperparameters,
@@ -90,15 +91,24 @@ class TrainingDiverged(RuntimeError):
     """Non-finite loss, gradients or weights: the run stops before anything non-finite is saved."""
 
 
-def setup_logging(is_main: bool, bars: bool) -> None:
+def setup_logging(is_main: bool, bars: bool, level: str = "passive") -> None:
+    """The main process logs at --log_level (passive: qa_train at info, the libraries at warning); the others
+    warnings and errors only (the libraries' errors only)."""
+    # transformers sets its own logger's level when its logging module is first imported: import it before setting.
+    from transformers.utils import logging as hf_logging
+
+    chosen = getattr(logging, level.upper(), logging.INFO)
+    own = logging.INFO if level == "passive" else chosen
+    libraries = logging.WARNING if level == "passive" else chosen
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
-        level=logging.INFO if is_main else logging.WARNING,
+        level=own if is_main else logging.WARNING,
         force=True,
     )
+    logging.getLogger("qa_train").setLevel(own if is_main else logging.WARNING)
     for noisy in ("transformers", "datasets", "accelerate", "DeepSpeed", "torch.distributed"):
-        logging.getLogger(noisy).setLevel(logging.WARNING if is_main else logging.ERROR)
+        logging.getLogger(noisy).setLevel(libraries if is_main else logging.ERROR)
     # DeepSpeed's ZeRO gathers and reduces through collectives torch deprecates: two lines each on every rank,
     # nothing to act on.
     warnings.filterwarnings(
@@ -110,8 +120,6 @@ def setup_logging(is_main: bool, bars: bool) -> None:
     # Every rank loads weights (the model at start-up, --do_predict's kept best model) and writes the export, and
     # transformers draws a bar for each: the bars are the main process's alone, as its log lines are, and
     # --disable_tqdm turns off these as well as ours. Set both ways: a second run in one process gets its own.
-    from transformers.utils import logging as hf_logging
-
     if is_main and bars:
         hf_logging.enable_progress_bar()
     else:
@@ -153,6 +161,8 @@ class Trainer:
         check_weights(m)
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
         self.mixed_precision = build.launch_precision(args.system.mixed_precision)
+        if args.system.tf32:
+            build.enable_tf32()
         splits = load_splits(args) if splits is None else splits
         project = out.wandb_project
         assert project is not None  # OutputArgs.__post_init__ fills it in
@@ -167,14 +177,16 @@ class Trainer:
                 "id": os.environ.get("WANDB_RUN_ID"),
                 "resume": "allow" if out.resume_from_checkpoint else None,
             },
+            out.tensorboard_dir,
         )
         self.accelerator = build.make_accelerator(args, trackers, self.mixed_precision)
         self.is_main = self.accelerator.is_main_process
-        setup_logging(self.is_main, bars=not args.output.disable_tqdm)
+        setup_logging(self.is_main, bars=not args.output.disable_tqdm, level=args.system.log_level)
         if self.refit is not None and self.is_main:
             log.warning("%s", self.refit.message)
         checks.check_world(self.accelerator)
         checks.check_recompute(self.accelerator, args.system.gradient_checkpointing)
+        checks.check_optimizer(self.accelerator, args.optim.optim)
         self.strategy = build.detect_strategy(self.accelerator)
         self.on_cuda = self.accelerator.device.type == "cuda"
         log.info(
@@ -216,6 +228,7 @@ class Trainer:
         self.device = device_name(self.accelerator.device)
         self.tracker = Tracker(self.accelerator, self.output_dir)
         self.tracker.start(project, self._run_config(), resumed_at=self.first_step)
+        self._watch()
         cost = ModelCost(*flop_coefficients(self.model_config), peak_tflops(self.device, self.mixed_precision))
         self._metrics = TrainingMetrics(
             self.accelerator, self.device_memory, self.host_memory, cost, args.system.throughput_warmup_steps
@@ -249,7 +262,11 @@ class Trainer:
         args, accelerator = self.args, self.accelerator
         import_model_code(self.model_config)
         self.host_memory.mark_baseline()  # training memory is what the run adds above this
-        self.steps = step_plan(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
+        self.steps = (
+            step_plan(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
+            if self.train_dl is not None
+            else StepPlan(updates_per_epoch=0, total_steps=0, num_epochs=0, warmup_steps=0)  # --do_train false
+        )
         self.log_every = every_n_steps(args.output.logging_steps, self.steps.total_steps)
         self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.steps.total_steps)
         with loading("--model_name_or_path", args.model.model_name_or_path or ""):  # a hub id's weights, offline
@@ -262,6 +279,9 @@ class Trainer:
             enable_checkpointing(model)
         if args.system.torch_compile:
             compile_model(model, args.system, dynamic=not args.data.pad_to_max_length)
+        if not args.eval.do_train:
+            self._prepare_for_evaluation(model)
+            return
         optimizer, scheduler = build_optimizer(accelerator, model, args, self.steps)
         deepspeed_json.reconcile_with_flags(accelerator, args, self.mixed_precision)
         sharded.fit_fsdp_wrap(accelerator, model)
@@ -271,6 +291,15 @@ class Trainer:
         )
         self.train_dl = prepared[0]
         self.eval_dl = prepared[1] if self.eval_dl is not None else None
+
+    def _prepare_for_evaluation(self, model) -> None:
+        """--do_train false: the model (and the evaluation loader) prepared without an optimizer, as Trainer's
+        evaluation-only runs; no step is planned."""
+        self.log_every = self.eval_every = 1
+        self.optimizer = self.scheduler = None
+        deepspeed_json.reconcile_with_flags(self.accelerator, self.args, self.mixed_precision)
+        sharded.fit_fsdp_wrap(self.accelerator, model)
+        self.model, self.eval_dl = build.prepare_for_evaluation(self.accelerator, model, self.eval_dl)
 
     def _contract(self) -> TrainerState:
         """A fresh state carrying what this run is and how it is sized: what a checkpoint must agree with."""
@@ -282,7 +311,7 @@ class Trainer:
             total_steps=self.steps.total_steps,
             seed=self.args.system.seed,
             group_by_length=self.args.data.group_by_length,
-            num_train_windows=len(self.inputs.train_features),
+            num_train_windows=len(self.inputs.train_features) if self.inputs.train_features is not None else 0,
             train_data=self.inputs.train_fingerprint,
             model_shape=model_shape(self.model_config),
             checkpoint_layout=build.checkpoint_layout(self.strategy, self.accelerator),
@@ -322,8 +351,10 @@ class Trainer:
         return state
 
     def _run_config(self) -> dict[str, object]:
-        """The tracker's run config: every flag, and what the launch resolved them to."""
+        """The tracker's run config, laid out as Trainer's: the model's config, then every flag and what the launch
+        resolved them to, and model/num_parameters."""
         return {
+            **self.model_config.to_dict(),
             **self.args.to_dict(),
             **self.strategy.as_dict(),
             "world_size": self.accelerator.num_processes,
@@ -333,12 +364,34 @@ class Trainer:
             "total_steps": self.steps.total_steps,
             "qa_train_version": __version__,
             **build.resolved_config(self.accelerator),
+            "model/num_parameters": sharded.num_parameters(self.accelerator.unwrap_model(self.model)),
         }
+
+    def _watch(self) -> None:
+        """WANDB_WATCH, as Trainer honours it: histograms every max(100, --logging_steps) steps; not where a rank
+        holds only a shard of each weight, whose hooks would see the shard."""
+        out, what = self.args.output, self.args.output.wandb_watch
+        self._watch_every, self._backwards = 0, 0  # micro-batches between histograms, and those counted so far
+        if self.is_main and out.log_model_when == "checkpoint" and out.checkpoint_every is None:
+            log.warning("WANDB_LOG_MODEL=checkpoint: no checkpoint is written without --checkpointing_steps")
+        if what is None or not self.is_main:
+            return
+        if self.strategy.shards_weights:
+            log.warning(
+                "WANDB_WATCH=%s: %s shards the weights, so W&B would see one shard; not watching",
+                what,
+                self.strategy.name,
+            )
+            return
+        # W&B's hooks count backward passes: the optimizer-step interval times the micro-batches per step.
+        self._watch_every = max(100, self.log_every) * self.args.optim.gradient_accumulation_steps
+        self.tracker.watch(self.accelerator.unwrap_model(self.model), what, self._watch_every)
 
     @property
     def epoch(self) -> float:
         """Epochs trained so far, fractional within an epoch."""
-        return self.state.epoch + self.state.batches_in_epoch / max(len(self.train_dl), 1)
+        batches = len(self.train_dl) if self.train_dl is not None else 0
+        return self.state.epoch + self.state.batches_in_epoch / max(batches, 1)
 
     @property
     def global_batch_size(self) -> int:
@@ -380,6 +433,7 @@ class Trainer:
         if profiler is not None:
             profiler.stop()
         runtime_s = time.perf_counter() - t0
+        machine = self._metrics.load.read()
         memory = self._metrics.memory()
         after = compile_figures() if system.torch_compile else (math.nan, math.nan)
         if not self._preempted:
@@ -394,6 +448,7 @@ class Trainer:
             memory=memory,
             compile_s=after[0] - before[0],
             compiled_graphs=after[1] - before[1],
+            machine=machine,
         )
 
     def _profiler(self):
@@ -451,6 +506,7 @@ class Trainer:
         weights, starts, ends = batch.pop("real"), batch.pop("start_positions"), batch.pop("end_positions")
         accelerator, max_norm = self.accelerator, self.args.optim.max_grad_norm
         with accelerator.accumulate(self.model):
+            self._open_watched_step()
             losses = window_losses(self.model(**batch), starts, ends)
             loss = (losses * weights).sum() * self._step_weight()
             accelerator.backward(loss)
@@ -468,6 +524,14 @@ class Trainer:
             loss, BatchCount(samples, real, padded, self._metrics.cost.batch_flops(padded, width))
         )
 
+    def _open_watched_step(self) -> None:
+        """Before the micro-batch whose forward and backward passes W&B's hooks log (parameters, gradients): open
+        its step's row. (Evaluation's forward passes count for the parameters' hook too.)"""
+        if self._watch_every:
+            self._backwards += 1
+            if self._backwards % self._watch_every == 0:
+                self.tracker.open_step(self.state.completed_steps + 1)
+
     def _step_weight(self) -> float:
         """An update is the mean gradient over its step's windows, whichever rank and micro-batch holds each: a
         micro-batch's loss is its windows' sum x processes x accumulation / the step's windows, which accelerate (and
@@ -476,6 +540,7 @@ class Trainer:
         Steps start with the epoch, so the current one is known from the micro-batches consumed."""
         accumulation = self.args.optim.gradient_accumulation_steps
         step = self.state.batches_in_epoch // accumulation
+        assert self.inputs.train_features is not None  # only a training run takes steps
         windows = windows_in_step(step, len(self.inputs.train_features), self.global_batch_size)
         return self.accelerator.num_processes * accumulation / max(windows, 1)
 
@@ -559,9 +624,19 @@ class Trainer:
             rows = sample_rows(self.eval_set.examples, result.predictions, limit, v2=result.squad_v2 is not None)
             self.tracker.log_table("eval/samples", SAMPLE_COLUMNS, rows, self.state.completed_steps)
 
+    @property
+    def _model_artifact(self) -> str:
+        return f"model-{self.args.output.run_name or 'qa_train'}"
+
     def log_model(self, folder: Path | None) -> None:
-        if folder is not None and self.args.output.wandb_log_model:
-            self.tracker.log_model(folder, f"model-{self.args.output.run_name or 'qa_train'}")
+        """The export as a W&B artifact: --wandb_log_model, or WANDB_LOG_MODEL=end or checkpoint."""
+        if self.args.output.log_model_when is None:
+            return
+        if folder is None:
+            if self.is_main:
+                log.warning("WANDB_LOG_MODEL: no model was exported (--save_final_model false), so none is logged")
+            return
+        self.tracker.log_model(folder, self._model_artifact)
 
     def export_to(self, folder: Path) -> Path:
         """The consolidated model and tokenizer in `folder` (every rank must call it): the export, and
@@ -574,7 +649,11 @@ class Trainer:
         with self._metrics.excluded("checkpoint"):
             self._check_weights()
             self.state.best_eval = self.best.as_record()
-            saving.save_checkpoint(self.accelerator, self.output_dir, self.state, self.args.output.save_total_limit)
+            path = saving.save_checkpoint(
+                self.accelerator, self.output_dir, self.state, self.args.output.save_total_limit
+            )
+            if self.args.output.log_model_when == "checkpoint":
+                self.tracker.log_checkpoint(path, self._model_artifact, self.state.completed_steps, self.epoch)
 
     def _check_weights(self) -> None:
         """Non-finite weights are never checkpointed or exported (each rank checks what it holds)."""

@@ -85,6 +85,9 @@ def base_env(tmp_path: Path) -> dict[str, str]:
             "QA_TRAIN_CACHE": str(tmp_path / "cache"),
             "HF_HUB_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1",
+            # datasets caches a local folder under its base name: a test's `squad` folder must not become the
+            # machine's cached squad (which an offline run of the default --dataset_name would then read).
+            "HF_DATASETS_CACHE": str(tmp_path / "hf-datasets"),
             "TOKENIZERS_PARALLELISM": "false",
             "WANDB_SILENT": "true",
             "PYTHONUNBUFFERED": "1",

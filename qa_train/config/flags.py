@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
+import json
 import os
 import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from qa_train.config.settings import DEMO_DEFAULTS, GROUPS, TrainArgs
+from qa_train.config.settings import DEMO_DEFAULTS, GROUPS, ConfigError, TrainArgs
 
 
 def _parse_bool(text: str) -> bool:
@@ -49,8 +49,9 @@ def _add_flag(parser: argparse._ActionsContainer, f: dataclasses.Field) -> None:
     parser.add_argument(*names, dest=f.name, type=conv, default=f.default, choices=choices, help=help_text, **extra)
 
 
-# Flags of transformers' Trainer and question-answering examples that qa_train spells differently or leaves to
-# another tool: refused, with where to go instead.
+# Flags of transformers' Trainer and question-answering examples (run_qa.py, run_qa_no_trainer.py) that qa_train spells
+# differently or leaves to another tool: refused, with where to go instead (docs/training.md shows this table, and a
+# test holds the two equal and checks every flag named here).
 ELSEWHERE = {
     "fp16": "--mixed_precision fp16",
     "bf16": "--mixed_precision bf16",
@@ -66,7 +67,11 @@ ELSEWHERE = {
     "per_gpu_train_batch_size": "--per_device_train_batch_size",
     "per_gpu_eval_batch_size": "--per_device_eval_batch_size",
     "data_seed": "--seed",
-    "do_train": "qa_train always trains; answer questions with a trained model through qa-train predict",
+    "use_auth_token": "--token (or HF_TOKEN)",
+    "auto_find_batch_size": "not supported: qa-train plan gives each strategy's memory per GPU for a batch size",
+    "log_level_replica": "--log_level sets the main process; other ranks log warnings and errors only",
+    "include_tokens_per_second": "tokens/s is always measured (throughput/tokens_per_second, metrics.json)",
+    "logging_nan_inf_filter": "a non-finite loss stops the run (exit 3) instead of being filtered",
     "preprocessing_num_workers": "featurisation runs in one process with the fast tokenizer, and is cached",
     "use_slow_tokenizer": "answer offsets need a fast tokenizer",
     "model_type": "--config_name (random initialisation)",
@@ -77,15 +82,45 @@ ELSEWHERE = {
     "fsdp": "the strategy comes from accelerate launch --config_file accelerate_configs/fsdp.yaml",
     "local_rank": "launch through accelerate launch (or qa-train launch), which sets ranks itself",
 }
+ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Edits (insert, delete, substitute, swap two neighbours) from a to b. By hand: difflib's similarity ratio
+    suggested --mixed_precision for --model_revision, and the standard library has no edit distance."""
+    previous: list[int] = []  # the row before the last: a swap looks two rows back
+    current = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        before, previous, current = previous, current, [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                current[j] = min(current[j], before[j - 2] + 1)
+    return current[-1]
+
+
+def closest_flag(name: str, known: list[str]) -> str | None:
+    """The known flag a typo most likely meant: at most one edit from a name of 4 to 7 letters, two from a
+    longer one; None when nothing is that close (an unrelated suggestion misleads more than none)."""
+    bare = name.lstrip("-")
+    allowed = 2 if len(bare) >= 8 else 1 if len(bare) >= 4 else 0
+    scored = sorted((edit_distance(bare, k.lstrip("-")), k) for k in known)
+    return scored[0][1] if scored and scored[0][0] <= allowed else None
 
 
 def _unknown_flag(token: str, known: list[str]) -> str:
     name = token.split("=", 1)[0]
     hint = ELSEWHERE.get(name.lstrip("-"))
     if hint is None:
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"did you mean {close[0]}?" if close else "python -m qa_train --help lists every flag"
+        close = closest_flag(name, known)
+        hint = f"did you mean {close}?" if close else "python -m qa_train --help lists every flag"
     return f"unknown flag {name}: {hint}"
+
+
+def _unexpected(token: str) -> str:
+    if token.endswith(ARGS_FILE_SUFFIXES):
+        return f"unexpected value {token!r}: a file of arguments comes first (python -m qa_train {token} --flag ...)"
+    return f"unexpected value {token!r}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -105,9 +140,7 @@ class _Parser(argparse.ArgumentParser):
         if rest:
             known = [o for a in self._actions for o in a.option_strings if a.help != argparse.SUPPRESS]
             flags = [t for t in rest if t.startswith("-")] or rest
-            self.error(
-                "; ".join(_unknown_flag(t, known) if t.startswith("-") else f"unexpected value {t!r}" for t in flags)
-            )
+            self.error("; ".join(_unknown_flag(t, known) if t.startswith("-") else _unexpected(t) for t in flags))
         return values
 
 
@@ -143,18 +176,117 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> TrainArgs:
-    """Parse and validate; argparse exits with code 2 on unknown flags, ConfigError is raised on bad values."""
+    """Parse and validate; argparse exits with code 2 on unknown flags, ConfigError is raised on bad values.
+
+    As transformers' examples: a JSON or YAML file of arguments may come first (`python -m qa_train args.json`);
+    flags on the command line override it, and it overrides --offline_demo's settings."""
     parser = build_parser()
     parser.add_argument(
         "--offline_demo",
         action="store_true",
         help="Train the bundled tiny BERT on the bundled demo data (no network needed).",
     )
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--offline_demo" in argv:
-        parser.set_defaults(**DEMO_DEFAULTS)
-    values = vars(parser.parse_args(argv))
+    argv = [_underscored(t) for t in (sys.argv[1:] if argv is None else argv)]
+    path = argv.pop(0) if argv and not argv[0].startswith("-") and argv[0].endswith(ARGS_FILE_SUFFIXES) else None
+    given = {**(read_args_file(Path(path), parser) if path else {}), **_given(parser, argv)}
+    values = vars(parser.parse_args([]))
+    if given.get("offline_demo"):
+        values.update(demo_defaults(given))
+    values.update(given)
     del values["offline_demo"]
     if values["run_name"] is None:
         values["run_name"] = os.environ.get("QA_TRAIN_RUN_NAME") or Path(values["output_dir"]).name
     return TrainArgs.from_flags(values)
+
+
+def _underscored(token: str) -> str:
+    """`--output-dir` as `--output_dir` (transformers' HfArgumentParser takes both spellings)."""
+    if not token.startswith("--"):
+        return token
+    name, sep, value = token.partition("=")
+    return name.replace("-", "_").replace("__", "--", 1) + sep + value
+
+
+_UNSET = object()
+
+
+def _given(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any]:
+    """What the command line sets, and nothing else: a namespace already holding every name keeps argparse from
+    filling in defaults, so the arguments file and the demo's settings apply only under what was typed."""
+    names = {a.dest for a in parser._actions if a.dest not in ("help", argparse.SUPPRESS)}
+    namespace = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(names, _UNSET)))
+    return {k: v for k, v in vars(namespace).items() if v is not _UNSET}
+
+
+def demo_defaults(given: dict[str, Any]) -> dict[str, Any]:
+    """--offline_demo's settings under what was given: a model named leaves the demo's config and tokenizer out (its
+    own are used), and --do_train false leaves out what only training reads."""
+    left_out: set[str] = set()
+    if given.get("model_name_or_path"):
+        left_out |= {"config_name", "tokenizer_name"}
+    if given.get("do_train") is False:
+        left_out |= {"train_file", "eval_on_start", "eval_strategy"}
+    return {k: v for k, v in DEMO_DEFAULTS.items() if k not in left_out}
+
+
+def read_args_file(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """A JSON or YAML object of {flag: value}, as Trainer's HfArgumentParser reads one; each value checked as its
+    flag's would be on the command line, and every fault one ConfigError line naming the file and the key."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"arguments file {path}: cannot be read ({err.strerror or err})") from None
+    try:
+        if path.suffix == ".json":
+            doc = json.loads(text)
+        else:
+            import yaml  # accelerate's dependency, so always installed
+
+            doc = yaml.safe_load(text)
+    except ValueError as err:  # json.JSONDecodeError and yaml.YAMLError's parser errors alike
+        raise ConfigError(
+            f"arguments file {path}: not valid {path.suffix[1:].upper()}: {' '.join(str(err).split())}"
+        ) from None
+    except Exception as err:  # noqa: BLE001 - yaml's own error types, without importing yaml up front
+        raise ConfigError(f"arguments file {path}: not valid YAML: {' '.join(str(err).split())}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"arguments file {path}: must hold an object of flag: value, found {type(doc).__name__}")
+    actions = {o[2:]: a for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    known = [o for a in parser._actions for o in a.option_strings if a.help != argparse.SUPPRESS]
+    values: dict[str, Any] = {}
+    for key, value in doc.items():
+        action = actions.get(_underscored(f"--{key}")[2:])
+        if action is None:
+            raise ConfigError(f"arguments file {path}: {_unknown_flag(f'--{key}', known)}")
+        values[action.dest] = _file_value(action, value, f"arguments file {path}: {key}")
+    return values
+
+
+def _file_value(action: argparse.Action, value: Any, where: str) -> Any:
+    """One value from an arguments file, converted as argparse converts the same text on the command line."""
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction) or action.type is _parse_bool:
+        flag = value if isinstance(value, bool) else _file_bool(value, where)
+        return (not flag) if isinstance(action, argparse._StoreFalseAction) else flag
+    if isinstance(action, _CommaJoin) and isinstance(value, list):
+        value = ",".join(map(str, value))
+    if value is None or isinstance(value, bool) and action.type is not str:
+        if value is None and action.default is None:
+            return None
+        raise ConfigError(f"{where}: expected a {getattr(action.type, '__name__', 'value')}, got {value!r}")
+    convert = action.type if callable(action.type) else None
+    try:
+        converted = convert(value) if convert is not None else value
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected a {getattr(convert, '__name__', 'value')}, got {value!r}") from None
+    if action.type is int and isinstance(value, float) and value != converted:
+        raise ConfigError(f"{where}: expected a whole number, got {value!r}")
+    if action.choices is not None and converted not in action.choices:
+        raise ConfigError(f"{where}: {converted!r} is not one of {', '.join(map(str, action.choices))}")
+    return converted
+
+
+def _file_bool(value: Any, where: str) -> bool:
+    try:
+        return _parse_bool(str(value))
+    except argparse.ArgumentTypeError:
+        raise ConfigError(f"{where}: expected true or false, got {value!r}") from None

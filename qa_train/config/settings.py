@@ -9,6 +9,7 @@ they live in groups (`args.optim.learning_rate`) so each function takes the grou
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import stat
@@ -46,9 +47,14 @@ DEMO_DEFAULTS: dict[str, Any] = {
 TRACKERS = ("wandb", "tensorboard", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 TRACKERS_ALL = ("wandb", "tensorboard")
 EVAL_STRATEGIES = ("no", "steps", "epoch")
+# The values transformers' WandbCallback reads from these variables (WandbLogModel, WANDB_WATCH).
+WANDB_LOG_MODEL_VALUES = ("end", "checkpoint", "false")
+WANDB_WATCH_VALUES = ("gradients", "parameters", "all", "false")
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
-OPTIMIZERS = ("adamw_torch_fused", "adamw_torch")
+# Trainer's names (transformers.training_args.OptimizerNames) for the ones offered here.
+OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adafactor", "adamw_bnb_8bit")
+LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -145,8 +151,32 @@ class ModelArgs:
             "which), sdpa (PyTorch fused) or eager."
         },
     )
+    model_revision: str = field(
+        default="main",
+        metadata={"help": "The version of a hub model (and its tokenizer and config): a branch, tag or commit id."},
+    )
+    cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Where hub models and datasets are downloaded to (default: the hub's cache, $HF_HOME)."},
+    )
+    token: str | None = field(
+        default=None,
+        metadata={
+            "help": "Hub token for private or gated models and datasets (default: $HF_TOKEN, else the one "
+            "`hf auth login` saved). Never written to metrics.json or a tracker.",
+            "secret": True,
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={
+            "help": "Run the model's own code from its hub repo or folder (config.json's auto_map); read it "
+            "first. Datasets no longer run loading scripts, so it applies to the model and tokenizer only."
+        },
+    )
 
     def __post_init__(self) -> None:
+        _require(self.model_revision != "", "model_revision", "is empty (the default is main)")
         _require(
             self.attn_implementation in ("auto", "sdpa", "eager"),
             "attn_implementation",
@@ -261,8 +291,10 @@ class OptimArgs:
     optim: str = field(
         default="adamw_torch_fused",
         metadata={
-            "help": "adamw_torch_fused (one fused kernel on CUDA; plain AdamW elsewhere) or adamw_torch. "
-            "A DeepSpeed JSON with its own optimizer section overrides both."
+            "help": "adamw_torch_fused (one fused kernel on CUDA; plain AdamW elsewhere), adamw_torch, adafactor "
+            "(transformers' Adafactor at --learning_rate, as Trainer's: factored second moments, no first "
+            "moment) or adamw_bnb_8bit (bitsandbytes' 8-bit AdamW: CUDA GPUs, where bitsandbytes is "
+            "installed). A DeepSpeed JSON with its own optimizer section takes the AdamW ones' place."
         },
     )
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
@@ -299,6 +331,12 @@ class OptimArgs:
         _require(0 <= self.warmup_ratio < 1, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         _require(self.optim in OPTIMIZERS, "optim", f"{self.optim!r} is not one of {', '.join(OPTIMIZERS)}")
         _require(
+            self.optim != "adamw_bnb_8bit" or importlib.util.find_spec("bitsandbytes") is not None,
+            "optim",
+            "adamw_bnb_8bit needs bitsandbytes, which is not installed here (pip install bitsandbytes, on a "
+            "machine with a CUDA GPU)",
+        )
+        _require(
             self.lr_scheduler_type in SCHEDULERS,
             "lr_scheduler_type",
             f"{self.lr_scheduler_type!r} is not one of {', '.join(SCHEDULERS)}",
@@ -309,6 +347,14 @@ class OptimArgs:
 class EvalArgs:
     """When to score EM/F1 and how answers are read from the logits."""
 
+    do_train: bool = field(
+        default=True,
+        metadata={
+            "help": "Train (Trainer's flag). --do_train false evaluates --model_name_or_path on the validation "
+            "split (and answers --test_file with --do_predict) without reading a training file; it writes "
+            "metrics.json and predictions, and no model."
+        },
+    )
     do_eval: bool = field(default=True, metadata={"help": "Evaluate EM/F1 after training (--no_eval to skip)."})
     eval_on_start: bool = field(
         default=False,
@@ -358,6 +404,11 @@ class EvalArgs:
     def __post_init__(self) -> None:
         _positive(self, "n_best_size", "max_answer_length")
         _require(
+            self.do_train or self.do_eval or self.do_predict,
+            "do_train",
+            "false with --do_eval false leaves nothing to do: add --do_eval or --do_predict",
+        )
+        _require(
             self.eval_strategy in EVAL_STRATEGIES,
             "eval_strategy",
             f"{self.eval_strategy!r} is not one of {', '.join(EVAL_STRATEGIES)}",
@@ -403,7 +454,11 @@ class OutputArgs:
         },
     )
     checkpointing_steps: str | None = field(
-        default=None, metadata={"help": "Save a resumable checkpoint every N steps, or 'epoch'."}
+        default=None,
+        metadata={
+            "help": "Save a resumable checkpoint (output_dir/checkpoints/step_N) every N optimizer steps, or at the end "
+            "of each epoch ('epoch'). Without it a run writes one only when a stop request ends it."
+        },
     )
     resume_from_checkpoint: str | None = field(
         default=None,
@@ -422,6 +477,13 @@ class OutputArgs:
     )
     save_total_limit: int | None = field(default=None, metadata={"help": "Keep at most this many checkpoints."})
     save_final_model: bool = field(default=True, metadata={"help": "Export model + tokenizer to output_dir/final."})
+    save_safetensors: bool = field(
+        default=True,
+        metadata={
+            "help": "The export and --save_best's copies are model.safetensors (transformers 5 writes no other "
+            "format); false is refused."
+        },
+    )
     report_to: str = field(
         default="wandb",
         metadata={
@@ -435,9 +497,18 @@ class OutputArgs:
         default=None, metadata={"help": "W&B project (default: $WANDB_PROJECT, else qa-train)."}
     )
     wandb_log_model: bool = field(
-        default=False, metadata={"help": "Log the exported model (output_dir/final) as a W&B artifact."}
+        default=False,
+        metadata={
+            "help": "Log the exported model (output_dir/final) as a W&B artifact. As for Trainer, "
+            "WANDB_LOG_MODEL=end does the same, and WANDB_LOG_MODEL=checkpoint logs every checkpoint too; "
+            "WANDB_WATCH=gradients, parameters or all logs their histograms every max(100, --logging_steps) steps."
+        },
     )
     run_name: str | None = field(default=None, metadata={"help": "Run name in W&B and reports."})
+    logging_dir: str | None = field(
+        default=None,
+        metadata={"help": "TensorBoard's folder, with tensorboard in --report_to (default: output_dir/tensorboard)."},
+    )
     logging_steps: float = field(
         default=10,
         metadata={
@@ -488,6 +559,22 @@ class OutputArgs:
             "wandb_log_model",
             "logs the exported model (output_dir/final), which --save_final_model false does not write",
         )
+        _require(
+            self.save_safetensors,
+            "save_safetensors",
+            "false: transformers 5 saves weights only as safetensors (pickled pytorch_model.bin is gone), so "
+            "the export is model.safetensors; drop the flag",
+        )
+        _require(
+            self.logging_dir is None or "tensorboard" in self.trackers,
+            "logging_dir",
+            f"is TensorBoard's folder, which --report_to {self.report_to} leaves out: add tensorboard to --report_to",
+        )
+        if "wandb" in self.trackers:  # as Trainer, the variables matter only where W&B runs
+            for variable, values in (("WANDB_LOG_MODEL", WANDB_LOG_MODEL_VALUES), ("WANDB_WATCH", WANDB_WATCH_VALUES)):
+                value = os.environ.get(variable, "false").lower()
+                if value not in values:
+                    raise ConfigError(f"{variable}={value}: not one of {', '.join(values)} (transformers' values)")
         if self.wandb_project is None:
             self.wandb_project = os.environ.get("WANDB_PROJECT") or "qa-train"
         if self.checkpointing_steps is not None and self.checkpointing_steps != "epoch":
@@ -521,6 +608,25 @@ class OutputArgs:
         if names == ["all"]:
             return list(TRACKERS_ALL)
         return [] if names == ["none"] else list(dict.fromkeys(names))
+
+    @property
+    def log_model_when(self) -> str | None:
+        """When the model goes to W&B as an artifact: "end" (the export), "checkpoint" (every checkpoint, and the
+        export), or None."""
+        if "wandb" not in self.trackers:
+            return None
+        env = os.environ.get("WANDB_LOG_MODEL", "false").lower()
+        return "checkpoint" if env == "checkpoint" else "end" if self.wandb_log_model or env == "end" else None
+
+    @property
+    def wandb_watch(self) -> str | None:
+        """What W&B watches (WANDB_WATCH): gradients, parameters, all, or None."""
+        value = os.environ.get("WANDB_WATCH", "false").lower()
+        return value if "wandb" in self.trackers and value != "false" else None
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return Path(self.logging_dir) if self.logging_dir else Path(self.output_dir) / "tensorboard"
 
     @property
     def checkpoint_every(self) -> int | Literal["epoch"] | None:
@@ -576,6 +682,21 @@ class SystemArgs:
             "others do not)."
         },
     )
+    tf32: bool = field(
+        default=False,
+        metadata={
+            "help": "TF32 matmuls and convolutions for fp32 work (as Trainer: transformers' enable_tf32); "
+            "needs an Ampere or newer NVIDIA GPU. Off: torch's defaults."
+        },
+    )
+    log_level: Literal["passive", "debug", "info", "warning", "error", "critical"] = field(
+        default="passive",
+        metadata={
+            "help": "Log level of the main process, qa_train's and the libraries' (transformers, datasets, "
+            "accelerate, DeepSpeed) alike; passive keeps qa_train at info and the libraries at warning. "
+            "Other ranks log warnings and errors only."
+        },
+    )
     seed: int = field(default=42, metadata={"help": "Seed for weights init, dropout and shuffling."})
     ddp_timeout: float = field(
         default=1800,
@@ -599,6 +720,11 @@ class SystemArgs:
             f"must be a positive number of seconds up to 1e9, got {self.ddp_timeout:g}",
         )  # nan and inf too
         _require(self.seed < 2**32, "seed", f"must be below 2**32 (numpy's limit), got {self.seed}")
+        _require(
+            self.log_level in LOG_LEVELS,
+            "log_level",
+            f"{self.log_level!r} is not one of {', '.join(LOG_LEVELS)}",
+        )
         _require(
             self.torch_compile_mode in (None, *COMPILE_MODES),
             "torch_compile_mode",
@@ -651,12 +777,14 @@ class TrainArgs:
 
     def __post_init__(self) -> None:
         d = self.data
-        needs_eval = self.eval.needs_eval_data
-        if d.dataset_name is None and d.train_file is None and d.validation_file is None:
+        needs_eval, training = self.eval.needs_eval_data, self.eval.do_train
+        if not training:
+            self._check_evaluation_only()
+        if d.dataset_name is None and d.train_file is None and d.validation_file is None and (training or needs_eval):
             d.dataset_name = "squad_v2" if d.version_2_with_negative else "squad"
         # A local file and an implicit hub split would mix sources silently (and need the network).
         _require(
-            d.dataset_name is not None or d.train_file is not None,
+            d.dataset_name is not None or d.train_file is not None or not training,
             "validation_file",
             "is given without --train_file: add --train_file, or --dataset_name to train on a hub dataset",
         )
@@ -673,6 +801,34 @@ class TrainArgs:
         )
         _require(d.test_file is None or self.eval.do_predict, "test_file", "is only read with --do_predict")
 
+    def _check_evaluation_only(self) -> None:
+        """--do_train false: a flag that only training reads would do nothing, so it is refused, not ignored."""
+        _require(
+            not self.model.from_scratch,
+            "do_train",
+            "false evaluates the weights of --model_name_or_path, and --config_name alone is a randomly "
+            "initialised model: add --model_name_or_path",
+        )
+        d, e, o = self.data, self.eval, self.output
+        training_only = {
+            "train_file": d.train_file is not None,
+            "max_train_samples": d.max_train_samples is not None,
+            "max_train_steps": self.optim.max_train_steps is not None,
+            "eval_on_start": e.eval_on_start,
+            "eval_strategy": e.eval_strategy != "no",
+            "save_best": e.save_best,
+            "checkpointing_steps": o.checkpointing_steps is not None,
+            "resume_from_checkpoint": o.resume_from_checkpoint is not None,
+            "wandb_log_model": o.wandb_log_model,
+            "gradient_checkpointing": self.system.gradient_checkpointing,
+        }
+        given = [f"--{name}" for name, on in training_only.items() if on]
+        _require(
+            not given,
+            "do_train",
+            f"false trains nothing, so {', '.join(given)} would do nothing (nor is a model exported): drop it",
+        )
+
     @classmethod
     def from_flags(cls, values: dict[str, Any]) -> TrainArgs:
         """Build from flat flag values ({"learning_rate": 3e-5, ...}); every group validates its own."""
@@ -686,5 +842,16 @@ class TrainArgs:
         return cls(**groups)
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat {flag: value}, as metrics.json's `args` and the tracker's config record them."""
-        return {k: v for name in GROUPS for k, v in dataclasses.asdict(getattr(self, name)).items()}
+        """Flat {flag: value}, as metrics.json's `args` and the tracker's config record them; a secret (--token)
+        only as whether it was given."""
+        return {
+            f.name: _shown(f, getattr(getattr(self, name), f.name))
+            for name, group in GROUPS.items()
+            for f in dataclasses.fields(group)
+        }
+
+
+def _shown(f: dataclasses.Field, value: Any) -> Any:
+    if f.metadata.get("secret"):
+        return None if value is None else "<given>"
+    return value

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qa_train.data.hub import HubDataset, open_split
 from qa_train.data.json_lines import json_lines
 
 # DataError and AnswerRule are imported from here by the rest of qa_train; records.py only checks.
@@ -250,28 +251,23 @@ def load_file(path: str | Path, rule: AnswerRule = "required") -> Examples:
     return examples
 
 
-def load_hub(name: str, config_name: str | None, split: str, rule: AnswerRule = "required") -> Examples:
-    import datasets  # heavy; only needed on the hub path
-
-    ds = datasets.load_dataset(name, config_name, split=split)
+def load_hub(source: HubDataset, split: str, rule: AnswerRule = "required") -> Examples:
+    ds = open_split(source, split)
     columns = [c for c in ("id", "title", "context", "question", "answers") if c in ds.column_names]
     records = ds.select_columns(columns).to_list()
     located = ((f"record {i}", rec) for i, rec in enumerate(records))
-    examples = build_examples(located, f"{name}[{split}]", rule)
-    examples.fingerprint = getattr(ds, "_fingerprint", "") or hashlib.sha256(name.encode()).hexdigest()[:16]
+    examples = build_examples(located, f"{source.name}[{split}]", rule)
+    examples.fingerprint = getattr(ds, "_fingerprint", "") or hashlib.sha256(source.name.encode()).hexdigest()[:16]
     if examples.normalised:
         examples.fingerprint += "+nfc"
     return examples
 
 
 def load_split(
-    file: str | None,
-    dataset_name: str | None,
-    config_name: str | None,
-    split: str,
-    limit: int | None,
-    rule: AnswerRule = "required",
+    file: str | None, hub: HubDataset | None, split: str, limit: int | None, rule: AnswerRule = "required"
 ) -> Examples:
     """Local file if given, else the hub dataset's split; then the first `limit` questions."""
-    examples = load_file(file, rule) if file else load_hub(str(dataset_name), config_name, split, rule)
-    return examples.head(limit)
+    if file:
+        return load_file(file, rule).head(limit)
+    assert hub is not None, "a split comes from a file or from the hub (TrainArgs makes sure of one)"
+    return load_hub(hub, split, rule).head(limit)

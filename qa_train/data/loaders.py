@@ -27,7 +27,7 @@ class Inputs:
     and is ~120 MB for SQuAD); evaluation and prediction keep their examples and offsets for post-processing."""
 
     num_train_examples: int
-    train_features: Features
+    train_features: Features | None  # None when the run does not train (--do_train false)
     eval_examples: Examples | None = None
     eval_features: Features | None = None
     cache_hits: list[bool] = field(default_factory=list)
@@ -45,10 +45,12 @@ class Inputs:
         )
         if self.test_examples is not None and self.test_features is not None:
             evaluation += f"; predict: {len(self.test_examples)} questions -> {len(self.test_features)} windows"
-        return (
-            f"train: {self.num_train_examples} questions -> {len(self.train_features)} windows; {evaluation} "
-            f"(cache hits {self.cache_hits})"
+        training = (
+            f"train: {self.num_train_examples} questions -> {len(self.train_features)} windows"
+            if self.train_features is not None
+            else "no training"
         )
+        return f"{training}; {evaluation} (cache hits {self.cache_hits})"
 
 
 def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> Inputs:
@@ -61,12 +63,17 @@ def featurize_splits(accelerator, splits: Splits, data: DataArgs, tokenizer) -> 
     # if the first process could not replace it), instead of each featurising and writing the same files again.
     since = 0.0 if not data.overwrite_cache else math.inf if accelerator.is_local_main_process else time.time()
     with accelerator.local_main_process_first():
-        features, hit = load_or_featurize(
-            splits.train, tokenizer, data.max_seq_length, data.doc_stride, fresh_since=since
-        )
-        fingerprint = cache_key(splits.train, tokenizer, data.max_seq_length, data.doc_stride, with_offsets=False)
-        inputs = Inputs(len(splits.train), features, cache_hits=[hit], train_fingerprint=fingerprint)
-        splits.train = None  # type: ignore[assignment]  # the text is not needed once the windows are cut
+        inputs = Inputs(0, None)
+        if splits.train is not None:
+            inputs.train_features, hit = load_or_featurize(
+                splits.train, tokenizer, data.max_seq_length, data.doc_stride, fresh_since=since
+            )
+            inputs.train_fingerprint = cache_key(
+                splits.train, tokenizer, data.max_seq_length, data.doc_stride, with_offsets=False
+            )
+            inputs.num_train_examples = len(splits.train)
+            inputs.cache_hits.append(hit)
+            splits.train = None  # the text is not needed once the windows are cut
         if splits.evaluation is not None:
             inputs.eval_examples = splits.evaluation
             inputs.eval_features, hit = load_or_featurize(
@@ -124,9 +131,14 @@ class TrainOrder:
 
 def build_loaders(
     inputs: Inputs, tokenizer, data: DataArgs, order: TrainOrder, on_cuda: bool, token_types: bool = True
-) -> tuple[DataLoader, DataLoader | None]:
-    """Unprepared loaders: accelerate shards them per rank in `prepare`."""
+) -> tuple[DataLoader | None, DataLoader | None]:
+    """Unprepared loaders (None for a split the run does not read): accelerate shards them per rank in `prepare`."""
     collate = collator(tokenizer, data, token_types)
+    evaluation = None
+    if inputs.eval_features is not None:
+        evaluation = inference_loader(inputs.eval_features, collate, data, on_cuda)
+    if inputs.train_features is None:
+        return None, evaluation
     train_set = WindowDataset(inputs.train_features, with_labels=True)
     shuffle = (
         LengthGroupedSampler(inputs.train_features.lengths, data.per_device_train_batch_size, order.seed)
@@ -143,7 +155,4 @@ def build_loaders(
         collate_fn=collate,
         **_loader_options(data, on_cuda),
     )
-    evaluation = None
-    if inputs.eval_features is not None:
-        evaluation = inference_loader(inputs.eval_features, collate, data, on_cuda)
     return train, evaluation

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from qa_train.config.settings import TrainArgs
+from qa_train.data.hub import HubDataset
 from qa_train.data.load import AnswerRule, Examples, load_file, load_split
 
 
@@ -13,16 +14,16 @@ from qa_train.data.load import AnswerRule, Examples, load_file, load_split
 class Splits:
     """Parsed and validated questions, before any tokenisation."""
 
-    train: Examples
+    train: Examples | None  # None: --do_train false
     evaluation: Examples | None
     test: Examples | None = None
     warnings: list[str] = field(default_factory=list)  # logged once, by the main process, when it featurises
 
 
-def shared_questions(train: Examples, evaluation: Examples | None, shown: int = 3) -> list[str]:
+def shared_questions(train: Examples | None, evaluation: Examples | None, shown: int = 3) -> list[str]:
     """Evaluation questions that also train make EM/F1 measure recall, not answering: a warning rather than a
     refusal, as scoring the training data is a fair check that a model can fit it at all."""
-    if evaluation is None:
+    if train is None or evaluation is None:
         return []
     training = set(train.ids)
     shared = [qid for qid in evaluation.ids if qid in training]
@@ -44,11 +45,13 @@ def shared_questions(train: Examples, evaluation: Examples | None, shown: int = 
 def load_splits(args: TrainArgs) -> Splits:
     """Every rank parses and validates on its own, before any process group exists: a bad record is
     refused by each rank in one line, and no rank is left waiting in a collective for one that failed."""
-    d = args.data
+    d, m = args.data, args.model
     rule: AnswerRule = "may_be_empty" if d.version_2_with_negative else "required"
-    train = load_split(d.train_file, d.dataset_name, d.dataset_config_name, "train", d.max_train_samples, rule)
+    hub = HubDataset(d.dataset_name, d.dataset_config_name, m.cache_dir, m.token) if d.dataset_name else None
+    # --do_train false reads no training file at all, not even to count it.
+    train = load_split(d.train_file, hub, "train", d.max_train_samples, rule) if args.eval.do_train else None
     evaluation = (
-        load_split(d.validation_file, d.dataset_name, d.dataset_config_name, "validation", d.max_eval_samples, rule)
+        load_split(d.validation_file, hub, "validation", d.max_eval_samples, rule)
         if args.eval.needs_eval_data
         else None
     )

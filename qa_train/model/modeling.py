@@ -79,7 +79,7 @@ def check_weights(args: ModelArgs) -> None:
         if local_path(source):  # with --config_name, nothing has tried to load it yet
             what = "is a file, not a model folder" if path.exists() else "no such directory"
             raise ConfigError(f"--model_name_or_path {source}: {what}")
-        _check_cached_weights(source)
+        _check_cached_weights(args, source)
         return
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise ConfigError(
@@ -88,26 +88,38 @@ def check_weights(args: ModelArgs) -> None:
         )
 
 
-def _check_cached_weights(hub_id: str) -> None:
+def _check_cached_weights(args: ModelArgs, hub_id: str) -> None:
     """Offline (HF_HUB_OFFLINE, as on compute nodes without a network), a hub id whose config and tokenizer are
     cached but whose weights are not would fail in from_pretrained only after the data was read and windowed."""
     from huggingface_hub import constants, try_to_load_from_cache
 
     if not constants.is_offline_mode():
         return  # online, from_pretrained downloads them
-    if not any(isinstance(try_to_load_from_cache(hub_id, name), str) for name in WEIGHT_FILES):
+    where = {"cache_dir": args.cache_dir, "revision": args.model_revision}
+    if not any(isinstance(try_to_load_from_cache(hub_id, name, **where), str) for name in WEIGHT_FILES):
         raise ConfigError(
             f"--model_name_or_path {hub_id}: HF_HUB_OFFLINE is set and its weights are not in the hub "
-            f"cache ({constants.HF_HUB_CACHE}); download them where there is a network (hf download "
+            f"cache ({args.cache_dir or constants.HF_HUB_CACHE}); download them where there is a network (hf download "
             f"{hub_id}) or pass a local folder"
         )
+
+
+def hub_options(args: ModelArgs) -> dict[str, object]:
+    """What from_pretrained takes from the hub flags, as transformers' examples pass them (token None: HF_TOKEN or
+    the saved login, as huggingface_hub resolves it)."""
+    return {
+        "revision": args.model_revision,
+        "cache_dir": args.cache_dir,
+        "token": args.token,
+        "trust_remote_code": args.trust_remote_code,
+    }
 
 
 def load_tokenizer(args: ModelArgs):
     from transformers import AutoTokenizer
 
     name = args.tokenizer_source
-    tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True)
+    tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True, **hub_options(args))
     if not tokenizer.is_fast:
         raise ConfigError(f"--tokenizer_name {name!r}: a fast tokenizer is needed for offset mappings")
     # transformers 5 can silently build a near-empty vocab from a bad vocab file: every word -> [UNK].
@@ -125,7 +137,7 @@ def load_model_config(args: ModelArgs):
     without a QA head or an attention kernel it lacks is refused here, before any data is read."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(args.config_source)
+    config = AutoConfig.from_pretrained(args.config_source, **hub_options(args))
     resolve_attention(args, config)
     return config
 
@@ -134,6 +146,12 @@ def qa_model_class(config) -> type[PreTrainedModel]:
     """transformers' XxxForQuestionAnswering class for this config."""
     from transformers import AutoModelForQuestionAnswering
 
+    remote = (getattr(config, "auto_map", None) or {}).get("AutoModelForQuestionAnswering")
+    if remote and type(config) not in AutoModelForQuestionAnswering._model_mapping:
+        # The model's own code (--trust_remote_code): its config class, loaded from that code, is in no mapping.
+        from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+        return get_class_from_dynamic_module(remote, config._name_or_path)
     try:
         return AutoModelForQuestionAnswering._model_mapping[type(config)]
     except KeyError:
@@ -307,7 +325,9 @@ def load_model(args: ModelArgs, tokenizer, config, *, trained: bool = False):
         log.info("attention: %s (auto%s)", attention, why)
     if args.from_scratch:
         config.vocab_size = max(config.vocab_size, len(tokenizer))
-        model = AutoModelForQuestionAnswering.from_config(config, attn_implementation=attention, dtype=torch.float32)
+        model = AutoModelForQuestionAnswering.from_config(
+            config, attn_implementation=attention, dtype=torch.float32, trust_remote_code=args.trust_remote_code
+        )
     else:
         with _quiet_load_report(trained):
             model, info = AutoModelForQuestionAnswering.from_pretrained(
@@ -316,6 +336,7 @@ def load_model(args: ModelArgs, tokenizer, config, *, trained: bool = False):
                 attn_implementation=attention,
                 dtype=torch.float32,
                 output_loading_info=True,
+                **hub_options(args),
             )
         missing = sorted(info["missing_keys"])
         if trained and missing:
@@ -365,6 +386,4 @@ def model_shape(config) -> str:
 def import_model_code(config) -> None:
     """Import the QA model class's module now. It is ~110 MB of Python for BERT, which would otherwise land
     in host memory measured as the model's own (HostMemory.mark_baseline comes right after this)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_QUESTION_ANSWERING_MAPPING
-
-    MODEL_FOR_QUESTION_ANSWERING_MAPPING[type(config)]
+    qa_model_class(config)

@@ -1,4 +1,4 @@
-"""AdamW with decay only where it belongs, the warm-up schedule, and how many steps a run takes."""
+"""The optimizer (--optim) with decay only where it belongs, the warm-up schedule, and how many steps a run takes."""
 
 from __future__ import annotations
 
@@ -88,17 +88,24 @@ def build_optimizer(accelerator, model, args: TrainArgs, steps: StepPlan):
             num_training_steps=steps.total_steps * factor,
         )
 
-    def adamw(groups: list[dict]) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(
-            groups,
-            lr=o.learning_rate,
-            betas=(o.adam_beta1, o.adam_beta2),
-            eps=o.adam_epsilon,
-            fused=o.optim == "adamw_torch_fused" and torch.cuda.is_available(),
-        )
-
     groups = param_groups(model, o.weight_decay)
-    return deepspeed_json.optimizer_and_scheduler(accelerator, groups, args, adamw, schedule)
+    return deepspeed_json.optimizer_and_scheduler(accelerator, groups, args, lambda g: torch_optimizer(g, o), schedule)
+
+
+def torch_optimizer(groups: list[dict], o: OptimArgs) -> torch.optim.Optimizer:
+    """--optim's optimizer, with Trainer's settings for each name (transformers' Trainer.get_optimizer_cls_and_kwargs)."""
+    if o.optim == "adafactor":
+        from transformers.optimization import Adafactor
+
+        # At --learning_rate under the schedule, as Trainer's: not Adafactor's own relative step size.
+        return Adafactor(groups, lr=o.learning_rate, scale_parameter=False, relative_step=False)
+    betas = (o.adam_beta1, o.adam_beta2)
+    if o.optim == "adamw_bnb_8bit":
+        from bitsandbytes.optim import AdamW
+
+        return AdamW(groups, lr=o.learning_rate, betas=betas, eps=o.adam_epsilon, optim_bits=8, is_paged=False)
+    fused = o.optim == "adamw_torch_fused" and torch.cuda.is_available()
+    return torch.optim.AdamW(groups, lr=o.learning_rate, betas=betas, eps=o.adam_epsilon, fused=fused)
 
 
 # What the flags set per parameter group; accelerate's load_state restores the checkpoint's values over them.

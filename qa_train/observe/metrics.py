@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
 from qa_train.observe.hostmem import lifetime_peak_bytes
+from qa_train.observe.machine import MachineLoad, others_on_busiest_node
 from qa_train.observe.schema import PerRank, TrainFigures
 
 GIB = 1024**3  # the *_gb keys of metrics.json are GiB, as nvidia-smi and torch report memory
@@ -120,6 +122,8 @@ class TrainSummary:
     """Seconds torch.compile spent compiling in the loop; NaN without --torch_compile."""
     compiled_graphs: float
     """Graphs compiled in the loop; NaN without --torch_compile."""
+    machine: MachineLoad | None = None
+    """The machine's load over the training loop, as this rank saw it."""
 
 
 class DeviceMemory:
@@ -182,6 +186,11 @@ class RankFigures:
     last_loss: float
     compile_s: float  # NaN without --torch_compile
     compiled_graphs: float
+    # The machine during training (observe.machine.MachineLoad); NaN where it was not measured.
+    own_cpu_cores: float = math.nan
+    node_busy_cores: float = math.nan
+    load_average_1m: float = math.nan
+    cpu_count: float = math.nan
 
     @classmethod
     def measured(cls, trained: TrainSummary) -> RankFigures:
@@ -203,7 +212,14 @@ class RankFigures:
             last_loss=trained.last_loss,
             compile_s=trained.compile_s,
             compiled_graphs=trained.compiled_graphs,
+            **(asdict(trained.machine) if trained.machine is not None else {}),
         )
+
+    @classmethod
+    def untrained(cls) -> RankFigures:
+        """An evaluation-only run's rank (--do_train false): its lifetime host peak, and nothing trained (NaN)."""
+        figures = dict.fromkeys((f.name for f in dataclasses.fields(cls)), math.nan)
+        return cls(**{**figures, "lifetime_rss_gib": lifetime_rss_gib()})
 
     def as_row(self) -> list[float]:
         return [float(getattr(self, f.name)) for f in dataclasses.fields(self)]
@@ -226,8 +242,9 @@ def achieved(flops_per_second_per_device: float, peak: float | None) -> tuple[fl
     return tflops, (round(tflops / peak, 4) if peak else None)
 
 
-def summarize(ranks: list[RankFigures], peak: float | None, on_cuda: bool) -> TrainFigures:
-    """Combine the ranks' figures: throughput summed over ranks, timed by the slowest; memory per rank."""
+def summarize(ranks: list[RankFigures], peak: float | None, on_cuda: bool, ranks_per_node: int = 1) -> TrainFigures:
+    """Combine the ranks' figures: throughput summed over ranks, timed by the slowest; memory per rank; the machine's
+    load on its busiest node (`ranks_per_node`: the launch's LOCAL_WORLD_SIZE)."""
     elapsed = max(r.elapsed_s for r in ranks)
     steps = max(r.timed_steps for r in ranks)
 
@@ -256,4 +273,19 @@ def summarize(ranks: list[RankFigures], peak: float | None, on_cuda: bool) -> Tr
         # Ranks compile side by side; the slowest holds the others at the first collective.
         compile_time_s=round(max(r.compile_s for r in ranks), 2) if compiled else None,
         compiled_graphs=int(max(r.compiled_graphs for r in ranks)) if compiled else None,
+        **machine_figures(ranks, ranks_per_node),
     )
+
+
+def machine_figures(ranks: list[RankFigures], ranks_per_node: int) -> dict[str, Any]:
+    """metrics.json's load_average_1m, other_processes_cpu_cores and cpu_count (None where unmeasured)."""
+    if any(math.isnan(r.own_cpu_cores) or math.isnan(r.node_busy_cores) for r in ranks):
+        return {}
+    others = others_on_busiest_node(
+        [r.own_cpu_cores for r in ranks], [r.node_busy_cores for r in ranks], ranks_per_node
+    )
+    return {
+        "load_average_1m": round(max(r.load_average_1m for r in ranks), 2),
+        "other_processes_cpu_cores": round(others, 2),
+        "cpu_count": int(ranks[0].cpu_count),
+    }

@@ -19,6 +19,7 @@ from typing import Literal
 import torch
 
 from qa_train.observe.hostmem import HostMemory
+from qa_train.observe.machine import LoadMeter
 from qa_train.observe.metrics import (
     GIB,
     NOTHING_COUNTED,
@@ -100,6 +101,7 @@ class TrainingMetrics:
         self.grad_norm_sum = torch.zeros((), device=device)
         self.bad_grad_norms = torch.zeros((), device=device)
         self.last_loss = math.nan
+        self.load = LoadMeter()
         self._begin()
 
     def start(self) -> None:
@@ -107,6 +109,7 @@ class TrainingMetrics:
         before training, --eval_on_start's or one a resumed run owed, is in none of them)."""
         self.host_memory.reset()
         self.device_memory.reset()
+        self.load.start()
         self._begin()
 
     def _begin(self) -> None:

@@ -16,6 +16,25 @@ from qa_train.observe.schema import RunMetrics
 
 log = logging.getLogger("qa_train")
 
+# Trainer's x-axis (transformers' WandbCallback): logged with every W&B record and declared the step of every key.
+GLOBAL_STEP = "train/global_step"
+# The trackers get Trainer's names where a figure means what Trainer's does (transformers' rewrite_logs: `eval_runtime`
+# -> eval/runtime): what W&B and TensorBoard users look for. The step log (train_log.jsonl), which the dashboard
+# reads, keeps qa_train's own names.
+TRAINER_NAMES = {"train/lr": "train/learning_rate", "eval/runtime_s": "eval/runtime"}
+# metrics.json's figures that the trackers' history already holds: the W&B summary has each once, under the
+# history's key (W&B keeps every history key's last value in the summary by itself).
+IN_HISTORY = {
+    "exact_match": "eval/exact_match",
+    "f1": "eval/f1",
+    "eval_runtime_s": "eval/runtime",
+    "train_loss": "train/loss",
+}
+
+
+def tracker_keys(values: dict[str, float]) -> dict[str, float]:
+    return {TRAINER_NAMES.get(k, k): v for k, v in values.items()}
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a temporary file beside `path`, then rename it over. A failed write (a full disk) removes the
@@ -93,12 +112,13 @@ class Tracker:
             return
         with self.step_log.open("a") as f:
             f.write(json.dumps({"step": step, **values}) + "\n")
+        shown = tracker_keys(values)
         if step >= self.wandb_floor:
-            self.accelerator.log(values, step=step)
+            self.accelerator.log(shown, step=step)
             return
         for tracker in self.accelerator.trackers:  # as accelerator.log does, less the W&B run that has this step
             if tracker.name != "wandb":
-                tracker.log(values, step=step)
+                tracker.log(shown, step=step)
 
     def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
         """A W&B Table (other trackers have no table type: the rows are in the predictions file)."""
@@ -110,7 +130,8 @@ class Tracker:
             values = wandb.Table(columns=columns, data=rows)  # type: ignore[arg-type]
             # A step the W&B run already holds (a resumed run with nothing left to train) would drop the table;
             # no step at all would be W&B's own count, which an offline run starts at 0.
-            run.log({key: values}, step=max(step, self.wandb_floor))
+            at = max(step, self.wandb_floor)
+            run.log({key: values, GLOBAL_STEP: at}, step=at)
 
         self._wandb("table", table)
 
@@ -126,6 +147,30 @@ class Tracker:
             run.log_artifact(art, aliases=["final"])
 
         self._wandb("model artifact", artifact)
+
+    def log_checkpoint(self, folder: Path, name: str, step: int, epoch: float) -> None:
+        """A checkpoint as a version of the run's model artifact (WANDB_LOG_MODEL=checkpoint), with Trainer's
+        aliases; uploaded with the run or by `wandb sync`."""
+
+        def artifact(run: Any) -> None:
+            import wandb
+
+            art = wandb.Artifact(artifact_name(name), type="model", metadata={"path": str(folder), "step": step})
+            art.add_dir(str(folder))
+            run.log_artifact(art, aliases=[f"epoch_{round(epoch, 2)}", f"checkpoint_global_step_{step}"])
+
+        self._wandb("checkpoint artifact", artifact)
+
+    def watch(self, model: Any, what: str, every: int) -> None:
+        """W&B's gradient and/or parameter histograms every `every` backward passes (WANDB_WATCH, as Trainer honours
+        it); `open_step` puts them in their step's row."""
+        self._wandb("watch", lambda run: run.watch(model, log=what, log_freq=every))
+
+    def open_step(self, step: int) -> None:
+        """Open W&B's row for `step` before its backward pass: WANDB_WATCH's hooks log without a step, into the row
+        W&B holds open, which would otherwise be the last logged step's."""
+        if step >= self.wandb_floor:
+            self._wandb("watch", lambda run: run.log({GLOBAL_STEP: step}, step=step, commit=False))
 
     def _model_metadata(self, folder: Path) -> dict[str, Any]:
         m = self.metrics
@@ -146,14 +191,20 @@ class Tracker:
         self.metrics = metrics
         payload = metrics.to_json()
         atomic_write_json(self.output_dir / "metrics.json", payload)
-        summary = {k: v for k, v in _flatten(payload).items() if not k.startswith("args/")}
-        self._wandb("summary", lambda run: run.summary.update(summary))
+        self._wandb("summary", lambda run: run.summary.update(wandb_summary(payload)))
 
     def close(self) -> None:
         """End every tracker's run once (accelerate's end_training then finds them ended)."""
         if self.enabled:
             for tracker in self.accelerator.trackers:
                 tracker.finish()
+
+
+def wandb_summary(payload: dict[str, Any]) -> dict[str, Any]:
+    """metrics.json as the W&B summary: flat, without the flags (the run config holds them), each figure once (under
+    the history's key where the history has it), and no null (a figure this run does not have is left out)."""
+    flat = _flatten(payload)
+    return {IN_HISTORY.get(k, k): v for k, v in flat.items() if v is not None and not k.startswith("args/")}
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -204,18 +255,54 @@ def _percent(fraction: float | None) -> str:
 
 def summary_table(m: RunMetrics) -> str:
     """One screen: what a user compares strategies by. Memory in GiB, as every *_gb field of metrics.json."""
+    rows = _evaluation_rows(m) if evaluation_only(m) else _training_rows(m)
+    width = max(len(k) for k, _ in rows)
+    line = "-" * (width + 60)
+    return "\n".join([line, *(f"{k:<{width}}  {v}" for k, v in rows), line])
+
+
+def evaluation_only(m: RunMetrics) -> bool:
+    """A run of --do_train false (runs from before the flag trained)."""
+    return m.args.get("do_train") is False
+
+
+def _strategy_row(m: RunMetrics) -> tuple[str, str]:
+    return (
+        "strategy",
+        f"{_fmt(m.strategy)} (zero_stage={_fmt(m.zero_stage)}, offload={_fmt(m.offload)}), "
+        f"world_size={_fmt(m.world_size)}, {_fmt(m.mixed_precision)}",
+    )
+
+
+def _evaluation_rows(m: RunMetrics) -> list[tuple[str, str]]:
+    """An evaluation-only run (--do_train false): what was scored, on what, and how long it took; nothing trained."""
+    model = m.args.get("model_name_or_path")
+    scored = [
+        ("exact match / F1", f"{_fmt(m.exact_match)} / {_fmt(m.f1)}"),
+        (
+            "questions",
+            f"{_fmt(m.num_eval_examples)} in {_fmt(m.num_eval_features)} windows of {_fmt(m.max_seq_length)} max",
+        ),
+    ]
+    return [
+        _strategy_row(m),
+        ("model", f"{_fmt(model)} (--do_train false: nothing trained, nothing exported)"),
+        *(scored if m.num_eval_examples else [("evaluation", "none (--do_eval false); answers to --test_file only")]),
+        ("peak host RSS", f"max {_fmt(m.peak_host_rss_gb.max, ' GiB')} per rank (lifetime)"),
+        ("runtime", f"{_fmt(m.eval_runtime_s, ' s')} evaluating, {_fmt(m.total_runtime_s, ' s')} total"),
+        ("output", _fmt(m.output_dir)),
+    ]
+
+
+def _training_rows(m: RunMetrics) -> list[tuple[str, str]]:
     mem, rss = m.peak_memory_gb, m.peak_host_rss_gb
     before = ""
     if m.initial_exact_match is not None:
         label = f"at step {m.initial_eval_step}, resumed" if m.initial_eval_step else "untrained"
         before = f"  ({label}: EM {_fmt(m.initial_exact_match)}, F1 {_fmt(m.initial_f1)})"
     saves = f" ({_fmt(m.checkpoint_runtime_s, ' s')} of it checkpoints)" if m.checkpoint_runtime_s else ""
-    rows = [
-        (
-            "strategy",
-            f"{_fmt(m.strategy)} (zero_stage={_fmt(m.zero_stage)}, offload={_fmt(m.offload)}), "
-            f"world_size={_fmt(m.world_size)}, {_fmt(m.mixed_precision)}",
-        ),
+    return [
+        _strategy_row(m),
         ("exact match / F1", f"{_fmt(m.exact_match)} / {_fmt(m.f1)}{before}"),
         (
             "train steps",
@@ -243,9 +330,6 @@ def summary_table(m: RunMetrics) -> str:
         ),
         ("output", _fmt(m.output_dir)),
     ]
-    width = max(len(k) for k, _ in rows)
-    line = "-" * (width + 60)
-    return "\n".join([line, *(f"{k:<{width}}  {v}" for k, v in rows), line])
 
 
 def forget_steps_after(step_log: Path, step: int) -> int:

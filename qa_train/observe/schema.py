@@ -76,6 +76,14 @@ class TrainFigures:
     compiled_graphs: int | None = None
     """With --torch_compile: distinct graphs compiled in the training loop. More than the first step's mean
     recompiles (a new batch shape, a guard that failed) or graph breaks."""
+    load_average_1m: float | None = None
+    """The 1-minute load average at the end of training (the busiest node): runnable processes, this run's own
+    included. Beside cpu_count it says whether the machine was shared."""
+    other_processes_cpu_cores: float | None = None
+    """CPU cores that processes outside this run kept busy during training, on average (the node where they kept
+    the most): speed measured beside them is the machine's as much as the strategy's (the report warns)."""
+    cpu_count: int | None = None
+    """Logical CPUs of the (main) node."""
 
 
 @dataclass

@@ -17,15 +17,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, WandBTracker, on_main_process
+from accelerate.tracking import (
+    LOGGER_TYPE_TO_CLASS,
+    GeneralTracker,
+    TensorBoardTracker,
+    WandBTracker,
+    on_main_process,
+)
 
 from qa_train.config.settings import ConfigError
 from qa_train.core.errors import one_line
+from qa_train.observe.recorder import GLOBAL_STEP
 
 log = logging.getLogger("qa_train")
 # wandb.init waits 90 s for an unreachable server by default (and its service 10 s more) while every other
 # rank waits at the next collective; after this long the run goes offline instead. WANDB_INIT_TIMEOUT wins.
 WANDB_INIT_TIMEOUT_S = 5.0
+# The figures TensorBoard's HParams view sets beside the hyper-parameters (their scalars are in the same run).
+HPARAM_METRICS = ("eval/exact_match", "eval/f1", "train/loss")
 
 
 def has_wandb_credentials() -> bool:
@@ -88,16 +97,38 @@ class SafeWandB(WandBTracker):
     @on_main_process
     def start(self) -> None:
         self.run = start_wandb_run(self.output_dir, project=self.run_name, **self.init_kwargs)
+        # As Trainer lays its runs out: every key plotted against the optimizer step, not W&B's own record count.
+        self.run.define_metric(GLOBAL_STEP)
+        self.run.define_metric("*", step_metric=GLOBAL_STEP, step_sync=True)
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
         self.run.config.update(values, allow_val_change=True)  # this run's config, not wandb's global one
 
     @on_main_process
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        self.run.log({**values, GLOBAL_STEP: step} if step is not None else values, step=step, **kwargs)
+
+    @on_main_process
     def finish(self) -> None:
         if self.run is not None:
             self.run.finish()
             self.run = None
+
+
+class TensorBoard(TensorBoardTracker):
+    """accelerate's TensorBoard tracker, with the hyper-parameters in the run's own event file: accelerate's
+    add_hparams writes them to a new timestamped folder (and hparams.yml to another), which TensorBoard lists as
+    two more runs without a scalar."""
+
+    @on_main_process
+    def store_init_configuration(self, values: dict) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        writer = self.writer._get_file_writer()
+        for summary in hparams(values, dict.fromkeys(HPARAM_METRICS, 0.0)):  # the metrics' names, not values
+            writer.add_summary(summary)
+        self.writer.flush()
 
 
 class Guarded(GeneralTracker):
@@ -146,9 +177,16 @@ class Guarded(GeneralTracker):
         self.live = False
 
 
-def build_trackers(names: list[str], output_dir: Path, project: str, wandb_kwargs: dict[str, Any]) -> list[Guarded]:
+def build_trackers(
+    names: list[str],
+    output_dir: Path,
+    project: str,
+    wandb_kwargs: dict[str, Any],
+    tensorboard_dir: Path | None = None,
+) -> list[Guarded]:
     """Unstarted trackers for `Accelerator(log_with=...)`: cheap to build on every rank; `init_trackers` starts
-    them on the main process only. TensorBoard writes to output_dir/tensorboard, W&B to output_dir/wandb."""
+    them on the main process only. TensorBoard writes to `tensorboard_dir` (--logging_dir; default
+    output_dir/tensorboard), W&B to output_dir/wandb."""
     from accelerate.tracking import get_available_trackers
 
     available = {str(t) for t in get_available_trackers()}
@@ -163,7 +201,7 @@ def build_trackers(names: list[str], output_dir: Path, project: str, wandb_kwarg
         if name == "wandb":
             inner: GeneralTracker = SafeWandB(project, output_dir, dir=str(output_dir), **wandb_kwargs)
         elif name == "tensorboard":
-            inner = LOGGER_TYPE_TO_CLASS[name]("", str(output_dir / "tensorboard"))
+            inner = TensorBoard("", str(tensorboard_dir or output_dir / "tensorboard"))
         else:
             cls = LOGGER_TYPE_TO_CLASS[name]
             inner = cls(project, str(output_dir / name)) if cls.requires_logging_directory else cls(project)

@@ -36,6 +36,21 @@ def resolve_mixed_precision(flag: str, env: dict[str, str], on_cuda: bool, bf16_
     return "bf16" if bf16_capable else "no"
 
 
+def enable_tf32() -> None:
+    """--tf32, as Trainer sets it (transformers' enable_tf32); refused where there is no TF32 to enable, before any
+    data is read."""
+    from transformers.utils.import_utils import enable_tf32 as set_tf32
+    from transformers.utils.import_utils import is_torch_tf32_available
+
+    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    if on_cpu or not is_torch_tf32_available():
+        raise ConfigError(
+            "--tf32: TF32 is an Ampere-or-newer NVIDIA GPU's (compute capability 8.0+) and this run has none; "
+            "drop the flag"
+        )
+    set_tf32(True)
+
+
 def launch_precision(flag: str) -> str:
     """--mixed_precision as this launch resolves it (alike on every rank), before any data is read."""
     import torch
@@ -123,6 +138,11 @@ class Strategy:
     offload: str  # none, optimizer, optimizer+params, params
     distributed_type: str
 
+    @property
+    def shards_weights(self) -> bool:
+        """Whether a rank holds only its shard of the weights (ZeRO-3, FSDP): hooks on a parameter see the shard."""
+        return self.name in ("zero3", "fsdp")
+
     def as_dict(self) -> dict[str, object]:
         """Under metrics.json's names for these fields (the tracker's run config)."""
         return {
@@ -192,3 +212,33 @@ def resolved_config(accelerator) -> dict[str, Any]:
     if fsdp is not None:
         return {"fsdp_config": {k: str(v) for k, v in vars(fsdp).items() if not k.startswith("_")}}
     return {}
+
+
+def prepare_for_evaluation(accelerator, model, loader) -> tuple[Any, Any]:
+    """The model (and its loader, if any) prepared for evaluation alone (--do_train false). Under DeepSpeed the
+    JSON's optimizer and scheduler sections are dropped first, as Trainer does for inference: the engine would
+    otherwise build an optimizer (CPUAdam under offload) that nothing steps. ZeRO-1 and -2 shard only optimizer
+    state and gradients, which evaluation has none of, and DeepSpeed refuses them without an optimizer (Trainer
+    refuses evaluation-only runs under them): their engine runs at stage 0, on the same whole weights."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        config = plugin.deepspeed_config
+        for section in ("optimizer", "scheduler"):
+            config.pop(section, None)
+        zero = config.setdefault("zero_optimization", {})
+        if int(zero.get("stage", 0)) < 3:
+            zero["stage"] = 0
+            zero.pop("offload_optimizer", None)
+    if plugin is not None and int(config["zero_optimization"].get("stage", 0)) == 0:
+        log.info("evaluation only: DeepSpeed's engine runs at stage 0 (ZeRO-1/2 shard only optimizer state)")
+    objects = [model] if loader is None else [model, loader]
+    if getattr(accelerator, "is_fsdp2", False):
+        # accelerate's FSDP2 prepare takes a model only beside an optimizer; plain SGD holds no state, and nothing
+        # steps it.
+        import torch
+
+        objects.append(torch.optim.SGD(model.parameters(), lr=0.0))
+    prepared = accelerator.prepare(*objects)
+    # One object comes back bare; several as a tuple, or a list under FSDP2.
+    prepared = tuple(prepared) if isinstance(prepared, tuple | list) else (prepared,)
+    return prepared[0], (prepared[1] if loader is not None else None)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from qa_train.config.settings import ConfigError
+
 
 class LaunchError(RuntimeError):
     """The processes that started do not form the world the launcher meant."""
@@ -57,3 +59,28 @@ def cpu_thread_warning(device_type: str, threads: int, local_processes: int) -> 
         "accelerate launch sets unless given --cpu or --num_cpu_threads_per_process); "
         f"qa-train launch --cpu sets it from the cores, or set OMP_NUM_THREADS={share}"
     )
+
+
+def check_optimizer(accelerator, optim: str) -> None:
+    """--optim choices this launch cannot honour, refused before any window is cut: one the DeepSpeed JSON would
+    replace with its own, transformers' Adafactor under FSDP2 (its update mixes plain tensors into the sharded
+    DTensor parameters and fails at the first step), and bitsandbytes' 8-bit AdamW away from CUDA."""
+    from accelerate.utils import DistributedType
+
+    from qa_train.strategy.deepspeed_json import uses_deepspeed_optimizer
+
+    if optim not in ("adamw_torch_fused", "adamw_torch") and uses_deepspeed_optimizer(accelerator):
+        raise ConfigError(
+            f"--optim {optim}: the DeepSpeed JSON brings its own optimizer (its 'optimizer' section), which would "
+            "replace it; use a config without one, or drop the flag"
+        )
+    if optim == "adafactor" and accelerator.distributed_type == DistributedType.FSDP:
+        raise ConfigError(
+            "--optim adafactor: transformers' Adafactor cannot step FSDP2's sharded (DTensor) parameters; "
+            "use it under DDP or ZeRO, or adamw_torch under FSDP"
+        )
+    if optim == "adamw_bnb_8bit" and accelerator.device.type != "cuda":
+        raise ConfigError(
+            f"--optim adamw_bnb_8bit: bitsandbytes' 8-bit AdamW runs on CUDA GPUs, and this run is on "
+            f"{accelerator.device.type}; use adamw_torch or adafactor"
+        )

@@ -15,8 +15,11 @@ A failed run is reported and the others still run; the exit status is 1 if any f
 the run in progress and reports the ones before it (exit 130). Without model/data flags after `--`, the
 bundled tiny BERT and demo data are used. The report (OUTPUT_DIR/report) covers this command's runs (a
 failed one as its point's `+ N failed`) and gives each point's median and min-max over its repeats, and
-speed-up and efficiency against the same config's smallest point with a throughput. A rerun into the
-same OUTPUT_DIR replaces the folders of the points it runs and leaves the others.
+speed-up and efficiency against the same config's smallest point with a throughput; under the table, one
+warning line for each comparison that rests on a single repeat or on a run that other processes slowed (each
+run's metrics.json records the machine's load). Every run logs to W&B (offline without credentials) in one
+group, its config as job type, unless `-- --report_to none`. A rerun into the same OUTPUT_DIR replaces the
+folders of the points it runs and leaves the others.
 """
 
 from __future__ import annotations
@@ -63,8 +66,6 @@ DEFAULT_FLAGS = [
     "32",
     "--learning_rate",
     "1e-3",
-    "--report_to",
-    "none",
     "--save_final_model",
     "false",
     "--logging_steps",
@@ -367,10 +368,11 @@ def finish(outcomes: list[Outcome], opts: argparse.Namespace) -> int:
     if outcomes:
         out = Path(opts.output_dir) / "report"
         try:
-            groups, _ = report.build_report(
+            groups, paths = report.build_report(
                 [o.run_dir for o in outcomes], out, wandb_project="qa-train" if opts.wandb else None
             )
             print(report.markdown_table(groups))
+            report.print_warnings(paths)
             print(f"\n[bench] report: {out / 'report.md'}")
         except report.ReportError as err:
             print(f"[bench] no report: {err}", file=sys.stderr, flush=True)

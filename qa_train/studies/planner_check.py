@@ -80,6 +80,9 @@ def check_run(run_dir: Path) -> Check:
         return Check(run_dir.name, DASH, None, None, None, False, str(err).removeprefix(f"{run_dir}: "))
     args, config = m.args, planner_config(m)
     name, world = args.get("run_name") or run_dir.name, int(m.world_size or 1)
+    if args.get("do_train") is False or m.train_steps == 0:  # an evaluation-only run, or no step left to train
+        what = "an evaluation-only run (--do_train false)" if m.train_steps is None else "0 training steps"
+        return Check(name, config, world, None, None, False, f"skipped: {what} measured no training memory")
     measured, why = measured_gib(m)
     padded = bool(args.get("pad_to_max_length"))
     if config not in ("single", *CONFIGS):

@@ -20,7 +20,16 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-from qa_train.studies.report_data import Group, ReportError, Row, Stat, build_groups, find_runs, scaling_kind
+from qa_train.studies.report_data import (
+    Group,
+    ReportError,
+    Row,
+    Stat,
+    build_groups,
+    comparison_warnings,
+    find_runs,
+    scaling_kind,
+)
 from qa_train.studies.report_plots import memory_figure, save_figure, speedup_figure, throughput_figure
 
 DASH = "—"
@@ -175,7 +184,9 @@ def notes(groups: list[Group], base: Group | None) -> list[str]:
 
 def markdown_report(groups: list[Group], base: Group | None, plots: list[str]) -> str:
     images = "\n\n".join(f"![{name}]({name}.png)" for name in plots)
-    return "\n\n".join(["# qa-train strategy comparison", markdown_table(groups), *notes(groups, base), images]) + "\n"
+    warnings_ = "\n".join(f"- {line}" for line in comparison_warnings(groups, base))
+    parts = ["# qa-train strategy comparison", markdown_table(groups), warnings_, *notes(groups, base), images]
+    return "\n\n".join(p for p in parts if p) + "\n"
 
 
 # --- writing and logging ---------------------------------------------------------------------
@@ -198,6 +209,7 @@ def write_report(rows: list[Row], groups: list[Group], base: Group | None, out_d
         "groups": [asdict(g) for g in groups],
         "rows": [asdict(r) for r in rows],
         "table": [cells(g) for g in groups],
+        "warnings": comparison_warnings(groups, base),
     }
     paths["json"].write_text(json.dumps(payload, indent=2) + "\n")
     return paths
@@ -243,6 +255,7 @@ def build_report(
     baseline: str | None = None,
     wandb_project: str | None = None,
 ) -> tuple[list[Group], dict[str, Path]]:
+    """The report's files (and its W&B run); the groups, with `warnings` naming the comparisons to doubt."""
     rows, groups, base = build_groups(find_runs(run_dirs), baseline)
     try:
         paths = write_report(rows, groups, base, Path(out_dir))
@@ -277,5 +290,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qa-train report: error: {err}", file=sys.stderr)
         return 2
     print(markdown_table(groups))
+    print_warnings(paths)
     print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
     return 0
+
+
+def print_warnings(paths: dict[str, Path]) -> None:
+    """The comparisons to doubt, one line each, right under the table (from report.json, as written)."""
+    for line in json.loads(paths["json"].read_text())["warnings"]:
+        print(line)

@@ -63,6 +63,9 @@ class Row:
     mixed_precision: str | None = None
     eval_set: str | None = None  # what EM / F1 were measured on (eval_set())
     compile_time_s: float | None = None  # --torch_compile's share of train_time_s
+    other_cpu_cores: float | None = None  # cores that other processes kept busy while it trained
+    load_average_1m: float | None = None
+    cpu_count: int | None = None
 
     @property
     def setup(self) -> str:
@@ -110,6 +113,8 @@ class Figures:
     host_rss_lifetime_max_gb: Stat | None = None
     exact_match: Stat | None = None
     f1: Stat | None = None
+    other_cpu_cores: Stat | None = None
+    load_average_1m: Stat | None = None
 
     @classmethod
     def of(cls, rows: list[Row]) -> Figures:
@@ -138,6 +143,7 @@ class Group:
     scale_base: str | None = None  # that point, e.g. "ddp x1"
     base_processes: int | None = None
     vs_baseline: float | None = None  # median samples/s against the baseline point's
+    cpu_count: int | None = None  # the machine's CPUs (Row.cpu_count)
 
     @property
     def key(self) -> str:
@@ -183,6 +189,8 @@ NUMBERS = (
     "global_batch_size",
     "per_device_train_batch_size",
     "max_seq_length",
+    "other_processes_cpu_cores",
+    "load_average_1m",
 )
 PER_RANK_NUMBERS = ("peak_memory_gb", "train_host_rss_gb", "peak_host_rss_gb")
 
@@ -265,6 +273,9 @@ def make_row(run_dir: Path, m: RunMetrics) -> Row:
         mixed_precision=m.mixed_precision,
         eval_set=eval_set(m),
         compile_time_s=m.compile_time_s,
+        other_cpu_cores=m.other_processes_cpu_cores,
+        load_average_1m=m.load_average_1m,
+        cpu_count=m.cpu_count,
     )
 
 
@@ -394,6 +405,7 @@ def group_rows(rows: list[Row]) -> list[Group]:
                 first.workload,
                 first.setup if done else None,
                 next((r.eval_set for r in done if r.eval_set), None),
+                cpu_count=first.cpu_count,
             )
         )
     return groups
@@ -463,3 +475,50 @@ def build_groups(run_dirs: list[Path], baseline: str | None = None) -> tuple[lis
     groups = group_rows(rows)
     add_scaling(groups)
     return rows, groups, add_baseline(groups, baseline)
+
+
+# --- how far a comparison can be trusted -----------------------------------------------------------
+
+# Cores other processes kept busy, on average, above which a run counts as one measured under load.
+BUSY_CORES = 0.5
+
+
+def _under_load(g: Group) -> str | None:
+    busy = g.figures.other_cpu_cores
+    if busy is None or busy.hi < BUSY_CORES:
+        return None
+    load, cores = g.figures.load_average_1m, f" of {g.cpu_count}" if g.cpu_count else ""
+    return (
+        f"{g.key} ran under load (other processes kept {busy.hi:.1f}{cores} cores busy"
+        + (f", load average {load.hi:.1f}" if load else "")
+        + ")"
+    )
+
+
+def _doubts(pair: list[Group]) -> list[str]:
+    single = [g.key for g in pair if len(g.runs) == 1]
+    out = [f"one run of {' and of '.join(single)}"] if single else []
+    return out + [why for g in pair if (why := _under_load(g))]
+
+
+def comparison_warnings(groups: list[Group], base: Group | None) -> list[str]:
+    """One line for each comparison (a speed-up, a vs-baseline ratio) that rests on a single repeat or on a run
+    measured while other processes took CPU: a 9.45x from one run on a loaded machine is noise until repeated."""
+    by_key = {g.key: g for g in groups}
+    lines = []
+    for g in groups:
+        scale_base = by_key.get(g.scale_base or "")
+        if g.speedup is not None and scale_base is not None and scale_base is not g:
+            doubts = _doubts([g, scale_base])
+            if doubts:
+                lines.append(
+                    f"warning: {g.key} speed-up {g.speedup.median:.2f}x over {scale_base.key} rests on "
+                    + "; ".join(doubts)
+                )
+        if g.vs_baseline is not None and base is not None and g is not base and base is not scale_base:
+            doubts = _doubts([g, base])
+            if doubts:
+                lines.append(
+                    f"warning: {g.key} {g.vs_baseline:.2f}x vs baseline {base.key} rests on " + "; ".join(doubts)
+                )
+    return lines

@@ -59,6 +59,8 @@ def test_wandb_logging_goes_offline_without_credentials(runs: Path, tmp_path: Pa
 def test_bench_sweeps_processes_with_repeats_under_strong_scaling(tmp_path: Path) -> None:
     """One command: ddp at 1 and 2 processes, twice each, global batch fixed; the report's medians,
     speed-up against the 1-process runs and efficiency come from the runs' own metrics."""
+    import wandb_records as w
+
     out = tmp_path / "bench"
     proc = run_ok(
         [
@@ -98,6 +100,11 @@ def test_bench_sweeps_processes_with_repeats_under_strong_scaling(tmp_path: Path
         assert (m["world_size"], m["train_steps"], m["global_batch_size"]) == (world, 4, 8), name
         assert m["per_device_train_batch_size"] == 8 // world and m["args"]["run_name"] == name
         assert json.loads((out / name / "sweep_point.json").read_text())["label"] == "ddp"
+        # The machine's load, which the report's warnings read, and the run's W&B records (offline, no credentials)
+        assert m["cpu_count"] >= 1 and m["load_average_1m"] >= 0 and m["other_processes_cpu_cores"] >= 0, name
+        (run_file,) = (out / name / "wandb").glob("offline-run-*/run-*.wandb")
+        (run,) = [r.run for r in w.records(run_file) if r.WhichOneof("record_type") == "run"]
+        assert (run.run_group, run.job_type) == ("bench-bench", "ddp"), name
     assert metrics["ddp-p1-r1"]["strategy"] == "single" and metrics["ddp-p2-r1"]["strategy"] == "ddp"
     saved = json.loads((out / "report" / "report.json").read_text())
     one, two = saved["groups"]
@@ -113,6 +120,9 @@ def test_bench_sweeps_processes_with_repeats_under_strong_scaling(tmp_path: Path
     assert (out / "report" / "speedup.png").read_bytes()[:8] == PNG_MAGIC
     assert "[bench] strong scaling: global batch 8 at every process count" in proc.stdout
     assert "4 of 4 runs finished" in proc.stdout
+    # Two repeats each: a warning only if the machine was loaded, printed as report.json holds it.
+    assert all(line in proc.stdout.splitlines() for line in saved["warnings"])
+    assert not [line for line in saved["warnings"] if "rests on one run" in line]
 
 
 def test_bench_reports_failed_runs_and_goes_on(tmp_path: Path) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
-from conftest import DEMO_DEV
+from conftest import DEMO_DEV, TINY
 
 from qa_train.config.flags import parse_args
 from qa_train.config.settings import ConfigError, every_n_steps
@@ -180,7 +184,7 @@ def test_every_flag_lives_in_exactly_one_group_and_round_trips() -> None:
     from qa_train.config.settings import GROUPS, TrainArgs
 
     names = [f.name for group in GROUPS.values() for f in dataclasses.fields(group)]
-    assert len(names) == len(set(names)) == 67
+    assert len(names) == len(set(names)) == 76
     parser_flags = {a.dest for a in build_parser()._actions if a.dest != "help"}
     assert parser_flags == set(names)
     args = parse_args(
@@ -226,3 +230,273 @@ def test_a_named_pipe_as_data_is_not_a_regular_file_not_missing(tmp_path) -> Non
     assert (
         str(err.value) == f"--train_file: {str(fifo)!r} is not a regular file (a named pipe): save the data to a file"
     )
+
+
+# --- the flags a transformers user types ---------------------------------------------------------------------
+
+
+def test_hub_flags_reach_from_pretrained_and_the_token_is_never_recorded() -> None:
+    from qa_train.model.modeling import hub_options
+
+    typed = ["--model_revision", "v2.0", "--cache_dir", "/tmp/hub", "--token", "hf_secret", "--trust_remote_code"]
+    args = parse_args(typed)
+    assert hub_options(args.model) == {
+        "revision": "v2.0",
+        "cache_dir": "/tmp/hub",
+        "token": "hf_secret",
+        "trust_remote_code": True,
+    }
+    recorded = args.to_dict()
+    assert recorded["token"] == "<given>" and "hf_secret" not in json.dumps(recorded)  # metrics.json, trackers
+    default = parse_args([])
+    assert (default.model.model_revision, default.model.token, default.to_dict()["token"]) == ("main", None, None)
+    assert default.model.trust_remote_code is False
+
+
+@pytest.mark.parametrize(
+    ("typed", "says"),
+    [
+        ("--model_revison", "did you mean --model_revision?"),
+        ("--log_levl", "did you mean --log_level?"),
+        ("--tf23", "did you mean --tf32?"),
+        ("--lerning_rate", "did you mean --learning_rate?"),
+        # Far from every flag: no suggestion rather than an unrelated one (difflib named --n_best_size, --no_eval).
+        ("--label_names", "python -m qa_train --help lists every flag"),
+        ("--dataloader_drop_last", "python -m qa_train --help lists every flag"),
+        ("--logging_first_step", "python -m qa_train --help lists every flag"),
+        ("--tokenizer", "python -m qa_train --help lists every flag"),
+    ],
+)
+def test_a_suggestion_is_made_only_for_a_close_typo(typed: str, says: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args([typed, "1"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == f"qa_train: error: unknown flag {typed}: {says}"
+
+
+def test_edit_distance_counts_insertions_deletions_substitutions_and_swaps() -> None:
+    from qa_train.config.flags import edit_distance
+
+    assert edit_distance("", "abc") == 3 and edit_distance("kitten", "sitting") == 3
+    assert edit_distance("max_seq_lenght", "max_seq_length") == 1  # one swap of neighbours
+    assert edit_distance("model_revision", "mixed_precision") > 2 and edit_distance("token", "tokenizer_name") == 9
+
+
+def test_dashes_in_a_flag_name_are_underscores() -> None:
+    args = parse_args(["--output-dir=runs/x", "--per-device-train-batch-size", "4", "--do-eval", "false"])
+    assert (args.output.output_dir, args.data.per_device_train_batch_size, args.eval.do_eval) == ("runs/x", 4, False)
+
+
+def _flags_of_accelerate_launch() -> set[str]:
+    from accelerate.commands.launch import launch_command_parser
+
+    return {o for a in launch_command_parser()._actions for o in a.option_strings}
+
+
+@pytest.mark.parametrize("name", sorted(__import__("qa_train.config.flags", fromlist=["ELSEWHERE"]).ELSEWHERE))
+def test_every_trainer_spelling_is_refused_saying_where_to_go(name: str, capsys: pytest.CaptureFixture) -> None:
+    """The table of Trainer's and run_qa's spellings: each refused with its line, and every flag a line names is one
+    that exists (ours, or accelerate launch's for the strategy)."""
+    from qa_train.config.flags import ELSEWHERE, build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        parse_args([f"--{name}"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == f"qa_train: error: unknown flag --{name}: {ELSEWHERE[name]}"
+    ours = {o for a in build_parser()._actions for o in a.option_strings}
+    named = re.findall(r"--\w+", ELSEWHERE[name])
+    assert all(flag in ours or flag in _flags_of_accelerate_launch() for flag in named), named
+    assert f"--{name}" not in ours, "a spelling we accept cannot be in the table of those we refuse"
+
+
+def test_the_docs_table_of_trainer_spellings_is_the_code_s() -> None:
+    from conftest import ROOT
+
+    from qa_train.config.flags import ELSEWHERE
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    rows = re.findall(r"^\| `--(\w+)` \| (.+) \|$", text, flags=re.MULTILINE)
+    assert dict(rows) == ELSEWHERE
+
+
+def test_an_arguments_file_comes_first_and_the_command_line_overrides_it(tmp_path: Path) -> None:
+    """As transformers' examples take `python run_qa.py args.json`: JSON or YAML, Trainer's value types (a list for
+    report_to, booleans as JSON or as text)."""
+    values = {
+        "learning_rate": 1e-4,
+        "num_train_epochs": 3,
+        "report_to": ["wandb", "tensorboard"],
+        "do_eval": "false",
+        "output_dir": str(tmp_path / "from-file"),
+        "train_file": str(DEMO_DEV),
+    }
+    as_json = tmp_path / "args.json"
+    as_json.write_text(json.dumps(values))
+    as_yaml = tmp_path / "args.yaml"
+    as_yaml.write_text(
+        "".join(f"{k.replace('_', '-', 1) if k == 'do_eval' else k}: {json.dumps(v)}\n" for k, v in values.items())
+    )
+    for path in (as_json, as_yaml):
+        args = parse_args([str(path), "--learning_rate", "2e-4"])
+        assert args.optim.learning_rate == 2e-4, "the command line wins"
+        assert (args.optim.num_train_epochs, args.output.trackers) == (3.0, ["wandb", "tensorboard"])
+        assert (args.eval.do_eval, args.output.run_name) == (False, "from-file")
+    assert parse_args([str(as_json)]).optim.learning_rate == 1e-4
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ('{"learning_rat": 1e-4}', "learning_rat: did you mean --learning_rate?"),
+        ('{"fp16": true}', "unknown flag --fp16: --mixed_precision fp16"),
+        ('{"learning_rate": "fast"}', "learning_rate: expected a float, got 'fast'"),
+        ('{"per_device_train_batch_size": 2.5}', "per_device_train_batch_size: expected a whole number, got 2.5"),
+        ('{"do_eval": "maybe"}', "do_eval: expected true or false, got 'maybe'"),
+        ('{"mixed_precision": "fp8"}', "mixed_precision: 'fp8' is not one of auto, no, fp16, bf16"),
+        ('["--learning_rate", "1e-4"]', "must hold an object of flag: value, found list"),
+        ('{"learning_rate": 1e-4,}', "not valid JSON"),
+    ],
+)
+def test_a_bad_arguments_file_is_one_line_naming_the_file_and_key(content: str, says: str, tmp_path: Path) -> None:
+    path = tmp_path / "args.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=re.escape(says)) as err:
+        parse_args([str(path)])
+    assert str(err.value).startswith(f"arguments file {path}: ") and "\n" not in str(err.value)
+
+
+def test_an_arguments_file_that_is_missing_or_not_first_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(ConfigError, match="arguments file .*missing.json: cannot be read"):
+        parse_args([str(tmp_path / "missing.json")])
+    path = tmp_path / "args.yaml"
+    path.write_text("learning_rate: 1e-4\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--seed", "1", str(path)])
+    assert "a file of arguments comes first" in capsys.readouterr().err
+
+
+def test_do_train_false_evaluates_a_named_model_and_refuses_what_only_training_reads() -> None:
+    args = parse_args(["--do_train", "false", "--model_name_or_path", "m", "--validation_file", str(DEMO_DEV)])
+    assert (args.eval.do_train, args.data.train_file, args.data.dataset_name) == (False, None, None)
+    with pytest.raises(ConfigError, match="--do_train: false evaluates the weights of --model_name_or_path"):
+        parse_args(["--do_train", "false", "--config_name", str(TINY)])
+    with pytest.raises(ConfigError, match="--do_train: false with --do_eval false leaves nothing to do"):
+        parse_args(["--do_train", "false", "--no_eval"])
+    for flag in (
+        ["--train_file", str(DEMO_DEV)],
+        ["--max_train_steps", "5"],
+        ["--eval_on_start"],
+        ["--save_best", "--eval_strategy", "epoch"],
+        ["--checkpointing_steps", "5"],
+    ):
+        with pytest.raises(ConfigError, match=f"--do_train: false trains nothing, so .*{flag[0]}.* would do nothing"):
+            parse_args(["--do_train", "false", "--validation_file", str(DEMO_DEV), *flag])
+    predict_only = parse_args(["--do_train", "false", "--no_eval", "--do_predict", "--test_file", str(DEMO_DEV)])
+    assert predict_only.data.dataset_name is None, "nothing reads the hub's squad"
+
+
+def test_offline_demo_evaluates_a_named_model_without_the_demos_training_settings() -> None:
+    from qa_train.config.settings import DEMO_VALIDATION_FILE
+
+    args = parse_args(["--offline_demo", "--do_train", "false", "--model_name_or_path", str(TINY)])
+    assert (args.data.train_file, args.eval.eval_on_start, args.eval.eval_strategy) == (None, False, "no")
+    assert args.model.config_name is None and args.model.tokenizer_name is None, "the model's own config"
+    assert args.data.validation_file == str(DEMO_VALIDATION_FILE) and args.data.max_seq_length == 256
+    trains = parse_args(["--offline_demo", "--model_name_or_path", str(TINY)])
+    assert trains.model.config_name is None and trains.eval.eval_on_start is True  # fine-tunes that model
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ["--save_safetensors", "false"],
+            "--save_safetensors: false: transformers 5 saves weights only as safetensors",
+        ),
+        (["--logging_dir", "tb"], "--logging_dir: is TensorBoard's folder, which --report_to wandb leaves out"),
+        (["--model_revision", ""], "--model_revision: is empty"),
+    ],
+)
+def test_flags_that_would_do_nothing_say_why(argv: list[str], says: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        parse_args(argv)
+
+
+def test_trainers_output_and_system_flags_are_taken() -> None:
+    args = parse_args(["--save_safetensors", "--tf32", "--log_level", "debug", "--optim", "adafactor"])
+    assert (args.output.save_safetensors, args.system.tf32, args.system.log_level) == (True, True, "debug")
+    assert args.optim.optim == "adafactor"
+    board = parse_args(["--report_to", "tensorboard", "--logging_dir", "/tmp/tb"]).output
+    assert board.tensorboard_dir == Path("/tmp/tb")
+    assert parse_args(["--output_dir", "runs/a"]).output.tensorboard_dir == Path("runs/a/tensorboard")
+
+
+def test_an_unknown_log_level_is_refused_in_one_line(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--log_level", "verbose"])
+    [line] = capsys.readouterr().err.splitlines()
+    assert "argument --log_level: invalid choice: 'verbose'" in line
+
+
+def test_8bit_adamw_needs_bitsandbytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match="--optim: adamw_bnb_8bit needs bitsandbytes, which is not installed"):
+        parse_args(["--optim", "adamw_bnb_8bit"])
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "bitsandbytes" else real(name, *a)
+    )
+    assert parse_args(["--optim", "adamw_bnb_8bit"]).optim.optim == "adamw_bnb_8bit"
+
+
+def test_wandb_variables_are_read_as_trainer_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (parse_args([]).output.log_model_when, parse_args([]).output.wandb_watch) == (None, None)
+    assert parse_args(["--wandb_log_model"]).output.log_model_when == "end"
+    monkeypatch.setenv("WANDB_LOG_MODEL", "end")
+    assert parse_args([]).output.log_model_when == "end"
+    assert parse_args(["--report_to", "none"]).output.log_model_when is None  # as Trainer: only where W&B runs
+    monkeypatch.setenv("WANDB_LOG_MODEL", "checkpoint")
+    monkeypatch.setenv("WANDB_WATCH", "all")
+    out = parse_args([]).output
+    assert (out.log_model_when, out.wandb_watch) == ("checkpoint", "all")
+    monkeypatch.setenv("WANDB_LOG_MODEL", "yes")
+    with pytest.raises(ConfigError, match="WANDB_LOG_MODEL=yes: not one of end, checkpoint, false"):
+        parse_args([])
+    assert parse_args(["--report_to", "tensorboard"]).output.log_model_when is None
+    monkeypatch.setenv("WANDB_LOG_MODEL", "false")
+    monkeypatch.setenv("WANDB_WATCH", "weights")
+    with pytest.raises(ConfigError, match="WANDB_WATCH=weights: not one of gradients, parameters, all, false"):
+        parse_args([])
+
+
+def test_the_log_level_sets_qa_trains_and_the_libraries_loggers_on_the_main_process() -> None:
+    import logging
+
+    from qa_train.trainer import setup_logging
+
+    levels = {name: logging.getLogger(name).level for name in ("qa_train", "transformers", "datasets")}
+    try:
+        setup_logging(True, bars=False, level="debug")
+        assert logging.getLogger("qa_train").level == logging.getLogger("transformers").level == logging.DEBUG
+        setup_logging(True, bars=False, level="error")
+        assert logging.getLogger("qa_train").level == logging.getLogger("datasets").level == logging.ERROR
+        setup_logging(True, bars=False)  # passive
+        assert (logging.getLogger("qa_train").level, logging.getLogger("transformers").level) == (
+            logging.INFO,
+            logging.WARNING,
+        )
+        setup_logging(False, bars=False, level="debug")  # other ranks: warnings and errors only
+        assert (logging.getLogger("qa_train").level, logging.getLogger("transformers").level) == (
+            logging.WARNING,
+            logging.ERROR,
+        )
+    finally:
+        setup_logging(True, bars=False)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)

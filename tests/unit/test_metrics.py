@@ -102,12 +102,13 @@ def test_a_ranks_figures_are_what_it_trained_field_by_field(monkeypatch: pytest.
 
 
 def test_rank_figures_travel_as_rows_by_field_name() -> None:
-    mine = rank(7, 2.0, 0.5, loss=0.25, compile_s=12.5, graphs=2)
+    mine = dataclasses.replace(rank(7, 2.0, 0.5, loss=0.25, compile_s=12.5, graphs=2), cpu_count=16)
     row = mine.as_row()
-    assert len(row) == len(dataclasses.fields(RankFigures)) and row[0] == 7.0 and row[-1] == 2.0
+    assert len(row) == len(dataclasses.fields(RankFigures)) and row[0] == 7.0 and row[-1] == 16.0
     back = RankFigures.from_row(row)
     assert back.last_loss == 0.25 and back.train_rss_gib == 0.5 and math.isnan(back.cuda_allocated_gib)
     assert back.baseline_rss_gib == 0.25 and (back.compile_s, back.compiled_graphs) == (12.5, 2.0)
+    assert back.cpu_count == 16 and math.isnan(back.own_cpu_cores)
 
 
 @pytest.mark.parametrize(

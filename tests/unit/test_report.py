@@ -515,3 +515,77 @@ def test_scores_of_other_evaluation_sets_are_named_apart(runs: Path, tmp_path: P
     )
     _, groups, base = report_data.build_groups(report_data.find_runs([runs]))  # one set (zero2 has no scores): no note
     assert not any("evaluation set" in line for line in report.notes(groups, base))
+
+
+# --- how far a comparison can be trusted: repeats and the machine's load ------------------------------------
+
+
+def test_others_cpu_is_the_busiest_nodes_less_its_own_ranks() -> None:
+    from qa_train.observe.machine import others_on_busiest_node
+
+    # one node, two ranks: each saw the node 2.5 cores busy, and they took 1.0 each
+    assert others_on_busiest_node([1.0, 1.0], [2.5, 2.4], 2) == pytest.approx(0.5)
+    # two nodes: the second's neighbours took 3 cores; the first's ranks had it to themselves (never below 0)
+    assert others_on_busiest_node([1.0, 1.0, 1.0, 1.0], [1.9, 1.8, 5.0, 4.0], 2) == pytest.approx(3.0)
+    assert others_on_busiest_node([1.2], [1.0], 1) == 0.0
+
+
+def test_the_load_meter_counts_this_processs_cpu_and_the_nodes() -> None:
+    import os
+    import time
+
+    import psutil
+
+    from qa_train.observe.machine import LoadMeter
+
+    meter = LoadMeter()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # 0.3 s of this process's own CPU
+        pass
+    load = meter.read()
+    # Loosely: on a shared machine the wall time can be several times the CPU time.
+    assert 0.05 < load.own_cpu_cores <= 1.1 and load.node_busy_cores >= load.own_cpu_cores * 0.8
+    assert load.cpu_count == psutil.cpu_count() and load.load_average_1m == pytest.approx(os.getloadavg()[0], abs=2)
+
+
+def loaded(root: Path, name: str, cores: float) -> None:
+    rewrite(root / name, other_processes_cpu_cores=cores, load_average_1m=cores + 1.0, cpu_count=2)
+
+
+def test_a_speedup_from_one_repeat_or_under_load_gets_a_warning_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    root = tmp_path / "sweep"
+    sweep(root, "ddp", "ddp", {1: [40.0], 2: [378.0]}, {1: 16, 2: 8})  # a 9.45x from one run each
+    groups, paths = report.build_report([root], tmp_path / "report")
+    assert json.loads(paths["json"].read_text())["warnings"] == [
+        "warning: ddp x2 speed-up 9.45x over ddp x1 rests on one run of ddp x2 and of ddp x1"
+    ]
+    loaded(root, "ddp-p2-r1", 1.5)
+    assert report.main([str(root), "--output", str(tmp_path / "report2")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    under_table = lines[max(i for i, line in enumerate(lines) if line.startswith("|")) + 1]
+    assert under_table == (
+        "warning: ddp x2 speed-up 9.45x over ddp x1 rests on one run of ddp x2 and of ddp x1; "
+        "ddp x2 ran under load (other processes kept 1.5 of 2 cores busy, load average 2.5)"
+    )
+    assert "- warning: ddp x2 speed-up" in (tmp_path / "report2" / "report.md").read_text()
+
+
+def test_repeats_on_a_quiet_machine_give_no_warning(tmp_path: Path) -> None:
+    root = tmp_path / "sweep"
+    sweep(root, "ddp", "ddp", {1: [40.0, 41.0], 2: [70.0, 72.0]}, {1: 16, 2: 8})
+    for name in ("ddp-p1-r1", "ddp-p1-r2", "ddp-p2-r1", "ddp-p2-r2"):
+        loaded(root, name, 0.2)  # below BUSY_CORES: noise of the machine's own
+    _, paths = report.build_report([root], tmp_path / "report")
+    assert json.loads(paths["json"].read_text())["warnings"] == []
+    loaded(root, "ddp-p1-r2", 0.9)  # the speed-up's base measured under load
+    _, paths = report.build_report([root], tmp_path / "report3")
+    [line] = json.loads(paths["json"].read_text())["warnings"]
+    assert line.startswith("warning: ddp x2 speed-up") and "ddp x1 ran under load (other processes kept 0.9" in line
+
+
+def test_bench_runs_log_to_wandb_unless_told_not_to() -> None:
+    from qa_train.studies import bench
+
+    assert "--report_to" not in bench.DEFAULT_FLAGS, "the run's default (wandb, offline without credentials)"

@@ -26,11 +26,15 @@ class FakeRun:
     def __init__(self, fail_log_on: int | None = None, fail_summary: bool = False) -> None:
         self.name = "fake-run"
         self.logged: list[tuple[dict, int]] = []
+        self.metrics: list[tuple[str, dict]] = []
         self.finished = 0
         self.summaries: list[dict] = []
         self.fail_log_on, self.fail_summary = fail_log_on, fail_summary
         self.summary = types.SimpleNamespace(update=self._update)
         self.config = types.SimpleNamespace(update=lambda values, allow_val_change: None)
+
+    def define_metric(self, name: str, **kwargs: Any) -> None:
+        self.metrics.append((name, kwargs))
 
     def log(self, values: dict, step: int | None = None) -> None:
         self.logged.append((values, step))
@@ -188,7 +192,7 @@ def test_summary_failure_warns_and_the_run_still_logs_and_ends(monkeypatch: pyte
     assert json.loads((out / "metrics.json").read_text()) == metrics().to_json()
     tracker.log_step(7, {"x": 1.0})  # not a fatal failure: the run is kept
     tracker.close()
-    assert fake.run.logged[-1] == ({"x": 1.0}, 7)
+    assert fake.run.logged[-1] == ({"x": 1.0, "train/global_step": 7}, 7)
     assert fake.run.finished == 1  # the run is still closed so it does not stay "running" in W&B
 
 
@@ -198,7 +202,8 @@ def test_summary_is_flat_and_leaves_out_args_and_lists(monkeypatch: pytest.Monke
     tracker = recorder(tmp_path, [wandb_tracker(tmp_path)])
     tracker.finish(metrics())
     (summary,) = fake.run.summaries
-    assert summary["exact_match"] == 81.25 and summary["strategy"] == "zero2"
+    assert summary["eval/exact_match"] == 81.25 and summary["strategy"] == "zero2"
+    assert "exact_match" not in summary and "f1" not in summary  # once, under the history's key
     assert summary["peak_memory_gb/max"] == 2.5 and summary["peak_memory_gb/mean"] == 2.0
     assert not [k for k in summary if k.startswith("args/") or k == "args"]
     assert "train_loss_per_rank" not in summary and "peak_memory_gb/per_rank" not in summary
@@ -219,7 +224,7 @@ def test_config_goes_to_the_run_and_a_config_failure_is_not_fatal(
     with pytest.warns(UserWarning, match="wandb config failed: bad value"):
         tracker = recorder(tmp_path, [wandb_tracker(tmp_path)])
     run_steps(tracker, 1)
-    assert fake.run.logged == [({"train/loss": 1.0}, 1)]
+    assert fake.run.logged == [({"train/loss": 1.0, "train/global_step": 1}, 1)]
 
 
 # --- W&B mode ----------------------------------------------------------------------------------
@@ -700,14 +705,17 @@ def test_artifact_names_pass_wandbs_own_check() -> None:
 def test_summary_has_the_same_keys_with_and_without_per_rank_figures(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """On CPU peak_memory_reserved_gb has no per_rank list (None): it was logged then, and left out on a GPU."""
+    """On CPU peak_memory_reserved_gb has no figures: the summary leaves them out (it holds no null), and has every
+    other key a GPU run's has; per_rank lists are left out on both."""
     fake = install(monkeypatch, FakeWandb())
     tracker = recorder(tmp_path, [wandb_tracker(tmp_path)])
     tracker.finish(metrics(peak_memory_reserved_gb=PerRank()))
     tracker.finish(metrics(peak_memory_reserved_gb=PerRank.of([1.0, 2.0])))
     cpu, gpu = fake.run.summaries
-    assert set(cpu) == set(gpu) and not [k for k in cpu if k.endswith("per_rank")]
-    assert cpu["peak_memory_reserved_gb/max"] is None and gpu["peak_memory_reserved_gb/max"] == 2.0
+    reserved = {"peak_memory_reserved_gb/max", "peak_memory_reserved_gb/mean"}
+    assert set(gpu) - set(cpu) == reserved and set(cpu) <= set(gpu)
+    assert not [k for k in cpu if k.endswith("per_rank")] and None not in cpu.values()
+    assert gpu["peak_memory_reserved_gb/max"] == 2.0
     assert json.loads((tmp_path / "metrics.json").read_text())["peak_memory_reserved_gb"]["per_rank"] == [1.0, 2.0]
 
 

@@ -1,0 +1,135 @@
+"""--optim's Trainer names, --tf32 and --trust_remote_code: what each builds, and each refusal where the launch
+cannot honour it (one line, before any data is read)."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY
+
+from qa_train.config.flags import parse_args
+from qa_train.config.settings import ConfigError
+
+
+def test_adafactor_is_trainers_at_the_learning_rate_and_steps_the_weights() -> None:
+    from transformers.optimization import Adafactor
+
+    from qa_train.model.optimization import param_groups, torch_optimizer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    o = parse_args(["--optim", "adafactor", "--learning_rate", "0.01", "--weight_decay", "0.1"]).optim
+    opt = torch_optimizer(param_groups(model, o.weight_decay), o)
+    assert isinstance(opt, Adafactor) and [g["lr"] for g in opt.param_groups] == [0.01, 0.01]
+    assert opt.defaults["relative_step"] is False and opt.defaults["scale_parameter"] is False  # as Trainer sets
+    before = model[0].weight.detach().clone()
+    model(torch.randn(8, 4)).pow(2).sum().backward()
+    opt.step()
+    assert not torch.equal(before, model[0].weight)
+    plain = torch_optimizer(param_groups(model, 0.0), parse_args(["--optim", "adamw_torch"]).optim)
+    assert type(plain) is torch.optim.AdamW and plain.defaults["fused"] is False
+
+
+def _accelerator(distributed: str, device: str = "cpu", deepspeed: dict | None = None) -> types.SimpleNamespace:
+    from accelerate.utils import DistributedType
+
+    plugin = types.SimpleNamespace(deepspeed_config=deepspeed) if deepspeed is not None else None
+    return types.SimpleNamespace(
+        distributed_type=DistributedType[distributed],
+        device=torch.device(device),
+        state=types.SimpleNamespace(deepspeed_plugin=plugin),
+    )
+
+
+@pytest.mark.parametrize(
+    ("optim", "accelerator", "says"),
+    [
+        ("adafactor", _accelerator("FSDP"), "--optim adafactor: transformers' Adafactor cannot step FSDP2's sharded"),
+        ("adamw_bnb_8bit", _accelerator("NO"), "--optim adamw_bnb_8bit: bitsandbytes' 8-bit AdamW runs on CUDA"),
+        (
+            "adafactor",
+            _accelerator("DEEPSPEED", deepspeed={"optimizer": {"type": "AdamW"}}),
+            "--optim adafactor: the DeepSpeed JSON brings its own optimizer",
+        ),
+    ],
+)
+def test_an_optimizer_the_launch_cannot_honour_is_refused(
+    optim: str, accelerator: types.SimpleNamespace, says: str
+) -> None:
+    from qa_train.strategy.checks import check_optimizer
+
+    with pytest.raises(ConfigError, match=f"^{says}"):
+        check_optimizer(accelerator, optim)
+
+
+def test_adafactor_is_taken_under_ddp_and_zero_without_an_optimizer_section() -> None:
+    from qa_train.strategy.checks import check_optimizer
+
+    check_optimizer(_accelerator("MULTI_CPU"), "adafactor")
+    check_optimizer(_accelerator("DEEPSPEED", deepspeed={"zero_optimization": {"stage": 3}}), "adafactor")
+    check_optimizer(_accelerator("DEEPSPEED", deepspeed={"optimizer": {}}), "adamw_torch")  # the JSON's own
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a run with no TF32 to enable")
+def test_tf32_without_an_ampere_gpu_is_refused_naming_the_flag() -> None:
+    from qa_train.strategy.build import enable_tf32
+
+    with pytest.raises(ConfigError, match=r"^--tf32: TF32 is an Ampere-or-newer NVIDIA GPU's .* drop the flag$"):
+        enable_tf32()
+
+
+def test_tf32_is_set_as_trainer_sets_it_where_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' enable_tf32 is what runs (the GPU check, run on a device, is test_gpu.py's)."""
+    import transformers.utils.import_utils as hf
+
+    from qa_train.strategy.build import enable_tf32
+
+    calls: list[bool] = []
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.setattr(hf, "is_torch_tf32_available", lambda: True)
+    monkeypatch.setattr(hf, "enable_tf32", calls.append)
+    enable_tf32()
+    assert calls == [True]
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # qa-train launch --cpu: no GPU work at all
+    with pytest.raises(ConfigError, match="^--tf32: "):
+        enable_tf32()
+
+
+def _remote_code_model(folder: Path) -> Path:
+    """A model folder whose config names its own code (auto_map), as a hub repo with custom code has it."""
+    folder.mkdir()
+    (folder / "custom_config.py").write_text(
+        "from transformers import BertConfig\n\n\nclass CustomConfig(BertConfig):\n    model_type = 'custom-bert'\n"
+    )
+    (folder / "custom_model.py").write_text(
+        "from transformers import BertForQuestionAnswering\n\nfrom .custom_config import CustomConfig\n\n\n"
+        "class CustomForQA(BertForQuestionAnswering):\n    config_class = CustomConfig\n"
+    )
+    config = json.loads((TINY / "config.json").read_text())
+    config.update(
+        model_type="custom-bert",
+        auto_map={
+            "AutoConfig": "custom_config.CustomConfig",
+            "AutoModelForQuestionAnswering": "custom_model.CustomForQA",
+        },
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_trust_remote_code_builds_the_models_own_class(tmp_path: Path) -> None:
+    from qa_train.model.modeling import load_model_config, loading, qa_model_class
+
+    folder = _remote_code_model(tmp_path / "custom")
+    args = parse_args(["--config_name", str(folder), "--tokenizer_name", str(TINY), "--trust_remote_code"]).model
+    config = load_model_config(args)
+    assert type(config).__name__ == "CustomConfig"
+    assert qa_model_class(config).__name__ == "CustomForQA"
+    untrusted = parse_args(["--config_name", str(folder), "--tokenizer_name", str(TINY)]).model
+    # As the trainer loads it: transformers' ValueError becomes one line naming the flag.
+    with pytest.raises(ConfigError, match=r"^--config_name .*custom: cannot load it \(ValueError: .*trust_remote_code"):
+        with loading("--config_name", str(folder)):
+            load_model_config(untrusted)
