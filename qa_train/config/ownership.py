@@ -132,9 +132,12 @@ def _points_into(link: Path, folder: Path) -> bool:
 
 
 def _tensorboard(folder: Path) -> Owned:
-    """accelerate's TensorBoard tracker: event files, and hparams.yml beside them holding qa_train's config."""
+    """The TensorBoard tracker's event files, which hold qa_train's config as hyper-parameters (observe/trackers.py;
+    accelerate's own tracker wrote them to hparams.yml beside them, still recognised)."""
     files = [p for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()]
-    if not any(p.name == "hparams.yml" and _mentions(p, RUN_MARK) for p in files):
+    if not any(
+        _mentions(p, RUN_MARK) for p in files if p.name == "hparams.yml" or p.name.startswith("events.out.tfevents.")
+    ):
         return Owned(keep=[folder])
     ours = [
         p

@@ -19,7 +19,6 @@ import pytest
 import slurm_cluster
 from conftest import PY, ROOT, base_env, port, read_metrics, tiny_flags
 
-pytestmark = pytest.mark.distributed
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 JOB_TIMEOUT_S = 600
 
