@@ -48,7 +48,7 @@ demo-v2: install
 
 # The whole suite: tests/unit and tests/integration (pyproject's testpaths).
 test: install
-	$(PY) -m pytest -q $(TEST_WORKERS)
+	$(PY) -m pytest -q --durations=25 $(TEST_WORKERS)
 
 test-fast: install
 	$(PY) -m pytest -q tests/unit $(TEST_FAST_WORKERS)

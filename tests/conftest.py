@@ -12,11 +12,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import slurm_cluster
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "qa_train" / "assets"
@@ -202,21 +203,27 @@ def high_padding_model(out: Path) -> Path:
 # Seconds the slowest files take in `make test` (measured, rounded: only the order matters). Its two workers take
 # whole files in order (--dist loadfile --no-loadscope-reorder): a long file started last would run on alone.
 SLOW_FILES = {
-    "test_strategies.py": 850,
-    "test_e2e.py": 620,
-    "test_faults.py": 310,
-    "test_compile_runs.py": 250,
-    "test_plan_runs.py": 200,
-    "test_launch_signals_runs.py": 190,
-    "test_slurm_cluster.py": 170,
-    "test_slurm.py": 60,
-    "test_best_runs.py": 120,
-    "test_loader_options.py": 110,
-    "test_disk_full_runs.py": 90,
-    "test_report_runs.py": 90,
-    "test_intervals.py": 90,
-    "test_hangs.py": 75,
-    "test_predict_runs.py": 60,
+    "test_strategies.py": 560,
+    "test_resume_anywhere_runs.py": 400,
+    "test_slurm_cluster.py": 270,
+    "test_e2e.py": 250,
+    "test_faults.py": 120,
+    "test_report_runs.py": 100,
+    "test_eval_only_runs.py": 95,
+    "test_compile_runs.py": 90,
+    "test_hangs.py": 80,
+    "test_launch_signals_runs.py": 80,
+    "test_plan_runs.py": 70,
+    "test_families_runs.py": 50,
+    "test_disk_full_runs.py": 45,
+    "test_v2_demo.py": 45,
+    "test_best_runs.py": 45,
+    "test_wandb_layout_runs.py": 40,
+    "test_slurm.py": 40,
+    "test_loader_options.py": 35,
+    "test_hub_runs.py": 35,
+    "test_predict_runs.py": 25,
+    "test_dirlock_runs.py": 20,
 }
 
 
@@ -224,3 +231,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slowest files first, then the other integration files, the unit tests last (small files fill the gaps at
     the end). The sort is stable: a file's own tests keep their order."""
     items.sort(key=lambda item: (-SLOW_FILES.get(item.path.name, 0), item.path.parent.name == "unit"))
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """One uninterrupted run per config (8 steps, a checkpoint every 4) for the whole session: under pytest-xdist the
+    workers share it (the first to need a config runs it under a file lock; another waits for it), so the strategy
+    files can run side by side without each launching the same references."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's folder, or this one
+
+    def run(config: str) -> Path:
+        from strategy_runs import launch_cmd  # tests/integration, on the path once a test there is collected
+
+        folder = shared / "uninterrupted" / config
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{folder}.lock"):
+            if not (folder / "DONE").is_file():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                # DDP, the reference, also evaluates: evaluation comes after training and changes no step.
+                extra = ("--do_eval", "true") if config == "ddp" else ()
+                run_ok(launch_cmd(config, folder / "run", *extra), base_env(folder))
+                (folder / "DONE").touch()
+        return folder / "run"
+
+    return run

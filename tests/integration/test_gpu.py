@@ -19,7 +19,8 @@ import pytest
 import torch
 from conftest import ASSETS, PY, ROOT, base_env, error_lines, export_answers, read_metrics, run_ok, tiny_flags
 from safetensors.torch import load_file
-from test_strategies import STEPS, kill_after_checkpoint, launch_cmd, step_log
+from strategy_runs import STEPS, launch_cmd, step_log
+from test_strategies import kill_after_checkpoint
 
 from qa_train.studies.bench import free_port
 

@@ -2,7 +2,7 @@
 
 DDP is the reference: with the same seed, data order and fp32 math, ZeRO stages (and offload) and
 FSDP must follow its LR schedule exactly and its loss curve to rounding. A checkpoint of each continues on another
-number of processes and under another strategy as the uninterrupted run goes on.
+number of processes and under another strategy as the uninterrupted run goes on (test_resume_anywhere_runs.py).
 """
 
 from __future__ import annotations
@@ -16,48 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import PY, ROOT, base_env, error_lines, port, read_metrics, run_ok, tiny_flags
+from conftest import PY, ROOT, base_env, error_lines, read_metrics, run_ok
 from safetensors.torch import load_file
+from strategy_runs import PORTS, STEPS, launch_cmd, step_log
 
 from qa_train.strategy.supervise import runs_module
-
-STEPS = 8
-PORTS = iter(range(port(29620), port(29700)))
-
-
-def launch_cmd(config: str, out: Path, *extra: str, processes: int = 2) -> list[str]:
-    return [
-        PY,
-        "-m",
-        "qa_train.cli",
-        "launch",
-        "--cpu",
-        "--config_file",
-        f"accelerate_configs/{config}.yaml",
-        "--num_processes",
-        str(processes),
-        "--main_process_port",
-        str(next(PORTS)),
-        "--",
-        *tiny_flags(
-            out,
-            "--max_train_steps",
-            str(STEPS),
-            "--logging_steps",
-            "1",
-            "--no_eval",
-            "--checkpointing_steps",
-            "4",
-            *extra,
-        ),
-    ]
-
-
-def step_log(out: Path) -> dict[int, dict]:
-    """Last training entry per step: a resumed run re-logs the steps after its checkpoint (evaluations log their
-    own eval/* lines at a step)."""
-    entries = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
-    return {e["step"]: e for e in entries if "train/loss" in e}
 
 
 def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -83,23 +46,6 @@ def assert_export_is_trained(out: Path) -> None:
         assert tensor.numel() > 0 and tensor.shape == reference[name].shape, name
         torch.testing.assert_close(tensor.float(), reference[name].float(), rtol=0, atol=0, msg=name)
     assert any(t.abs().sum() > 0 for t in exported.values())
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """One uninterrupted run per config, launched once for every test of this module that compares with it."""
-    done: dict[str, Path] = {}
-
-    def run(config: str) -> Path:
-        if config not in done:
-            tmp = tmp_path_factory.mktemp(config)
-            # DDP, the reference, also evaluates: evaluation comes after training and changes no step.
-            extra = ("--do_eval", "true") if config == "ddp" else ()
-            run_ok(launch_cmd(config, tmp / "run", *extra), base_env(tmp))
-            done[config] = tmp / "run"
-        return done[config]
-
-    return run
 
 
 @pytest.fixture(scope="module")
@@ -358,136 +304,3 @@ def test_a_stop_request_is_said_once_and_only_the_main_process_draws_library_bar
     assert code == 75, said[-3000:]
     assert said.count("stop requested: checkpoint saved at step 1") == 1, said[-3000:]
     assert said.count("Loading weights: 100%") == 1, said[-3000:]
-
-
-# --- a checkpoint continued on another number of processes, or under another strategy ------------------------------
-
-STRATEGY = {"zero2_offload": "zero2", "zero3_offload": "zero3"}  # the others are named as their config
-# Measured: losses after such a resume differ from the uninterrupted run's by at most 1.1e-6 (of about 4): another
-# reduction order (one process accumulating two micro-batches, or another library's all-reduce) rounds otherwise.
-LOSS_TOL = 1e-5
-# Adam divides by the root of its second moment, so where a gradient is near zero that rounding moves a weight by up
-# to the learning rate (1e-4 measured, in about 0.02% of the weights); the weights as a whole agree to 6e-6.
-WEIGHTS_TOL = 2e-5
-
-
-def continue_run(config: str, processes: int, checkpoint: Path, out: Path, *extra: str) -> str:
-    """The checkpoint continued by `processes` processes under `config`, into a new output dir; what it said."""
-    cmd = [*launch_cmd(config, out, *extra, processes=processes), "--resume_from_checkpoint", str(checkpoint)]
-    proc = run_ok(cmd, base_env(out.parent))
-    return proc.stdout + proc.stderr
-
-
-def assert_continues(out: Path, reference: Path, steps: range) -> None:
-    """Step by step the uninterrupted run's learning rate exactly and its loss to rounding; its final weights."""
-    ours, ref = step_log(out), step_log(reference)
-    assert sorted(ours) == list(steps)
-    # Printed for the record (pytest -rA shows it): the figures the tolerances were set from.
-    diffs = {step: abs(ours[step]["train/loss"] - ref[step]["train/loss"]) for step in steps}
-    print(f"{out.parent.name}: |loss - uninterrupted| per step {diffs}")
-    for step in steps:
-        assert ours[step]["train/lr"] == ref[step]["train/lr"], f"LR differs at step {step}"
-        assert ours[step]["train/loss"] == pytest.approx(ref[step]["train/loss"], abs=LOSS_TOL), f"loss, step {step}"
-    resumed = load_file(out / "final" / "model.safetensors")
-    expected = load_file(reference / "final" / "model.safetensors")
-    assert set(resumed) == set(expected)
-    off = sum(float((resumed[k] - t).pow(2).sum()) for k, t in expected.items()) ** 0.5
-    whole = sum(float(t.pow(2).sum()) for t in expected.values()) ** 0.5
-    print(f"{out.parent.name}: final weights, relative L2 difference {off / whole:.2e}")
-    assert off <= WEIGHTS_TOL * whole
-    assert max(float((resumed[k] - t).abs().max()) for k, t in expected.items()) < 1e-3
-
-
-@pytest.fixture(scope="module")
-def on_one(
-    tmp_path_factory: pytest.TempPathFactory, uninterrupted: Callable[[str], Path]
-) -> Callable[[str, str], tuple[Path, str]]:
-    """A 2-process run's step-4 checkpoint continued on one process (checkpointing every 2 steps), once per pair."""
-    done: dict[tuple[str, str], tuple[Path, str]] = {}
-
-    def run(source: str, config: str) -> tuple[Path, str]:
-        if (source, config) not in done:
-            out = tmp_path_factory.mktemp(f"{source}-to-{config}") / "run"
-            step_4 = uninterrupted(source) / "checkpoints" / "step_00000004"
-            done[source, config] = (out, continue_run(config, 1, step_4, out, "--checkpointing_steps", "2"))
-        return done[source, config]
-
-    return run
-
-
-@pytest.mark.parametrize(
-    ("source", "config"),
-    [
-        ("ddp", "single"),
-        ("zero1", "zero1"),
-        ("zero2", "zero2"),
-        ("zero3", "zero3"),
-        ("zero2_offload", "zero2_offload"),
-        ("zero3_offload", "zero3_offload"),
-        ("fsdp", "fsdp"),
-    ],
-)
-def test_a_checkpoint_of_two_processes_continues_on_one_with_accumulation_2(
-    source: str, config: str, uninterrupted: Callable[[str], Path], on_one: Callable[[str, str], tuple[Path, str]]
-) -> None:
-    """The command unchanged but for the process count: the run refits its accumulation to keep the global batch of
-    16, and steps 5-8 go as in the uninterrupted 2-process run. DeepSpeed's partitions are converted; accelerate's
-    single/DDP files and FSDP2's sharded ones (torch.distributed.checkpoint) load as saved."""
-    out, said = on_one(source, config)
-    m = read_metrics(out)
-    assert (m["world_size"], m["strategy"], m["global_batch_size"]) == (1, STRATEGY.get(config, config), 16)
-    assert m["args"]["gradient_accumulation_steps"] == 2
-    assert "--gradient_accumulation_steps 1 -> 2 keeps its global batch of 16" in said
-    assert ("Adam moments and step were converted by parameter name" in said) == source.startswith("zero"), said[-3000:]
-    assert_continues(out, uninterrupted(source), range(5, 9))
-
-
-@pytest.mark.parametrize(
-    ("source", "via", "config"), [("ddp", "single", "ddp"), ("fsdp", "fsdp", "fsdp"), ("zero3", "zero3", "zero3")]
-)
-def test_a_checkpoint_of_one_process_continues_on_two(
-    source: str,
-    via: str,
-    config: str,
-    uninterrupted: Callable[[str], Path],
-    on_one: Callable[[str, str], tuple[Path, str]],
-    tmp_path: Path,
-) -> None:
-    """The 1-process continuation's step-6 checkpoint (accumulation 2) continued by 2 processes (accumulation 1)."""
-    one, _ = on_one(source, via)
-    out = tmp_path / "run"
-    said = continue_run(config, 2, one / "checkpoints" / "step_00000006", out)
-    assert "it was written by 1 process, this run has 2, with the same global batch of 16" in said
-    assert read_metrics(out)["world_size"] == 2
-    assert_continues(out, uninterrupted(source), range(7, 9))
-
-
-@pytest.mark.parametrize(
-    ("source", "config", "processes"),
-    [
-        ("ddp", "zero3", 2),
-        ("zero2", "fsdp", 2),
-        ("fsdp", "ddp", 2),
-        ("zero3", "ddp", 1),
-        # Offload's optimizer (DeepSpeed's CPU Adam) on either side of a conversion.
-        ("zero3_offload", "zero1", 2),
-        ("fsdp", "zero2_offload", 1),
-    ],
-)
-def test_a_checkpoint_continues_under_another_strategy(
-    source: str, config: str, processes: int, uninterrupted: Callable[[str], Path], tmp_path: Path
-) -> None:
-    """Converted through the portable layout on resume, with no step of the user's; ZeRO-3 x2 -> DDP x1 changes the
-    number of processes too."""
-    reference = uninterrupted(source)
-    out = tmp_path / "run"
-    said = continue_run(config, processes, reference / "checkpoints" / "step_00000004", out)
-    saved = json.loads((reference / "checkpoints" / "step_00000004" / "trainer_state.json").read_text())
-    now = json.loads((out / "checkpoints" / "step_00000008" / "trainer_state.json").read_text())
-    assert (
-        f"saved as {saved['checkpoint_layout']}, loaded as {now['checkpoint_layout']}, so its weights, Adam moments"
-        in said
-    )
-    assert not list((out / "checkpoints").glob(".portable-*")), "the converted folder is removed once loaded"
-    assert read_metrics(out)["world_size"] == processes
-    assert_continues(out, reference, range(5, 9))
