@@ -135,15 +135,13 @@ def _tensorboard(folder: Path) -> Owned:
     """The TensorBoard tracker's event files, which hold qa_train's config as hyper-parameters (observe/trackers.py;
     accelerate's own tracker wrote them to hparams.yml beside them, still recognised)."""
     files = [p for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()]
-    if not any(
-        _mentions(p, RUN_MARK) for p in files if p.name == "hparams.yml" or p.name.startswith("events.out.tfevents.")
-    ):
-        return Owned(keep=[folder])
     ours = [
         p
         for p in files
         if not p.is_symlink() and (p.name == "hparams.yml" or p.name.startswith("events.out.tfevents."))
     ]
+    if not any(_mentions(p, RUN_MARK) for p in ours):
+        return Owned(keep=[folder])
     return Owned(remove=ours, keep=[p for p in files if p not in ours])
 
 
