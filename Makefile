@@ -48,6 +48,9 @@ demo-v2: install
 
 # The whole suite: tests/unit and tests/integration (pyproject's testpaths).
 test: install
+	@# Byte-compiled once here: under PYTHONDONTWRITEBYTECODE each of the suite's hundreds of processes
+	@# would compile qa_train's modules again.
+	$(PY) -m compileall -q qa_train tests
 	$(PY) -m pytest -q --durations=25 $(TEST_WORKERS)
 
 test-fast: install

@@ -19,6 +19,10 @@ import pytest
 import slurm_cluster
 from filelock import FileLock
 
+# Two pytest workers share the cores: an idle OpenMP thread must sleep, not spin, or a 2-thread run burns the
+# other worker's core waiting (set before this process or any run it starts loads torch).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "qa_train" / "assets"
 TINY = ASSETS / "tiny-bert"
@@ -76,6 +80,26 @@ def tiny_flags(output_dir: Path, *extra: str) -> list[str]:
         "--output_dir",
         str(output_dir),
         *extra,
+    ]
+
+
+def cpu_launch(config: str, main_port: int, processes: int = 2) -> list[str]:
+    """`qa-train launch --cpu` of accelerate_configs/CONFIG.yaml (or a YAML path) up to its `--`; the training
+    flags follow."""
+    path = config if config.endswith(".yaml") else f"accelerate_configs/{config}.yaml"
+    return [
+        PY,
+        "-m",
+        "qa_train.cli",
+        "launch",
+        "--cpu",
+        "--config_file",
+        path,
+        "--num_processes",
+        str(processes),
+        "--main_process_port",
+        str(main_port),
+        "--",
     ]
 
 
