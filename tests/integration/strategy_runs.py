@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import PY, port, tiny_flags
+from conftest import cpu_launch, port, tiny_flags
 
 STEPS = 8
 PORTS = iter(range(port(29620), port(29700)))
@@ -14,18 +14,7 @@ PORTS = iter(range(port(29620), port(29700)))
 
 def launch_cmd(config: str, out: Path, *extra: str, processes: int = 2) -> list[str]:
     return [
-        PY,
-        "-m",
-        "qa_train.cli",
-        "launch",
-        "--cpu",
-        "--config_file",
-        f"accelerate_configs/{config}.yaml",
-        "--num_processes",
-        str(processes),
-        "--main_process_port",
-        str(next(PORTS)),
-        "--",
+        *cpu_launch(config, next(PORTS), processes),
         *tiny_flags(
             out,
             "--max_train_steps",

@@ -14,7 +14,7 @@ import resource
 import subprocess
 from pathlib import Path
 
-from conftest import PY, ROOT, error_lines, port, run_cmd, run_ok, tiny_flags
+from conftest import PY, ROOT, cpu_launch, error_lines, port, run_cmd, run_ok, tiny_flags
 
 from qa_train.strategy import checkpoint
 
@@ -102,18 +102,7 @@ def test_a_real_write_failure_in_the_first_checkpoint_is_one_line_too(tmp_path: 
 def test_when_only_rank_1_cannot_save_both_ranks_stop_and_rank_1_says_why(tmp_path: Path, env: dict[str, str]) -> None:
     out = tmp_path / "out"
     cmd = [
-        PY,
-        "-m",
-        "qa_train.cli",
-        "launch",
-        "--cpu",
-        "--config_file",
-        "accelerate_configs/ddp.yaml",
-        "--num_processes",
-        "2",
-        "--main_process_port",
-        str(port(29710)),
-        "--",
+        *cpu_launch("ddp", port(29710)),
         *tiny_flags(out, "--no_eval", "--max_train_steps", "2", "--checkpointing_steps", "1"),
     ]
     proc = run_cmd(cmd, with_full_disk(env, tmp_path, rank=1, nth=2), timeout=300)  # a hang fails here

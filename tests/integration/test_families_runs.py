@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DEMO_DEV, DEMO_TRAIN, PY, base_env, port, read_metrics, run_ok
+from conftest import DEMO_DEV, DEMO_TRAIN, base_env, cpu_launch, port, read_metrics, run_ok
 from families import FAMILIES, write_families
 
 from qa_train.data.load import load_file
@@ -157,18 +157,7 @@ def test_family_trains_under_fsdp_on_two_processes_and_its_export_answers_alike(
     ]
     run_ok(
         [
-            PY,
-            "-m",
-            "qa_train.cli",
-            "launch",
-            "--cpu",
-            "--config_file",
-            "accelerate_configs/fsdp.yaml",
-            "--num_processes",
-            "2",
-            "--main_process_port",
-            str(port(29760 + FAMILIES.index(family))),
-            "--",
+            *cpu_launch("fsdp", port(29760 + FAMILIES.index(family))),
             *flags,
         ],
         base_env(tmp_path),

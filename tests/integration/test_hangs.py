@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, ROOT, base_env, error_lines, port, tiny_flags
+from conftest import ROOT, base_env, cpu_launch, error_lines, port, tiny_flags
 
 from qa_train.core.preemption import HOLD_ENV, HOLD_RANKS_ENV
 
@@ -27,18 +27,7 @@ def test_a_hung_rank_ends_the_run_after_ddp_timeout_in_one_line(
     out = tmp_path / "run"
     env = {**base_env(tmp_path), HOLD_ENV: "6", HOLD_RANKS_ENV: str(hung)}
     cmd = [
-        PY,
-        "-m",
-        "qa_train.cli",
-        "launch",
-        "--cpu",
-        "--config_file",
-        f"accelerate_configs/{config}.yaml",
-        "--num_processes",
-        "2",
-        "--main_process_port",
-        str(port(base_port)),
-        "--",
+        *cpu_launch(config, port(base_port)),
         *tiny_flags(
             out,
             "--max_train_steps",

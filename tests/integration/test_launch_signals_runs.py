@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import psutil
 import pytest
-from conftest import PY, ROOT, base_env, port, tiny_flags
+from conftest import PY, ROOT, base_env, cpu_launch, port, tiny_flags
 
 from qa_train.strategy import supervise
 
@@ -398,18 +398,7 @@ def test_a_signal_to_the_launchers_group_checkpoints_every_rank_and_leaves_no_pr
     its child's parent-death signal stops the ranks instead."""
     out = tmp_path / "run"
     cmd = [
-        PY,
-        "-m",
-        "qa_train.cli",
-        "launch",
-        "--cpu",
-        "--config_file",
-        "accelerate_configs/ddp.yaml",
-        "--num_processes",
-        "2",
-        "--main_process_port",
-        str(port(base_port)),
-        "--",
+        *cpu_launch("ddp", port(base_port)),
         *tiny_flags(
             out, "--max_train_steps", "8", "--logging_steps", "1", "--no_eval", "--dataloader_num_workers", "1"
         ),

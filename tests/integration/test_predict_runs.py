@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import DEMO_DEV, DEMO_TRAIN, PY, base_env, high_padding_model, port, run_ok
+from conftest import DEMO_DEV, DEMO_TRAIN, PY, base_env, cpu_launch, high_padding_model, port, run_ok
 
 from qa_train.data.load import load_file
 
@@ -30,18 +30,7 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     paths = {"model": high_padding_model(tmp / "model"), "test": _unlabelled(tmp / "test.json"), "out": tmp / "run"}
     run_ok(
         [
-            PY,
-            "-m",
-            "qa_train.cli",
-            "launch",
-            "--cpu",
-            "--config_file",
-            "accelerate_configs/ddp.yaml",
-            "--num_processes",
-            "2",
-            "--main_process_port",
-            str(port(29711)),
-            "--",
+            *cpu_launch("ddp", port(29711)),
             "--model_name_or_path",
             str(paths["model"]),
             "--train_file",

@@ -226,25 +226,42 @@ def kill_after_checkpoint(cmd: list[str], env: dict[str, str], out: Path, ranks:
     assert not (out / "metrics.json").exists()
 
 
-@pytest.mark.parametrize(("config", "tol"), [("ddp", 0.0), ("zero2", 1e-5), ("fsdp", 1e-5)])
-def test_kill_and_resume_matches_uninterrupted(
-    config: str, tol: float, uninterrupted: Callable[[str], Path], tmp_path: Path
-) -> None:
-    env = base_env(tmp_path)
-    out = tmp_path / "killed"
-    cmd = launch_cmd(config, out)
-    reference = uninterrupted(config)  # the same strategy: the same reduction order
-    kill_after_checkpoint(cmd, env, out)
-    run_ok([*cmd, "--resume_from_checkpoint", "latest"], env)
+def assert_resumed_as_uninterrupted(out: Path, reference: Path, tol: float, first: int = 1) -> None:
+    """Steps first..STEPS logged as the uninterrupted run logged them; its final weights."""
     ours, ref = step_log(out), step_log(reference)
-    assert sorted(ours) == list(range(1, STEPS + 1))
-    for step in ref:
+    assert sorted(ours) == list(range(first, STEPS + 1))
+    for step in ours:
         assert ours[step]["train/lr"] == ref[step]["train/lr"], f"LR differs at step {step}"
         assert ours[step]["train/loss"] == pytest.approx(ref[step]["train/loss"], rel=tol, abs=tol)
     resumed = load_file(out / "final" / "model.safetensors")
     expected = load_file(reference / "final" / "model.safetensors")
     for name, tensor in expected.items():
         torch.testing.assert_close(resumed[name], tensor, rtol=tol, atol=tol, msg=name)
+
+
+def test_kill_and_resume_matches_uninterrupted(uninterrupted: Callable[[str], Path], tmp_path: Path) -> None:
+    """Every process of the launch killed past its step-4 checkpoint, as a node failure would; `latest` resumes it
+    and steps 5-8 go exactly as in the uninterrupted run (DDP: the same reduction order, RNG and data position)."""
+    env = base_env(tmp_path)
+    out = tmp_path / "killed"
+    cmd = launch_cmd("ddp", out)
+    reference = uninterrupted("ddp")
+    kill_after_checkpoint(cmd, env, out)
+    run_ok([*cmd, "--resume_from_checkpoint", "latest"], env)
+    assert_resumed_as_uninterrupted(out, reference, tol=0.0)
+
+
+@pytest.mark.parametrize("config", ["zero2", "fsdp"])
+def test_a_sharded_checkpoint_resumes_as_the_run_goes_on(
+    config: str, uninterrupted: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """DeepSpeed's and FSDP2's own files resumed by the same number of processes (what the kill above does for
+    DDP; how a run ends does not change what its last checkpoint holds): steps 5-8 as uninterrupted, to rounding."""
+    reference = uninterrupted(config)
+    out = tmp_path / "resumed"
+    step_4 = reference / "checkpoints" / "step_00000004"
+    run_ok([*launch_cmd(config, out), "--resume_from_checkpoint", str(step_4)], base_env(tmp_path))
+    assert_resumed_as_uninterrupted(out, reference, tol=1e-5, first=5)
 
 
 def test_a_full_state_dict_checkpoint_damaged_at_its_own_size_is_refused_by_every_rank(tmp_path: Path) -> None:
