@@ -387,8 +387,8 @@ def check_contract(
 def conversion_reason(saved: TrainerState, now: TrainerState) -> str | None:
     """Why the library cannot load `saved` under this run's strategy itself, or None (it can: load_checkpoint).
     accelerate's single/DDP files hold whole tensors and FSDP's are resharded by torch.distributed.checkpoint, at
-    any world size; DeepSpeed's partitions need its own universal conversion. Unknown layouts (checkpoints before
-    the field) are left to the library, as before."""
+    any world size; DeepSpeed's partitions are made whole by qa_train (strategy.zero_files). Unknown layouts
+    (checkpoints before the field) are left to the library, as before."""
     was, now_is = saved.checkpoint_layout, now.checkpoint_layout
     if was is None or now_is is None:
         return None

@@ -10,12 +10,10 @@ into the prepared optimizer after it. The LR schedule, counters and data positio
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +33,12 @@ class PortableError(ValueError):
 def convert(path: Path, shapes: dict[str, tuple[int, ...]], out: Path) -> float:
     """Write `path`'s weights, moments and step to the portable folder `out` (main process); returns the seconds it
     took. `shapes`: the model's parameters and their shapes, in the optimizer's order (how accelerate's
-    optimizer.bin numbers them; ZeRO-3's universal files hold them flat)."""
+    optimizer.bin numbers them)."""
     t0 = time.perf_counter()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     names = list(shapes)
-    reader = _reader(path, names, out / "library")
+    reader = _reader(path, names)
     step = reader.step()
     from safetensors.torch import save_file
 
@@ -52,7 +50,6 @@ def convert(path: Path, shapes: dict[str, tuple[int, ...]], out: Path) -> float:
                 raise PortableError(f"{path}: no {kind} for {missing[0]} (and {len(missing) - 1} more parameters)")
         save_file(tensors, out / f"{kind}.safetensors")
         del tensors
-    shutil.rmtree(out / "library", ignore_errors=True)
     (out / META).write_text(json.dumps({"format": FORMAT, "step": step, "source": str(path)}))
     return time.perf_counter() - t0
 
@@ -65,18 +62,16 @@ def load_weights(model, folder: Path) -> None:
     """The portable weights into an unprepared model (every rank, before `prepare`). Under ZeRO-3 transformers has
     built the model partitioned already: its parameters are gathered whole for the load, as transformers loads
     pretrained weights there, and the main process's values are partitioned again on the way out."""
-    from safetensors.torch import load_file
-
     params = list(model.parameters())
     if not any(hasattr(p, "ds_id") for p in params):
-        _load_whole(model, load_file(folder / "weights.safetensors"), folder)
+        _load_whole(model, _read_all(folder / "weights.safetensors"), folder)
         return
     import deepspeed
     import torch.distributed as dist
 
     with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
         if dist.get_rank() == 0:
-            _load_whole(model, load_file(folder / "weights.safetensors"), folder)
+            _load_whole(model, _read_all(folder / "weights.safetensors"), folder)
 
 
 def _load_whole(model, weights: dict[str, torch.Tensor], folder: Path) -> None:
@@ -93,24 +88,29 @@ def load_optimizer(accelerator, model, optimizer, folder: Path) -> None:
     from accelerate.utils import DistributedType
 
     step = json.loads((folder / META).read_text())["step"]
-    with _moments(folder) as moment:
-        if accelerator.distributed_type == DistributedType.DEEPSPEED:
-            _into_deepspeed(model, step, moment)
-        else:
-            _into_torch(accelerator.unwrap_model(model), optimizer.optimizer, step, moment)
+    moment = lambda kind, name: _read(folder / f"{kind}.safetensors", name)  # noqa: E731
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        _into_deepspeed(model, step, moment)
+    else:
+        _into_torch(accelerator.unwrap_model(model), optimizer.optimizer, step, moment)
 
 
-@contextlib.contextmanager
-def _moments(folder: Path) -> Iterator[Callable[[str, str], torch.Tensor]]:
-    """moment(kind, name): one parameter's moment, read from its file when asked (a rank holds one at a time)."""
+def _read(file: Path, name: str) -> torch.Tensor:
+    """One tensor of a safetensors file, through a mapping of its own: an open mapping keeps every page read
+    through it resident, a whole file by the end of a load (above the budget under DeepSpeed, whose Adam state
+    is made whole first); closed after each tensor, a rank holds one tensor's pages at a time."""
     from safetensors import safe_open
 
-    with (
-        safe_open(folder / "exp_avg.safetensors", "pt") as first,
-        safe_open(folder / "exp_avg_sq.safetensors", "pt") as second,
-    ):
-        files = {"exp_avg": first, "exp_avg_sq": second}
-        yield lambda kind, name: files[kind].get_tensor(name)
+    with safe_open(file, "pt") as opened:
+        return opened.get_tensor(name)
+
+
+def _read_all(file: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    with safe_open(file, "pt") as opened:
+        names = list(opened.keys())
+    return {name: _read(file, name) for name in names}
 
 
 def _into_torch(module, optimizer, step: int, moment: Callable[[str, str], torch.Tensor]) -> None:
@@ -172,13 +172,15 @@ def _seed_deepspeed(zero, step: int) -> None:
 # --- readers: one per library layout --------------------------------------------------------------------------
 
 
-def _reader(path: Path, names: list[str], scratch: Path):
+def _reader(path: Path, names: list[str]):
     if any((path / name).is_file() for name in ACCELERATE_WEIGHTS):
         return TorchFiles(path, names)
     if (path / DCP_WEIGHTS).is_dir():
         return DistributedCheckpoint(path)
     if (path / "latest").is_file():
-        return DeepSpeedFiles(path, scratch)
+        from qa_train.strategy.zero_files import DeepSpeedFiles
+
+        return DeepSpeedFiles(path)
     raise PortableError(f"{path}: neither accelerate's, FSDP's nor DeepSpeed's checkpoint files")
 
 
@@ -251,47 +253,6 @@ class DistributedCheckpoint:
     def step(self) -> int:
         first = dict(list(self._keys(DCP_OPTIMIZER, "optimizer.state.", ".step").items())[:1])
         return _first_step(self._load(DCP_OPTIMIZER, first).values())
-
-
-class DeepSpeedFiles:
-    """DeepSpeed's ZeRO partitions, made whole per parameter by DeepSpeed's own universal-checkpoint conversion
-    (ds_to_universal, in this process: its worker pool would fork a rank) into `scratch`, then read by name."""
-
-    def __init__(self, path: Path, scratch: Path) -> None:
-        from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
-
-        tag = (path / "latest").read_text().strip()
-        settings = {
-            "input_folder": str(path / tag),
-            "output_folder": str(scratch),
-            "num_extract_workers": 1,
-            "num_merge_workers": 1,
-            "keep_temp_folder": False,
-            "strict": True,
-            "inject_missing_state": True,  # ZeRO-1/2 checkpoints lack the info ZeRO-3's carry; nothing else is added
-        }
-        import argparse
-
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its bars
-            ds_to_universal(argparse.Namespace(**settings))
-        self.zero = scratch / "zero"
-        self.names = sorted(p.name for p in self.zero.iterdir() if p.is_dir())
-
-    def _tensor(self, name: str, file: str) -> torch.Tensor:
-        saved = torch.load(self.zero / name / file, map_location="cpu", weights_only=True)
-        return saved["param"] if isinstance(saved, dict) else saved
-
-    def read(self, kind: str) -> dict[str, torch.Tensor]:
-        file = "fp32.pt" if kind == "weights" else f"{kind}.pt"
-        return {name: self._tensor(name, file) for name in self.names}
-
-    def step(self) -> int:
-        per_param = self.zero / self.names[0] / "step.pt"
-        if per_param.is_file():  # ZeRO-1/2
-            return _first_step([torch.load(per_param, weights_only=True)])
-        # ZeRO-3 keeps it with its global state (which pickles DeepSpeed's loss scaler: not weights only)
-        state = torch.load(self.zero / "optimizer_state.pt", map_location="cpu", weights_only=False)
-        return _first_step(entry.get("step") for entry in state["optimizer_state_dict"]["state"].values())
 
 
 def _first_step(steps: Any) -> int:
