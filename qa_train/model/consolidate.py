@@ -19,8 +19,8 @@ import json
 import os
 import shutil
 import sys
-import warnings
 from pathlib import Path
+from typing import Any
 
 from qa_train.config.settings import ConfigError
 from qa_train.core.errors import one_line
@@ -76,17 +76,25 @@ def model_config(path: Path, saved: TrainerState, flag: str | None):
     raise ConfigError(f"{path}: no config builds its model shape ({saved.model_shape}): {'; '.join(tried)}")
 
 
-def tokenizer_source(path: Path, flag: str | None) -> str | None:
-    if flag:
-        return flag
+def load_tokenizer(path: Path, flag: str | None):
+    """--tokenizer_name's, else the run's export's tokenizer, loaded before any weight is read; None without one."""
+    from transformers import AutoTokenizer
+
     out = run_dir(path)
     exports = [out / name for name in EXPORTS] if out is not None else []
-    return next((str(e) for e in exports if (e / "tokenizer_config.json").is_file()), None)
+    source = flag or next((str(e) for e in exports if (e / "tokenizer_config.json").is_file()), None)
+    if source is None:
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        said = "--tokenizer_name" if flag else "the run's export"
+        raise ConfigError(f"{said} {source}: cannot load the tokenizer ({one_line(err)})") from None
 
 
-def fp32_weights(path: Path, config, scratch: Path) -> dict:
+def fp32_weights(path: Path, config, scratch: Path) -> tuple[dict, Any]:
     """The checkpoint's full weights in fp32, checked against the model `config` builds (built on the meta device:
-    names and shapes only)."""
+    names and shapes only), and that model (its save_pretrained writes them as the export does)."""
     import torch
     from transformers import AutoModelForQuestionAnswering
 
@@ -113,9 +121,8 @@ def fp32_weights(path: Path, config, scratch: Path) -> dict:
     return {n: (t.float() if t.is_floating_point() else t).contiguous() for n, t in weights.items()}, model
 
 
-def write_folder(path: Path, out: Path, config, tokenizer: str | None) -> None:
+def write_folder(path: Path, out: Path, config, tokenizer) -> None:
     """The from_pretrained folder, written under a temporary name beside `out` and renamed into place."""
-    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one small file's "Writing model shards" bar says nothing here
@@ -128,7 +135,7 @@ def write_folder(path: Path, out: Path, config, tokenizer: str | None) -> None:
         config.dtype = "float32"  # transformers 5 loads a model in the dtype its config records
         config.save_pretrained(tmp)
         if tokenizer is not None:
-            AutoTokenizer.from_pretrained(tokenizer).save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
         if out.exists():
             out.rmdir()  # empty, checked before: the rename needs the name free
         tmp.rename(out)
@@ -149,8 +156,14 @@ def consolidate(arg: Path, out: Path, config_name: str | None, tokenizer_name: s
         raise ConfigError(f"{path}: {problem}; reading a checkpoint runs the code it may hold (pickle)")
     saved = checkpoint.read_state(path)
     config = model_config(path, saved, config_name)
+    tokenizer = load_tokenizer(path, tokenizer_name)
+    if tokenizer is None:
+        print(
+            f"{path}: no tokenizer in its run's export: the folder holds the model alone (--tokenizer_name adds one)",
+            file=sys.stderr,
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_folder(path, out, config, tokenizer_source(path, tokenizer_name))
+    write_folder(path, out, config, tokenizer)
     return path
 
 
@@ -163,10 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config_name", help="the model's config (default: the run's export, or what the run recorded)")
     p.add_argument("--tokenizer_name", help="the tokenizer to add (default: the run's export's, if any)")
     args = p.parse_args(argv)
-    # One CPU process: DeepSpeed's conversion needs no accelerator (told, it does not warn it found none), and
-    # torch.distributed.checkpoint's note that it reads without a process group is what is meant.
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    describe.quiet_libraries()
     try:
         path = consolidate(args.checkpoint, args.output_dir, args.config_name, args.tokenizer_name)
     except (ConfigError, checkpoint.CheckpointError, describe.DescribeError, OSError) as err:

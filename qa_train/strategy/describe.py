@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,6 +54,16 @@ class Weights:
 
 
 @dataclass
+class SameBatch:
+    """The world sizes that keep the checkpoint's global batch."""
+
+    global_batch: int
+    per_device: int
+    accumulation_by_world_size: dict[int, int]  # with its per-device batch: processes -> accumulation
+    world_sizes_any_split: list[int] | None  # with another split; None where that is refused (mid-epoch, grouped)
+
+
+@dataclass
 class Continuation:
     """One config's way to continue the checkpoint."""
 
@@ -66,7 +80,7 @@ class Description:
     state: dict
     strategy: str
     weights: Weights
-    same_batch: dict[str, object] = field(default_factory=dict)
+    same_batch: SameBatch | None = None
     continuations: list[Continuation] = field(default_factory=list)
     refused_changes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -81,7 +95,7 @@ def locate(arg: Path) -> tuple[Path, list[str]]:
             raise DescribeError(f"{arg}: {problem}")
         return arg, []
     root = checkpoint.checkpoint_root(arg)
-    skipped = []
+    skipped: list[str] = []
     for path in reversed(checkpoint.step_folders(root)):
         problem = checkpoint.verify(path, contents=True)
         if problem is None:
@@ -111,10 +125,8 @@ def weights_of(path: Path) -> Weights:
     raise DescribeError(f"{path}: neither accelerate's, FSDP's nor DeepSpeed's checkpoint files")
 
 
-def _counted(shapes: dict[str, object], dtype: str, config: str | None = None) -> Weights:
-    import math
-
-    return Weights(len(shapes), sum(math.prod(s) for s in shapes.values()), dtype, config)  # type: ignore[arg-type]
+def _counted(shapes: Mapping[str, Sequence[int]], dtype: str, config: str | None = None) -> Weights:
+    return Weights(len(shapes), sum(math.prod(s) for s in shapes.values()), dtype, config)
 
 
 def _dtypes(found: set) -> str:
@@ -174,22 +186,17 @@ def strategy_of(state: TrainerState, weights: Weights) -> str:
 # --- what can continue it ----------------------------------------------------------------------
 
 
-def same_batch(state: TrainerState) -> dict[str, object]:
+def same_batch(state: TrainerState) -> SameBatch | None:
     """The world sizes that keep the checkpoint's global batch (resume.refit_accumulation's rule): with its
     per-device batch, those whose accumulation is whole; with another split, every divisor of the global batch."""
     batch, per_device = state.global_batch_size, state.per_device_train_batch_size
     if batch is None or per_device is None:
-        return {}
+        return None
     kept = {n: a for n in range(1, batch + 1) if (a := kept_accumulation(state, per_device, n)) is not None}
     divisors = [n for n in range(1, batch + 1) if batch % n == 0]
     # Mid-epoch, the length-grouped order is made of runs of per-device batches: another size is refused.
     split_free = not (state.batches_in_epoch and state.group_by_length)
-    return {
-        "global_batch": batch,
-        "per_device": per_device,
-        "accumulation_by_world_size": kept,
-        "world_sizes_any_split": divisors if split_free else None,
-    }
+    return SameBatch(batch, per_device, kept, divisors if split_free else None)
 
 
 def continuations(state: TrainerState) -> list[Continuation]:
@@ -281,15 +288,12 @@ def _continuation_lines(d: Description) -> list[str]:
     lines = ["continues exactly (losses to fp32 rounding) with the same global batch:"]
     batch = d.same_batch
     if batch:
-        kept = ", ".join(
-            f"{processes(n)} x accumulation {a}"
-            for n, a in batch["accumulation_by_world_size"].items()  # type: ignore[union-attr]
-        )
-        lines.append(f"  per-device {batch['per_device']}: {kept}")
-        anywhere = batch["world_sizes_any_split"]
+        kept = ", ".join(f"{processes(n)} x accumulation {a}" for n, a in batch.accumulation_by_world_size.items())
+        lines.append(f"  per-device {batch.per_device}: {kept}")
+        anywhere = batch.world_sizes_any_split
         lines.append(
-            f"  another split: {', '.join(map(str, anywhere))} processes, per-device x accumulation = "  # type: ignore[arg-type]
-            f"{batch['global_batch']} / processes"
+            f"  another split: {', '.join(map(str, anywhere))} processes, per-device x accumulation = "
+            f"{batch.global_batch} / processes"
             if anywhere
             else "  another per-device batch: refused mid-epoch under --group_by_length"
         )
@@ -304,6 +308,13 @@ def _continuation_lines(d: Description) -> list[str]:
     return lines
 
 
+def quiet_libraries() -> None:
+    """For a command on one CPU process: DeepSpeed's checkpoint code needs no accelerator (told, it does not warn
+    it found none), and torch.distributed.checkpoint's note that it reads without a process group is what is meant."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="qa-train describe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -311,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoint", type=Path, help="a checkpoint (OUTPUT_DIR/checkpoints/step_N) or an output dir")
     p.add_argument("--json", action="store_true", help="print the description as JSON")
     args = p.parse_args(argv)
+    quiet_libraries()
     try:
         described = describe(args.checkpoint)
     except (checkpoint.CheckpointError, DescribeError, OSError) as err:

@@ -22,17 +22,21 @@ STEP_8 = Path("checkpoints") / "step_00000008"
 LAYOUTS = {"ddp": "model.safetensors", "zero2": "latest", "zero3": "latest", "fsdp": "pytorch_model_fsdp_0"}
 
 
+@pytest.fixture(autouse=True)
+def own_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands set DS_ACCELERATOR (describe.quiet_libraries): restored after each test."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+
+
 @pytest.mark.parametrize("config", list(LAYOUTS))
 def test_consolidated_step_8_is_the_run_s_export(
     config: str,
     uninterrupted: Callable[[str], Path],
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     run = uninterrupted(config)
     assert (run / STEP_8 / LAYOUTS[config]).exists()  # the library's own files, not a converted copy
-    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # what the command sets, restored after the test
     out = tmp_path / "model"
     assert consolidate.main([str(run / STEP_8), "--output_dir", str(out)]) == 0, capsys.readouterr().err
     model, info = AutoModelForQuestionAnswering.from_pretrained(out, output_loading_info=True)

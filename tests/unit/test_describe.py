@@ -24,6 +24,12 @@ from qa_train.strategy.train_state import TrainerState, resume_conflicts
 CONFIGS = ROOT / "accelerate_configs"
 
 
+@pytest.fixture(autouse=True)
+def own_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands set DS_ACCELERATOR (describe.quiet_libraries): restored after each test."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+
+
 def state(**fields: object) -> TrainerState:
     settings: dict = {
         "completed_steps": 8,
@@ -58,21 +64,19 @@ def test_the_eight_configs_and_their_layouts_are_the_repository_s() -> None:
 
 
 def test_same_batch_lists_the_world_sizes_whose_accumulation_is_whole() -> None:
-    assert describe.same_batch(state()) == {
-        "global_batch": 16,
-        "per_device": 8,
-        "accumulation_by_world_size": {1: 2, 2: 1},
-        "world_sizes_any_split": [1, 2, 4, 8, 16],
-    }
+    assert describe.same_batch(state()) == describe.SameBatch(16, 8, {1: 2, 2: 1}, [1, 2, 4, 8, 16])
     odd = describe.same_batch(state(global_batch_size=24, gradient_accumulation_steps=3, world_size=1))
-    assert odd["accumulation_by_world_size"] == {1: 3, 3: 1}
-    assert odd["world_sizes_any_split"] == [1, 2, 3, 4, 6, 8, 12, 24]
+    assert odd is not None and odd.accumulation_by_world_size == {1: 3, 3: 1}
+    assert odd.world_sizes_any_split == [1, 2, 3, 4, 6, 8, 12, 24]
+    assert describe.same_batch(state(global_batch_size=None)) is None  # a checkpoint before the record
 
 
 def test_every_listed_world_size_passes_the_resume_contract() -> None:
     """What describe offers is what a resume accepts: the same global batch, no refusal."""
     saved = state()
-    for n, accumulation in describe.same_batch(saved)["accumulation_by_world_size"].items():
+    batch = describe.same_batch(saved)
+    assert batch is not None
+    for n, accumulation in batch.accumulation_by_world_size.items():
         now = state(world_size=n, gradient_accumulation_steps=accumulation)
         assert not resume_conflicts(saved, now)[0], n
     another = state(world_size=3, global_batch_size=24)
@@ -80,8 +84,10 @@ def test_every_listed_world_size_passes_the_resume_contract() -> None:
 
 
 def test_mid_epoch_under_group_by_length_keeps_the_per_device_batch() -> None:
-    assert describe.same_batch(state(group_by_length=True))["world_sizes_any_split"] is None
-    assert describe.same_batch(state(group_by_length=True, batches_in_epoch=0))["world_sizes_any_split"]
+    grouped = describe.same_batch(state(group_by_length=True))
+    assert grouped is not None and grouped.world_sizes_any_split is None
+    at_boundary = describe.same_batch(state(group_by_length=True, batches_in_epoch=0))
+    assert at_boundary is not None and at_boundary.world_sizes_any_split == [1, 2, 4, 8, 16]
 
 
 def test_a_ddp_checkpoint_loads_as_saved_under_ddp_and_converts_for_the_others() -> None:
@@ -195,7 +201,15 @@ def test_consolidate_writes_the_exact_weights_with_a_given_config(
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert "the folder holds the model alone (--tokenizer_name adds one)" in capsys.readouterr().err
     assert not list(tmp_path.glob(".tmp-*"))
+    with_tokenizer = tmp_path / "with_tokenizer"
+    argv = [str(path), "--output_dir", str(with_tokenizer), "--config_name", str(TINY), "--tokenizer_name"]
+    assert consolidate.main([*argv, str(tmp_path / "nowhere")]) == 2
+    assert f"--tokenizer_name {tmp_path / 'nowhere'}: cannot load the tokenizer" in capsys.readouterr().err
+    assert not with_tokenizer.exists()
+    assert consolidate.main([*argv, str(TINY)]) == 0
+    assert (with_tokenizer / "tokenizer_config.json").is_file()
 
 
 def test_consolidate_refuses_another_model_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
