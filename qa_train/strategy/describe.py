@@ -270,18 +270,31 @@ def render(d: Description) -> str:
         + f", epoch {s.epoch}"
         + (f", {s.windows_into_epoch} training windows into it" if s.windows_into_epoch is not None else "")
         + (f" (of {s.num_train_windows})" if s.num_train_windows else ""),
-        f"layout       {s.checkpoint_layout or '(not recorded)'}: {d.strategy} on {processes(s.world_size)}",
+        f"layout       {s.checkpoint_layout or '(not recorded)'}: {d.strategy} on "
+        + (processes(s.world_size) if s.world_size else "a number of processes not recorded"),
         f"batch        global {s.global_batch_size} = per-device {s.per_device_train_batch_size} x accumulation "
-        f"{s.gradient_accumulation_steps} x {processes(s.world_size)}",
+        f"{s.gradient_accumulation_steps} x {processes(s.world_size)}"
+        if s.global_batch_size
+        else "batch        not recorded (a checkpoint of format 1)",
         f"model        {s.model_shape or '(shape not recorded)'}",
         f"weights      {w.parameters:,} parameters in {w.tensors} tensors, {w.dtype}",
-        f"data         fingerprint {s.train_data}, --seed {s.seed}, --group_by_length {str(s.group_by_length).lower()}",
+        "data         " + (", ".join(_data_order(s)) or "(not recorded)"),
     ]
     if s.best_eval:
         lines.append(
             f"best eval    step {s.best_eval['step']}: EM {s.best_eval['exact_match']:.2f}, F1 {s.best_eval['f1']:.2f}"
         )
     return "\n".join([*lines, "", *_continuation_lines(d)])
+
+
+def _data_order(s: TrainerState) -> list[str]:
+    recorded = {
+        "fingerprint": s.train_data,
+        "training windows": s.num_train_windows,
+        "--seed": s.seed,
+        "--group_by_length": None if s.group_by_length is None else str(s.group_by_length).lower(),
+    }
+    return [f"{name} {value}" for name, value in recorded.items() if value is not None]
 
 
 def _continuation_lines(d: Description) -> list[str]:

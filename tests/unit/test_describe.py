@@ -233,3 +233,22 @@ def test_consolidate_never_writes_into_a_folder_with_files(tmp_path: Path, capsy
     (out / "notes.txt").unlink()  # an empty folder is taken
     assert consolidate.main([str(path), "--output_dir", str(out), "--config_name", str(TINY)]) == 0
     assert (out / "model.safetensors").is_file()
+
+
+def test_a_format_1_checkpoint_says_what_it_did_not_record() -> None:
+    """Written before the contract was recorded: no world size, batch or layout; the table still renders."""
+    old = TrainerState(completed_steps=4, epoch=1, batches_in_epoch=2)
+    weights = describe.Weights(tensors=2, parameters=10, dtype="float32")
+    described = describe.Description(
+        path="step_00000004",
+        manifest="verified",
+        state=asdict(old),
+        strategy=describe.strategy_of(old, weights),
+        weights=weights,
+        same_batch=describe.same_batch(old),
+        continuations=describe.continuations(old),
+        refused_changes=describe.refused_changes(old),
+    )
+    text = describe.render(described)
+    assert "a number of processes not recorded" in text and "batch        not recorded" in text
+    assert "data         (not recorded)" in text and "None" not in text.split("continues")[0]
