@@ -21,6 +21,11 @@ VERBS: dict[str, tuple[str, str]] = {
     "predict": ("qa_train.predict", "answer the questions of a SQuAD file with an exported model"),
     "score": ("qa_train.squad.scoring", "SQuAD v1.1 / v2.0 exact match and F1 of a predictions file"),
     "dashboard": ("qa_train.observe.dashboard", "one run's history on one page, from its step log"),
+    "describe": (
+        "qa_train.strategy.describe",
+        "what a checkpoint holds, and which configs and world sizes continue it",
+    ),
+    "consolidate": ("qa_train.model.consolidate", "a checkpoint of any strategy as a from_pretrained model folder"),
 }
 
 

@@ -277,19 +277,24 @@ def _check_trusted(path: Path) -> None:
     """The loaders unpickle a checkpoint (DeepSpeed's model states, accelerate's optimizer and RNG files), which runs
     any code planted in it: it must be this user's, and writable by no one else, folder and every file. Neither
     library checks; a pickle cannot be made safe to load, so who could have written it is what can be checked."""
-    me = os.geteuid()
-    for entry in (path, *sorted(path.rglob("*"))):
-        st = entry.lstat()
-        if st.st_uid != me:
-            problem = f"{entry} is owned by uid {st.st_uid}, not you (uid {me})"
-        elif st.st_mode & stat.S_IWOTH and not stat.S_ISLNK(st.st_mode):
-            problem = f"{entry} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
-        else:
-            continue
+    problem = untrusted(path)
+    if problem:
         raise CheckpointError(
             f"--resume_from_checkpoint {path}: {problem}; loading a checkpoint runs the code it may hold (pickle): "
             "resume only from your own, or copy one you trust"
         )
+
+
+def untrusted(path: Path) -> str | None:
+    """Why `path` may hold code planted by someone else (_check_trusted), or None."""
+    me = os.geteuid()
+    for entry in (path, *sorted(path.rglob("*"))):
+        st = entry.lstat()
+        if st.st_uid != me:
+            return f"{entry} is owned by uid {st.st_uid}, not you (uid {me})"
+        if st.st_mode & stat.S_IWOTH and not stat.S_ISLNK(st.st_mode):
+            return f"{entry} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def latest_usable(root: Path, warn: bool, contents: bool = False) -> Path | None:

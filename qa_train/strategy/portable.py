@@ -172,6 +172,13 @@ def _seed_deepspeed(zero, step: int) -> None:
 # --- readers: one per library layout --------------------------------------------------------------------------
 
 
+def read_weights(path: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """A checkpoint's full weights by parameter name, from any layout, on this process alone (`qa-train
+    consolidate`); `shapes` as `convert` takes them."""
+    weights = _reader(path, list(shapes)).read("weights")
+    return {name: _shaped(t, shapes.get(name)) for name, t in weights.items()}
+
+
 def _reader(path: Path, names: list[str]):
     if any((path / name).is_file() for name in ACCELERATE_WEIGHTS):
         return TorchFiles(path, names)
