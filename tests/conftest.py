@@ -248,6 +248,7 @@ SLOW_FILES = {
     "test_hub_runs.py": 35,
     "test_predict_runs.py": 25,
     "test_dirlock_runs.py": 20,
+    "test_portable_deepspeed_runs.py": 60,
 }
 
 
