@@ -38,7 +38,6 @@ def main(stage: int, offload: bool, folder: str) -> None:
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1,
         "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
         "steps_per_print": 10**9,
     }
     torch.manual_seed(0)
@@ -46,7 +45,12 @@ def main(stage: int, offload: bool, folder: str) -> None:
     decay = [p for n, p in model.named_parameters() if n in ("emb.weight", "lin.weight")]
     rest = [p for n, p in model.named_parameters() if n not in ("emb.weight", "lin.weight")]
     groups = [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}]
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=config)
+    if offload:  # DeepSpeed's CPU Adam, as the offload configs use (its op is built by `make install`)
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=config)
+    else:  # torch's AdamW, as qa_train hands it over; DeepSpeed's own would JIT-build its FusedAdam op (minutes)
+        optimizer = torch.optim.AdamW(groups, lr=1e-2)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     generator = torch.Generator().manual_seed(1 + torch.distributed.get_rank())
     for _ in range(2):
         engine.backward(engine(torch.randint(0, 11, (2, 4), generator=generator)))
