@@ -297,15 +297,19 @@ def untrusted(path: Path) -> str | None:
     return None
 
 
-def latest_usable(root: Path, warn: bool, contents: bool = False) -> Path | None:
+def newest_usable(root: Path, contents: bool = False) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint under `root` that verifies, or None; and the newer ones skipped, with why."""
     skipped: list[tuple[Path, str]] = []
-    chosen = None
     for path in reversed(step_folders(root)):
         problem = verify(path, contents)
         if problem is None:
-            chosen = path
-            break
+            return path, skipped
         skipped.append((path, problem))
+    return None, skipped
+
+
+def latest_usable(root: Path, warn: bool, contents: bool = False) -> Path | None:
+    chosen, skipped = newest_usable(root, contents)
     if warn:
         instead = (
             f"resuming from {chosen} instead"

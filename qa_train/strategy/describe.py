@@ -94,13 +94,10 @@ def locate(arg: Path) -> tuple[Path, list[str]]:
         if problem:
             raise DescribeError(f"{arg}: {problem}")
         return arg, []
-    root = checkpoint.checkpoint_root(arg)
-    skipped: list[str] = []
-    for path in reversed(checkpoint.step_folders(root)):
-        problem = checkpoint.verify(path, contents=True)
-        if problem is None:
-            return path, skipped
-        skipped.append(f"{path.name}: {problem}")
+    chosen, passed_over = checkpoint.newest_usable(checkpoint.checkpoint_root(arg), contents=True)
+    skipped = [f"{path.name}: {problem}" for path, problem in passed_over]
+    if chosen is not None:
+        return chosen, skipped
     what = "no usable checkpoint" if skipped else "neither a checkpoint (no trainer_state.json) nor a run with one"
     raise DescribeError(f"{arg}: {what}" + (f" ({'; '.join(skipped)})" if skipped else ""))
 

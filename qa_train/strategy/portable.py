@@ -15,9 +15,10 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
+
+from qa_train.strategy.zero_files import DeepSpeedFiles, first_step
 
 KINDS = ("weights", "exp_avg", "exp_avg_sq")
 META = "portable.json"
@@ -185,8 +186,6 @@ def _reader(path: Path, names: list[str]):
     if (path / DCP_WEIGHTS).is_dir():
         return DistributedCheckpoint(path)
     if (path / "latest").is_file():
-        from qa_train.strategy.zero_files import DeepSpeedFiles
-
         return DeepSpeedFiles(path)
     raise PortableError(f"{path}: neither accelerate's, FSDP's nor DeepSpeed's checkpoint files")
 
@@ -216,7 +215,7 @@ class TorchFiles:
         return {self.names[k] if isinstance(k, int) else k: entry[kind] for k, entry in state.items()}
 
     def step(self) -> int:
-        return _first_step(entry.get("step") for entry in self.optimizer["state"].values())
+        return first_step(entry.get("step") for entry in self.optimizer["state"].values())
 
 
 class DistributedCheckpoint:
@@ -259,11 +258,4 @@ class DistributedCheckpoint:
 
     def step(self) -> int:
         first = dict(list(self._keys(DCP_OPTIMIZER, "optimizer.state.", ".step").items())[:1])
-        return _first_step(self._load(DCP_OPTIMIZER, first).values())
-
-
-def _first_step(steps: Any) -> int:
-    for step in steps:
-        if step is not None:
-            return int(step.item() if torch.is_tensor(step) else step)
-    return 0
+        return first_step(self._load(DCP_OPTIMIZER, first).values())

@@ -60,10 +60,6 @@ def _rank_files(folder: Path) -> list[Path]:
     return [found[rank] for rank in range(len(found))]
 
 
-def _numel(shape: Any) -> int:
-    return math.prod(shape)
-
-
 class DeepSpeedFiles:
     """One ZeRO checkpoint (`path`, with DeepSpeed's `latest` naming its tag folder) read as full tensors by name."""
 
@@ -80,7 +76,7 @@ class DeepSpeedFiles:
             )
         if optim.get("ds_zero_partition_groups") is not None:
             raise ZeroFilesError(f"{self.files[0]}: expert-parallel ZeRO-3 partitions cannot be converted")
-        self._step = _first_step(entry.get("step") for entry in _groups(_moment_state(optim, self.stage)))
+        self._step = first_step(entry.get("step") for entry in _groups(_moment_state(optim, self.stage)))
         del optim
         self.models = self._model_files()
         model = _load(self.models[0])
@@ -103,7 +99,7 @@ class DeepSpeedFiles:
     def read(self, kind: str) -> dict[str, torch.Tensor]:
         """Every optimized parameter's full `kind`, flat-filled rank by rank; for "weights" also the frozen
         parameters and the buffers, which the model states hold."""
-        full = {name: torch.empty(_numel(shape)) for group in self.shapes for name, shape in group.items()}
+        full = {name: torch.empty(math.prod(shape)) for group in self.shapes for name, shape in group.items()}
         filled = dict.fromkeys(full, 0)
         for rank, file in enumerate(self.files):
             optim = _load(file)["optimizer_state_dict"]
@@ -142,7 +138,7 @@ class DeepSpeedFiles:
         for flat, shapes in zip(flats, self.shapes, strict=True):
             offset = 0
             for name, shape in shapes.items():
-                numel = _numel(shape)
+                numel = math.prod(shape)
                 piece = math.ceil(numel / ranks)
                 start = rank * piece
                 count = max(0, min(piece, numel - start))
@@ -161,7 +157,7 @@ class DeepSpeedFiles:
         kept: dict[str, torch.Tensor] = {}
         for name, shape in (first.get("frozen_param_shapes") or {}).items():
             pieces = [model["frozen_param_fragments"][name] for model in models]
-            kept[name] = torch.cat(pieces).narrow(0, 0, _numel(shape)).view(shape) if self.stage == 3 else pieces[0]
+            kept[name] = torch.cat(pieces).narrow(0, 0, math.prod(shape)).view(shape) if self.stage == 3 else pieces[0]
         module = first.get("module") or {}
         kept |= {name: module[name] for name in first.get("buffer_names") or [] if name in module}
         return {name: t.float().clone() if t.is_floating_point() else t.clone() for name, t in kept.items()}
@@ -190,7 +186,8 @@ def _groups(state: Any) -> list[dict]:
     return [entries[group] for group in sorted(entries)]
 
 
-def _first_step(steps: Any) -> int:
+def first_step(steps: Any) -> int:
+    """The optimizer's step: the first parameter's that has one (every parameter's is the same), 0 before any."""
     for step in steps:
         if step is not None:
             return int(step.item() if torch.is_tensor(step) else step)
