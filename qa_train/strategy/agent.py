@@ -1,6 +1,11 @@
 """The launch agent of one machine (torchrun, or accelerate launch, which runs torchrun), as qa_train.strategy.launch runs it.
 
     python -m qa_train.strategy.agent torchrun|accelerate ARGS...    (what `torchrun ARGS` or `accelerate launch ARGS` do)
+    python -m qa_train.strategy.agent torchrun --accelerate_config YAML ARGS...
+
+Before anything starts, the accelerate config is refused in one line (exit 2) where accelerate would refuse or
+ignore it: the one `accelerate launch` is given, or the YAML that `qa-train launch` turned into a torchrun
+command (torchrun never reads it, so a misspelled DEEPSPEED would run DDP).
 
 Both end a launch in which a rank failed by raising torch's ChildFailedError uncaught (accelerate's launcher of a
 single process, CalledProcessError): a 35-line traceback of the agent's own frames under the rank's one-line
@@ -60,18 +65,36 @@ def summary(error) -> tuple[str, int]:
     return f"rank {rank} {what} ({why}){also}", code
 
 
-def _config_refusal(args: list[str]) -> str | None:
-    """Why the accelerate config that `accelerate launch ARGS` would read cannot run, or None."""
-    from qa_train.strategy.launch import LaunchConfigError, read_config
-
+def config_file(args: list[str]) -> str | None:
+    """The accelerate config that `accelerate launch ARGS` would read."""
     found = [a.split("=", 1)[1] for a in args if a.startswith("--config_file=")]
     found += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config_file"]
+    return found[0] if found else None
+
+
+def _config_refusal(path: str | None) -> str | None:
+    """Why the accelerate config at `path` cannot run, or None."""
+    from qa_train.strategy.launch import LaunchConfigError, read_config
+
     try:
-        for path in found[:1]:
+        if path is not None:
             read_config(path)
     except LaunchConfigError as err:
         return str(err)
     return None
+
+
+def _start(which: str, args: list[str]) -> None:
+    """torchrun or accelerate launch, in this process, to their end."""
+    if which == "torchrun":
+        from torch.distributed.run import main as torchrun
+
+        torchrun(args)
+    else:
+        from accelerate.commands.launch import main as accelerate_launch
+
+        sys.argv = ["accelerate launch", *args]  # accelerate's launcher parses sys.argv itself
+        accelerate_launch()
 
 
 def main(argv: list[str]) -> int:
@@ -81,23 +104,18 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     which, args = argv[0], argv[1:]
+    if which not in ("torchrun", "accelerate"):
+        print(f"qa_train.strategy.agent: unknown agent {which!r}: torchrun or accelerate", file=sys.stderr)
+        return 2
+    config: str | None = config_file(args) if which == "accelerate" else None
+    if which == "torchrun" and args[:1] == ["--accelerate_config"]:
+        config, args = args[1], args[2:]
+    refusal = _config_refusal(config)
+    if refusal is not None:  # accelerate would refuse less, and in a traceback (slurm/train.sbatch's path)
+        print(f"qa-train launch: error: {refusal}", file=sys.stderr, flush=True)
+        return 2
     try:
-        if which == "torchrun":
-            from torch.distributed.run import main as torchrun
-
-            torchrun(args)
-        elif which == "accelerate":
-            from accelerate.commands.launch import main as accelerate_launch
-
-            refusal = _config_refusal(args)
-            if refusal is not None:  # accelerate would refuse less, and in a traceback (slurm/train.sbatch's path)
-                print(f"qa-train launch: error: {refusal}", file=sys.stderr, flush=True)
-                return 2
-            sys.argv = ["accelerate launch", *args]  # accelerate's launcher parses sys.argv itself
-            accelerate_launch()
-        else:
-            print(f"qa_train.strategy.agent: unknown agent {which!r}: torchrun or accelerate", file=sys.stderr)
-            return 2
+        _start(which, args)
     except ChildFailedError as err:
         line, code = summary(err)
     except SignalException as err:  # torchrun's own SIGTERM/SIGINT handler, once it has stopped its ranks

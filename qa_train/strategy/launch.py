@@ -61,9 +61,10 @@ def cpu_refusal(cfg: dict) -> str | None:
     return None
 
 
-def read_config(path: str, launch_dir: Path | None = None) -> dict:
+def read_config(path: str, launch_dir: Path | None = None, *, as_accelerate: bool = True) -> dict:
     """The accelerate YAML, refused when it cannot work; its DeepSpeed JSON path is relative to `launch_dir`
-    (default: the current directory, where accelerate will resolve it)."""
+    (default: the current directory, where accelerate will resolve it). `as_accelerate=False` leaves out the checks
+    that import accelerate (and so torch, ~2 s): the launch agent runs them before it starts the ranks."""
     p = Path(path)
     if not p.is_file():
         raise LaunchConfigError(f"--config_file {path}: no such file (see accelerate_configs/)")
@@ -78,7 +79,8 @@ def read_config(path: str, launch_dir: Path | None = None) -> dict:
             f"--config_file {path}: not an accelerate config (a YAML mapping of settings, "
             "with deepspeed_config and fsdp_config mappings too); see accelerate_configs/"
         )
-    check_as_accelerate_does(path, cfg)
+    if as_accelerate:
+        check_as_accelerate_does(path, cfg)
     _check_deepspeed_keys(path, cfg, launch_dir or Path.cwd())
     return cfg
 
@@ -293,11 +295,20 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     opts, train_args = parse(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = read_config(opts.config_file)
+        cfg = read_config(opts.config_file, as_accelerate=False)
         if not opts.cpu and not cuda_available():
             print("qa-train launch: no GPU visible, running on CPU processes", file=sys.stderr)
             opts.cpu = True
-        cmd, env = build_command(cfg, opts, train_args)
+        try:
+            cmd, env = build_command(cfg, opts, train_args)
+        except LaunchConfigError:
+            check_as_accelerate_does(opts.config_file, cfg)  # its refusal names the cause (a misspelled key) first
+            raise
+        launch = agent_command(cmd, opts.config_file)
+        # This process only supervises: where an agent starts the ranks, accelerate's checks (and their imports of
+        # accelerate and torch, ~2 s of the launch's start) are the agent's, which imports both anyway.
+        if launch == cmd or opts.dry_run:
+            check_as_accelerate_does(opts.config_file, cfg)
     except LaunchConfigError as err:
         print(f"qa-train launch: error: {err}", file=sys.stderr)
         return 2
@@ -307,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(cmd))
         return 0
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-    return run_launch(agent_command(cmd), env, opts.stop_grace_s)
+    return run_launch(launch, env, opts.stop_grace_s)
 
 
 # --- running the launch ------------------------------------------------------------------------

@@ -164,6 +164,29 @@ def fake_launch(tmp_path: Path):
         f.kill()
 
 
+# `qa-train launch` up to the supervision of its launch (faked: the command is printed), then what it imported.
+LAUNCHER_IMPORTS = """
+import sys
+from qa_train.strategy import launch
+launch.run_launch = lambda cmd, env, grace_s: print(" ".join(cmd)) or 0
+code = launch.main(sys.argv[1:])
+print(sorted(m for m in ("accelerate", "torch", "transformers") if m in sys.modules))
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("config", ["ddp", "zero2", "fsdp"])
+def test_the_launcher_leaves_torch_to_the_agent(config: str) -> None:
+    """The launcher only supervises, for the whole run: accelerate's checks of the config, and the imports of
+    accelerate and torch that they need (~2 s before the agent even starts), are the agent's, which imports both."""
+    argv = ["--cpu", "--config_file", f"accelerate_configs/{config}.yaml", "--num_processes", "2", "--", "--x"]
+    proc = subprocess.run([PY, "-c", LAUNCHER_IMPORTS, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    command, imported = proc.stdout.splitlines()
+    assert command.startswith(f"{PY} -m qa_train.strategy.agent ") and command.endswith(" -m qa_train --x")
+    assert imported == "[]"
+
+
 def test_the_tree_is_launcher_torchrun_and_two_ranks(fake_launch) -> None:
     run = fake_launch()
     ranks = [p for p in run.tree if supervise.runs_module(p, "qa_train")]

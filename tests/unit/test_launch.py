@@ -94,7 +94,7 @@ def test_invalid_yaml_is_refused(tmp_path: Path) -> None:
     ids=["value", "key", "unknown-key", "empty", "no-type", "deepspeed-key", "fsdp-key", "environment"],
 )
 def test_a_config_accelerate_would_refuse_or_ignore_is_refused_naming_the_key(
-    text: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture
+    text: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A misspelled DEEPSPEED (or key, or an empty file) ran plain DDP on CPU, with exit 0 and strategy: ddp recorded
     (issue 38, case 3): torchrun's path never hands the file to accelerate, whose loader refuses all of these."""
@@ -109,6 +109,22 @@ def test_a_config_accelerate_would_refuse_or_ignore_is_refused_naming_the_key(
             ClusterConfig.from_yaml_file(str(path))
     assert launch.main(["--cpu", "--config_file", str(path), "--dry_run", "--", "--output_dir", "x"]) == 2
     assert capsys.readouterr().err.strip() == f"qa-train launch: error: {refused.value}"
+    # Launched for real, the agent that starts the ranks refuses it (the launcher leaves accelerate's checks to it).
+    assert agent_refuses(path, monkeypatch) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"qa-train launch: error: {refused.value}"
+
+
+def agent_refuses(config: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """`qa-train launch --cpu` of `config` on 2 processes, its agent run here: the agent's exit code."""
+    from qa_train.strategy import agent
+
+    def run_agent(cmd: list[str], env: dict[str, str], grace_s: float) -> int:
+        assert cmd[:3] == [sys.executable, "-m", "qa_train.strategy.agent"], cmd
+        monkeypatch.setattr(agent, "_start", lambda which, args: pytest.fail(f"the agent started {which} {args}"))
+        return agent.main(cmd[3:])
+
+    monkeypatch.setattr(launch, "run_launch", run_agent)
+    return launch.main(["--cpu", "--config_file", str(config), "--num_processes", "2", "--", "--output_dir", "x"])
 
 
 def test_the_agent_refuses_a_bad_config_before_accelerate_launch(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -78,4 +78,13 @@ def test_the_launch_runs_through_the_agent_that_reports_a_failed_rank() -> None:
         "-m",
         "qa_train",
     ]
+    # The YAML that torchrun never reads goes to the agent, which refuses it as accelerate would.
+    assert supervise.agent_command([PY, "-m", "torch.distributed.run", "-m", "qa_train"], "ddp.yaml") == [
+        *agent,
+        "torchrun",
+        "--accelerate_config",
+        "ddp.yaml",
+        "-m",
+        "qa_train",
+    ]
     assert supervise.agent_command([PY, "-m", "qa_train", "--do_eval"]) == [PY, "-m", "qa_train", "--do_eval"]
