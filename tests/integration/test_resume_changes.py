@@ -18,6 +18,10 @@ from qa_train.run import Preempted, run
 from qa_train.strategy.checkpoint import read_state
 from qa_train.trainer import Trainer
 
+# The runs log through the root logger's handler on this test's captured stderr, closed after it: later tests in
+# this worker would log into a closed stream ("--- Logging error ---" in their output).
+pytestmark = pytest.mark.usefixtures("own_logging")
+
 
 def scripted_f1(monkeypatch: pytest.MonkeyPatch, f1s: list[float], preempt_at: int | None = None) -> list[int]:
     """Each evaluation reports the next F1 of `f1s`; returns the steps evaluated, in order. The evaluation at step
