@@ -111,15 +111,28 @@ def weights_of(path: Path) -> Weights:
             shapes = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}  # noqa: SIM118
         return _counted({k: s for k, (s, _) in shapes.items()}, _safetensors_dtype({d for _, d in shapes.values()}))
     if (path / portable.ACCELERATE_WEIGHTS[1]).is_file():
-        import torch
-
-        saved = torch.load(path / portable.ACCELERATE_WEIGHTS[1], map_location="cpu", mmap=True, weights_only=True)
+        saved = _torch_file(path / portable.ACCELERATE_WEIGHTS[1])
         return _counted({k: t.shape for k, t in saved.items()}, _dtypes({t.dtype for t in saved.values()}))
     if (path / portable.DCP_WEIGHTS).is_dir():
         return _dcp_weights(path / portable.DCP_WEIGHTS)
     if (path / "latest").is_file():
         return _deepspeed_weights(path)
     raise DescribeError(f"{path}: neither accelerate's, FSDP's nor DeepSpeed's checkpoint files")
+
+
+def _torch_file(file: Path) -> dict:
+    """A pickled state dict, memory-mapped; weights_only: a file whose pickle would build anything but tensors and
+    plain containers is refused in one line."""
+    import pickle
+
+    import torch
+
+    from qa_train.strategy.zero_files import why_unreadable
+
+    try:
+        return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError) as err:  # a refused global; a damaged zip
+        raise DescribeError(f"{file}: not readable as a checkpoint's tensors ({why_unreadable(err)})") from err
 
 
 def _counted(shapes: Mapping[str, Sequence[int]], dtype: str, config: str | None = None) -> Weights:
@@ -147,13 +160,16 @@ def _dcp_weights(folder: Path) -> Weights:
 def _deepspeed_weights(path: Path) -> Weights:
     """DeepSpeed's model-states file lists every parameter's full shape and the engine's config (its precision and
     offload); memory-mapped, so its 16-bit module copy (ZeRO-1/2) is not read."""
-    import torch
+    from qa_train.strategy import zero_files
 
     tag = (path / "latest").read_text().strip()
     files = sorted((path / tag).glob("*model_states.pt"))
     if not files:
         raise DescribeError(f"{path / tag}: no DeepSpeed model-states file")
-    states = torch.load(files[0], map_location="cpu", mmap=True, weights_only=True)
+    try:
+        states = zero_files.load(files[0])  # the DeepSpeed classes its pickle may hold, and nothing else
+    except zero_files.ZeroFilesError as err:
+        raise DescribeError(str(err)) from err
     shapes = {name: shape for group in states["param_shapes"] for name, shape in group.items()}
     ds = states.get("ds_config", {})
     zero = ds.get("zero_optimization", {})

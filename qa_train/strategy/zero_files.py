@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from qa_train.core.errors import one_line
+
 KINDS = ("weights", "exp_avg", "exp_avg_sq")
 OPTIM_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 
@@ -30,7 +32,7 @@ class ZeroFilesError(ValueError):
     """A ZeRO checkpoint this reader cannot make whole, said in one line naming the file."""
 
 
-def _load(file: Path) -> dict:
+def load(file: Path) -> dict:
     """A DeepSpeed file memory-mapped, tensors paged in only when read. weights_only: its pickle may build nothing
     but tensors, plain containers and the few DeepSpeed value classes allowed here (no code runs)."""
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
@@ -41,8 +43,16 @@ def _load(file: Path) -> dict:
         with torch.serialization.safe_globals([LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]):
             return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
     except Exception as err:  # pickle.UnpicklingError names the global it refused; RuntimeError a damaged zip
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ZeroFilesError(f"{file}: not readable as DeepSpeed's checkpoint file ({first})") from err
+        raise ZeroFilesError(f"{file}: not readable as DeepSpeed's checkpoint file ({why_unreadable(err)})") from err
+
+
+def why_unreadable(err: BaseException) -> str:
+    """torch.load's refusal in a few words: the class a weights_only load would not build (its message's first
+    lines are general advice), else the error's first line."""
+    refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+    if refused:
+        return f"its pickle would build {refused.group(1)}, which no checkpoint holds; nothing was unpickled"
+    return one_line(err)
 
 
 def _rank_files(folder: Path) -> list[Path]:
@@ -66,7 +76,7 @@ class DeepSpeedFiles:
     def __init__(self, path: Path) -> None:
         self.folder = path / (path / "latest").read_text().strip()
         self.files = _rank_files(self.folder)
-        optim = _load(self.files[0])["optimizer_state_dict"]
+        optim = load(self.files[0])["optimizer_state_dict"]
         self.stage = int(optim.get("zero_stage", 1))
         counts = optim.get("partition_count", len(self.files))
         if any(count != len(self.files) for count in (counts if isinstance(counts, list) else [counts])):
@@ -79,7 +89,7 @@ class DeepSpeedFiles:
         self._step = first_step(entry.get("step") for entry in _groups(_moment_state(optim, self.stage)))
         del optim
         self.models = self._model_files()
-        model = _load(self.models[0])
+        model = load(self.models[0])
         self.shapes: list[dict[str, Any]] = model["param_shapes"]
         self.shared: dict[str, str] = dict(model.get("shared_params") or {})
 
@@ -102,7 +112,7 @@ class DeepSpeedFiles:
         full = {name: torch.empty(math.prod(shape)) for group in self.shapes for name, shape in group.items()}
         filled = dict.fromkeys(full, 0)
         for rank, file in enumerate(self.files):
-            optim = _load(file)["optimizer_state_dict"]
+            optim = load(file)["optimizer_state_dict"]
             flats = self._flats(optim, kind, file)
             if len(flats) != len(self.shapes):
                 raise ZeroFilesError(f"{file}: {len(flats)} flat groups, the model states list {len(self.shapes)}")
@@ -152,7 +162,7 @@ class DeepSpeedFiles:
 
     def _unoptimized(self) -> dict[str, torch.Tensor]:
         """Frozen parameters (no fp32 master copy: the model states keep them) and buffers, in fp32 where float."""
-        models = [_load(file) for file in self.models]
+        models = [load(file) for file in self.models]
         first = models[0]
         kept: dict[str, torch.Tensor] = {}
         for name, shape in (first.get("frozen_param_shapes") or {}).items():

@@ -179,6 +179,33 @@ def test_bad_checkpoints_are_one_line_and_exit_2(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("layout", ["pytorch_model_fsdp.bin", "deepspeed"])
+def test_a_pickle_that_would_build_code_is_refused_in_one_line(
+    layout: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Files that match the manifest but whose pickle builds an object no checkpoint holds (here argparse's
+    Namespace): refused unread in one line naming the file, where plain weights_only raised a traceback."""
+    import argparse
+
+    path, model = accelerate_checkpoint(tmp_path / "run")
+    (path / "model.safetensors").unlink()
+    state = {"param_shapes": [{k: t.shape for k, t in model.state_dict().items()}], "args": argparse.Namespace()}
+    if layout == "deepspeed":
+        (path / "latest").write_text("pytorch_model")
+        (path / "pytorch_model").mkdir()
+        file = path / "pytorch_model" / "mp_rank_00_model_states.pt"
+    else:
+        file = path / "pytorch_model_fsdp.bin"  # FSDP's full state dict
+        state = {**model.state_dict(), "args": argparse.Namespace()}
+    torch.save(state, file)
+    (path / "manifest.json").unlink()
+    _write_manifest(path)
+    assert describe.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"qa-train describe: error: {file}: not readable as"), err
+    assert "Namespace" in err, err
+
+
 def test_not_a_checkpoint_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert describe.main([str(tmp_path)]) == 2
     assert capsys.readouterr().err == (
