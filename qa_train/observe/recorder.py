@@ -295,7 +295,7 @@ def _evaluation_rows(m: RunMetrics) -> list[tuple[str, str]]:
 
 
 def _training_rows(m: RunMetrics) -> list[tuple[str, str]]:
-    mem, rss = m.peak_memory_gb, m.peak_host_rss_gb
+    rss = m.peak_host_rss_gb
     before = ""
     if m.initial_exact_match is not None:
         label = f"at step {m.initial_eval_step}, resumed" if m.initial_eval_step else "untrained"
@@ -309,6 +309,26 @@ def _training_rows(m: RunMetrics) -> list[tuple[str, str]]:
             f"{_fmt(m.train_steps)} x global batch {_fmt(m.global_batch_size)} "
             f"({_fmt(m.num_train_features)} windows of {_fmt(m.max_seq_length)} max)",
         ),
+        *(
+            _measured_rows(m)
+            if m.train_steps != 0
+            else [("training", "no step (--max_train_steps 0): nothing to time")]
+        ),
+        ("peak host RSS", f"max {_fmt(rss.max, ' GiB')} per rank (lifetime)"),
+        ("runtime", f"{_fmt(m.train_runtime_s, ' s')} training{saves}, {_fmt(m.total_runtime_s, ' s')} total"),
+        *(
+            [("compile", f"{m.compiled_graphs} graph(s) in {_fmt(m.compile_time_s, ' s')}, part of the training time")]
+            if m.compile_time_s is not None
+            else []
+        ),
+        ("output", _fmt(m.output_dir)),
+    ]
+
+
+def _measured_rows(m: RunMetrics) -> list[tuple[str, str]]:
+    """What the training steps measured: throughput, step time, memory while training."""
+    mem = m.peak_memory_gb
+    return [
         (
             "throughput",
             f"{_fmt(m.train_samples_per_second)} samples/s, "
@@ -321,14 +341,6 @@ def _training_rows(m: RunMetrics) -> list[tuple[str, str]]:
             "peak memory",
             f"max {_fmt(mem.max, ' GiB')} / mean {_fmt(mem.mean, ' GiB')} per rank [{_fmt(m.peak_memory_source)}]",
         ),
-        ("peak host RSS", f"max {_fmt(rss.max, ' GiB')} per rank (lifetime)"),
-        ("runtime", f"{_fmt(m.train_runtime_s, ' s')} training{saves}, {_fmt(m.total_runtime_s, ' s')} total"),
-        *(
-            [("compile", f"{m.compiled_graphs} graph(s) in {_fmt(m.compile_time_s, ' s')}, part of the training time")]
-            if m.compile_time_s is not None
-            else []
-        ),
-        ("output", _fmt(m.output_dir)),
     ]
 
 

@@ -719,6 +719,15 @@ def test_summary_has_the_same_keys_with_and_without_per_rank_figures(
     assert json.loads((tmp_path / "metrics.json").read_text())["peak_memory_reserved_gb"]["per_rank"] == [1.0, 2.0]
 
 
+def test_a_run_of_no_step_says_so_instead_of_timings() -> None:
+    """--max_train_steps 0 (evaluate and export the model as built): no throughput, step time or training memory
+    exists, where the table printed three lines of n/a."""
+    table = summary_table(metrics(train_steps=0, train_samples_per_second=None, mfu=None))
+    assert row(table, "training") == "no step (--max_train_steps 0): nothing to time"
+    assert not any(line.startswith(("throughput", "step time", "peak memory")) for line in table.splitlines())
+    assert row(table, "exact match / F1") == "81.25 / 88.50" and row(table, "peak host RSS").startswith("max ")
+
+
 def test_summary_table_shows_every_missing_value_as_na() -> None:
     table = summary_table(RunMetrics(strategy="ddp", world_size=1))
     assert "None" not in table
