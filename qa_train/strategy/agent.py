@@ -1,11 +1,12 @@
 """The launch agent of one machine (torchrun, or accelerate launch, which runs torchrun), as qa_train.strategy.launch runs it.
 
     python -m qa_train.strategy.agent torchrun|accelerate ARGS...    (what `torchrun ARGS` or `accelerate launch ARGS` do)
-    python -m qa_train.strategy.agent torchrun --accelerate_config YAML ARGS...
+    python -m qa_train.strategy.agent torchrun --accelerate_config YAML [--echo CMD] ARGS...
 
 Before anything starts, the accelerate config is refused in one line (exit 2) where accelerate would refuse or
 ignore it: the one `accelerate launch` is given, or the YAML that `qa-train launch` turned into a torchrun
-command (torchrun never reads it, so a misspelled DEEPSPEED would run DDP).
+command (torchrun never reads it, so a misspelled DEEPSPEED would run DDP). `--echo CMD` prints `+ CMD` once it
+passed: the command `qa-train launch` runs through this agent.
 
 Both end a launch in which a rank failed by raising torch's ChildFailedError uncaught (accelerate's launcher of a
 single process, CalledProcessError): a 35-line traceback of the agent's own frames under the rank's one-line
@@ -108,12 +109,17 @@ def main(argv: list[str]) -> int:
         print(f"qa_train.strategy.agent: unknown agent {which!r}: torchrun or accelerate", file=sys.stderr)
         return 2
     config: str | None = config_file(args) if which == "accelerate" else None
+    echo = None
     if which == "torchrun" and args[:1] == ["--accelerate_config"]:
         config, args = args[1], args[2:]
+    if args[:1] == ["--echo"]:
+        echo, args = args[1], args[2:]
     refusal = _config_refusal(config)
     if refusal is not None:  # accelerate would refuse less, and in a traceback (slurm/train.sbatch's path)
         print(f"qa-train launch: error: {refusal}", file=sys.stderr, flush=True)
         return 2
+    if echo is not None:
+        print(f"+ {echo}", file=sys.stderr, flush=True)
     try:
         _start(which, args)
     except ChildFailedError as err:

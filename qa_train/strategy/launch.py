@@ -304,20 +304,22 @@ def main(argv: list[str] | None = None) -> int:
         except LaunchConfigError:
             check_as_accelerate_does(opts.config_file, cfg)  # its refusal names the cause (a misspelled key) first
             raise
-        launch = agent_command(cmd, opts.config_file)
+        if cmd[0] == "accelerate" and shutil.which("accelerate") is None:
+            cmd = [sys.executable, "-m", "accelerate.commands.launch", *cmd[2:]]
         # This process only supervises: where an agent starts the ranks, accelerate's checks (and their imports of
-        # accelerate and torch, ~2 s of the launch's start) are the agent's, which imports both anyway.
+        # accelerate and torch, ~2 s of the launch's start) are the agent's, which imports both anyway; it also
+        # says the command once they pass, so a refused config is its one error line.
+        launch = agent_command(cmd, opts.config_file, echo=True)
         if launch == cmd or opts.dry_run:
             check_as_accelerate_does(opts.config_file, cfg)
     except LaunchConfigError as err:
         print(f"qa-train launch: error: {err}", file=sys.stderr)
         return 2
-    if cmd[0] == "accelerate" and shutil.which("accelerate") is None:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", *cmd[2:]]
     if opts.dry_run:
         print(" ".join(cmd))
         return 0
-    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    if launch == cmd:
+        print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     return run_launch(launch, env, opts.stop_grace_s)
 
 

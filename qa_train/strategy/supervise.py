@@ -37,17 +37,19 @@ POLL_S = 0.2
 LEFTOVER_WAIT_S = 10.0
 
 
-def agent_command(cmd: list[str], config_file: str | None = None) -> list[str]:
+def agent_command(cmd: list[str], config_file: str | None = None, echo: bool = False) -> list[str]:
     """The same launch through qa_train.strategy.agent, which refuses the accelerate config `config_file` (or the
-    one accelerate launch is given) as accelerate would, says a failed rank in one line and exits with its code."""
+    one accelerate launch is given) as accelerate would, says a failed rank in one line and exits with its code;
+    with `echo`, it prints `+ CMD` once the config passed."""
+    said = ["--echo", " ".join(cmd)] if echo else []
     agent = [sys.executable, "-m", "qa_train.strategy.agent"]
     if cmd[0] == "accelerate":
-        return [*agent, "accelerate", *cmd[2:]]
+        return [*agent, "accelerate", *said, *cmd[2:]]
     if cmd[1:3] == ["-m", "accelerate.commands.launch"]:
-        return [*agent, "accelerate", *cmd[3:]]
+        return [*agent, "accelerate", *said, *cmd[3:]]
     if cmd[1:3] == ["-m", "torch.distributed.run"]:
         checked = ["--accelerate_config", config_file] if config_file else []
-        return [*agent, "torchrun", *checked, *cmd[3:]]
+        return [*agent, "torchrun", *checked, *said, *cmd[3:]]
     return cmd  # one process, no agent
 
 

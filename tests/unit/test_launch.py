@@ -109,9 +109,10 @@ def test_a_config_accelerate_would_refuse_or_ignore_is_refused_naming_the_key(
             ClusterConfig.from_yaml_file(str(path))
     assert launch.main(["--cpu", "--config_file", str(path), "--dry_run", "--", "--output_dir", "x"]) == 2
     assert capsys.readouterr().err.strip() == f"qa-train launch: error: {refused.value}"
-    # Launched for real, the agent that starts the ranks refuses it (the launcher leaves accelerate's checks to it).
+    # Launched for real, the agent that starts the ranks refuses it (the launcher leaves accelerate's checks to it),
+    # in the same one line: the agent says the command only once the config passed.
     assert agent_refuses(path, monkeypatch) == 2
-    assert capsys.readouterr().err.splitlines()[-1] == f"qa-train launch: error: {refused.value}"
+    assert capsys.readouterr().err.strip() == f"qa-train launch: error: {refused.value}"
 
 
 def agent_refuses(config: Path, monkeypatch: pytest.MonkeyPatch) -> int:
@@ -125,6 +126,31 @@ def agent_refuses(config: Path, monkeypatch: pytest.MonkeyPatch) -> int:
 
     monkeypatch.setattr(launch, "run_launch", run_agent)
     return launch.main(["--cpu", "--config_file", str(config), "--num_processes", "2", "--", "--output_dir", "x"])
+
+
+def test_the_agent_says_the_command_once_the_config_passed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from qa_train.strategy import agent
+
+    started: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(agent, "_start", lambda which, args: started.append((which, args)))
+    monkeypatch.setattr(launch, "run_launch", lambda cmd, env, grace_s: agent.main(cmd[3:]))
+    argv = [
+        "--cpu",
+        "--config_file",
+        str(ROOT / "accelerate_configs" / "ddp.yaml"),
+        "--num_processes",
+        "2",
+        "--",
+        "--x",
+        "1",
+    ]
+    assert launch.main(argv) == 0
+    [(which, args)] = started
+    assert which == "torchrun" and args[-4:] == ["-m", "qa_train", "--x", "1"] and "--echo" not in args
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == f"+ {sys.executable} -m torch.distributed.run {' '.join(args)}"
 
 
 def test_the_agent_refuses_a_bad_config_before_accelerate_launch(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

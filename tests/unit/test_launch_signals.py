@@ -78,12 +78,16 @@ def test_the_launch_runs_through_the_agent_that_reports_a_failed_rank() -> None:
         "-m",
         "qa_train",
     ]
-    # The YAML that torchrun never reads goes to the agent, which refuses it as accelerate would.
-    assert supervise.agent_command([PY, "-m", "torch.distributed.run", "-m", "qa_train"], "ddp.yaml") == [
+    # The YAML that torchrun never reads goes to the agent, which refuses it as accelerate would, then says the
+    # command it runs.
+    torchrun = [PY, "-m", "torch.distributed.run", "-m", "qa_train"]
+    assert supervise.agent_command(torchrun, "ddp.yaml", echo=True) == [
         *agent,
         "torchrun",
         "--accelerate_config",
         "ddp.yaml",
+        "--echo",
+        " ".join(torchrun),
         "-m",
         "qa_train",
     ]
