@@ -64,7 +64,7 @@ def cpu_refusal(cfg: dict) -> str | None:
 def read_config(path: str, launch_dir: Path | None = None, *, as_accelerate: bool = True) -> dict:
     """The accelerate YAML, refused when it cannot work; its DeepSpeed JSON path is relative to `launch_dir`
     (default: the current directory, where accelerate will resolve it). `as_accelerate=False` leaves out the checks
-    that import accelerate (and so torch, ~2 s): the launch agent runs them before it starts the ranks."""
+    that import accelerate (and so torch): the launch agent runs them before it starts the ranks."""
     p = Path(path)
     if not p.is_file():
         raise LaunchConfigError(f"--config_file {path}: no such file (see accelerate_configs/)")
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         if cmd[0] == "accelerate" and shutil.which("accelerate") is None:
             cmd = [sys.executable, "-m", "accelerate.commands.launch", *cmd[2:]]
         # This process only supervises: where an agent starts the ranks, accelerate's checks (and their imports of
-        # accelerate and torch, ~2 s of the launch's start) are the agent's, which imports both anyway; it also
+        # accelerate and torch, seconds of the launch's start) are the agent's, which imports both anyway; it also
         # says the command once they pass, so a refused config is its one error line.
         launch = agent_command(cmd, opts.config_file, echo=True)
         if launch == cmd or opts.dry_run:

@@ -178,7 +178,7 @@ sys.exit(code)
 @pytest.mark.parametrize("config", ["ddp", "zero2", "fsdp"])
 def test_the_launcher_leaves_torch_to_the_agent(config: str) -> None:
     """The launcher only supervises, for the whole run: accelerate's checks of the config, and the imports of
-    accelerate and torch that they need (~2 s before the agent even starts), are the agent's, which imports both."""
+    accelerate and torch that they need (seconds before the agent even starts), are the agent's, which imports both."""
     argv = ["--cpu", "--config_file", f"accelerate_configs/{config}.yaml", "--num_processes", "2", "--", "--x"]
     proc = subprocess.run([PY, "-c", LAUNCHER_IMPORTS, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
