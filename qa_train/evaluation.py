@@ -82,6 +82,9 @@ def sample_rows(examples: Examples, predictions: dict[str, str], limit: int, *, 
 DRAIN_EVERY = 32
 
 
+# Evaluation runs eagerly under --torch_compile: compiling its no-grad graph, a second one, costs more than a
+# SQuAD-sized evaluation takes eagerly on a GPU (docs/benchmarks/2026-11-26-gpu-h100-compiled.md).
+@torch.compiler.set_stance("force_eager")
 @torch.no_grad()
 def predict_logits(
     accelerator, model, dataloader, width: int, host_memory: HostMemory | None = None

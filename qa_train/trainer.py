@@ -421,7 +421,7 @@ class Trainer:
         self.progress = self._progress(
             "train", steps.total_steps, self.state.completed_steps, "step", self.global_batch_size
         )
-        # What compiled before (--eval_on_start's graphs, an owed evaluation's) is not training's compile.
+        # What compiled before training (an earlier run in this process) is not this training's compile.
         before = compile_figures() if system.torch_compile else (math.nan, math.nan)
         t0 = time.perf_counter()
         self._metrics.start()  # loading, resuming and evaluation before this are not training

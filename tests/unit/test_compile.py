@@ -1,4 +1,5 @@
-"""--torch_compile_regional compiles each encoder layer apart, and refuses a model without repeated layers."""
+"""--torch_compile: regional compilation compiles each encoder layer apart and refuses a model without repeated
+layers; evaluation runs the compiled model eagerly."""
 
 from __future__ import annotations
 
@@ -25,3 +26,26 @@ def test_regional_compilation_of_a_model_without_repeated_layers_is_refused() ->
     """accelerate compiles nothing then, and the run would have trained eagerly without a word."""
     with pytest.raises(ConfigError, match="--torch_compile_regional: Linear has no repeated layers"):
         compile_model(torch.nn.Linear(2, 2), SystemArgs(torch_compile_regional=True), dynamic=True)
+
+
+def test_evaluation_runs_the_compiled_model_eagerly() -> None:
+    """A compiled model's forward without gradients is a second graph (its own compile, which cost a GPU run more
+    than the evaluation itself): evaluation leaves torch.compile out, and still answers as the model does."""
+    from accelerate import Accelerator
+
+    from qa_train.evaluation import predict_logits
+    from qa_train.model.modeling import compile_figures
+
+    torch.manual_seed(0)
+    model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(TINY)).eval()
+    ids = torch.randint(5, 100, (3, 12))
+    with torch.no_grad():
+        expected = model(input_ids=ids).start_logits
+    compile_model(model, SystemArgs(torch_compile=True, torch_compile_backend="eager"), dynamic=True)
+    before = compile_figures()[1]
+    batch = {"input_ids": ids, "feature_index": torch.arange(3), "num_tokens": torch.tensor(36)}
+    start, _, order = predict_logits(Accelerator(cpu=True), model, [batch], width=16)
+    assert compile_figures()[1] == before, "evaluation compiled a graph"
+    assert order.tolist() == [0, 1, 2]
+    torch.testing.assert_close(torch.from_numpy(start[:, :12]), expected)
+    assert model.training, "back in training mode for the next step"
