@@ -16,10 +16,13 @@
 #   fixed       the fixed-length run alone, eager then with --torch_compile
 #   overhead    qa_train's step against tools/bare_loop.py's on MiniLM: how much of a host-bound step is ours
 #   vshf        transformers' run_qa_no_trainer.py, then qa_train with its defaults, on the same BERT-base work
-#               (VS_PAIRS pairs, A B A B; VS_SIDES=qa reruns qa_train's side alone; VS_QA2_FLAGS adds a qa_train
-#               run with those flags); training samples/s and whole-process wall of each
+#               (VS_PAIRS pairs, A B A B; VS_SIDES=qa reruns qa_train's side alone, VS_SIDES=hf the example's;
+#               VS_QA2_FLAGS adds a qa_train run with those flags; VS_STEPS, default 1500); training samples/s and
+#               whole-process wall of each
 #   twoepochs   the two epochs compiled, with an empty compile cache, then again with it warm
 #   cprofile    --profile of the compiled fixed-length step at batch 128, with its kernels grouped by kind
+#   gprofile    the same of the two epochs' step: compiled, length-grouped batches of 64, dynamic padding
+#   startup     each import's seconds, then a short launch with every line stamped: where a run's start goes
 #
 # DEADLINE_S=N stops the parts still running N seconds from the start (a device command has 10 minutes) and
 # skips the rest; TESTS_K reruns some tests, STRATEGIES some configs, ABLATION_REPEATS=1 halves the ablation.
@@ -162,7 +165,7 @@ part_speed() {
 
 profile_run() {  # $1 the config, $2 the batch, $3 a name suffix, the rest more flags: --profile of a fixed-length
   local config=$1 batch=$2 name="profile-$1-$2${3:-}"; shift 3 || shift $#  # BERT-base step, into $name.txt
-  log "profile: $config, fixed length, BERT-base shape, batch $batch $*"
+  log "profile: $config, BERT-base shape, batch $batch, fixed length unless $*"
   data
   $PY -m qa_train.cli launch "${cpu[@]}" --config_file "accelerate_configs/$config.yaml" --num_processes 1 -- \
     "${speed_flags[@]}" --train_file "$DATA/train.json" --max_train_samples 8000 --no_eval --pad_to_max_length \
@@ -177,6 +180,36 @@ part_profile() {  # where a fixed-length BERT-base step spends its time
 
 part_cprofile() {  # the compiled fixed-length step (the MFU target's), at the batch that measured best
   profile_run single 128 -compiled --torch_compile
+}
+
+part_gprofile() {  # the two epochs' step compiled (length-grouped batch 64, dynamic padding): 16% MFU, cause unknown
+  profile_run single 64 -grouped --torch_compile --pad_to_max_length false --group_by_length
+}
+
+part_startup() {  # the 24-30 s between `qa-train launch` and a run's first line on the H100: each import, each process
+  log "startup: imports in one process, then a short launch stamped line by line"
+  $PY -X importtime -c "import qa_train.__main__, qa_train.run" 2> "$OUT_DIR/importtime.txt" || true
+  $PY - <<'PY' 2>&1 | tee -a "$OUT_DIR/startup.txt"
+import importlib, time
+t = time.perf_counter()
+for step in ("torch", "cuda", "accelerate", "deepspeed", "transformers.models.bert.modeling_bert", "qa_train.run"):
+    if step == "cuda":
+        import torch
+        if torch.cuda.is_available():
+            torch.zeros(1, device="cuda")
+    else:
+        importlib.import_module(step)
+    print(f"startup: {step:<40} +{time.perf_counter() - t:6.2f} s")
+    t = time.perf_counter()
+PY
+  local t0=$EPOCHREALTIME
+  $PY -m qa_train.cli launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- \
+    --config_name qa_train/assets/tiny-bert --tokenizer_name qa_train/assets/tiny-bert \
+    --train_file qa_train/assets/demo/train.json --max_seq_length 192 --doc_stride 64 --max_train_steps 2 --no_eval \
+    --report_to none --disable_tqdm --overwrite_output_dir --output_dir "$RUNS/startup" 2>&1 \
+    | while IFS= read -r line; do
+        awk -v s="$t0" -v e="$EPOCHREALTIME" -v l="${line:0:160}" 'BEGIN { printf "%7.2f %s\n", e - s, l }'
+      done | tee -a "$OUT_DIR/startup.txt"
 }
 
 part_zeroprofile() {  # ZeRO-1/2 ran 3.7-4x slower than single on one GPU: where does its step go?
@@ -282,12 +315,13 @@ flat() {  # the example's flat layout of the split, once
 part_vshf() {  # transformers' example and qa_train on the same work, one after the other, VS_PAIRS times
   data
   flat
-  local steps=1500 samples=48000 batch=32 evals=2000 extra=() i
+  local steps=${VS_STEPS:-1500} batch=32 evals=2000 extra=() i samples
   local qa_extra=()
   if [[ ${DRY:-0} == 1 ]]; then
-    steps=3 samples=100 batch=4 evals=20 extra=(--max_seq_length 128 --doc_stride 32)
+    steps=3 batch=4 evals=20 extra=(--max_seq_length 128 --doc_stride 32)
     grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo || { export MIXED_PRECISION=no; qa_extra=(--mixed_precision no); }
   fi
+  samples=$((steps * batch))  # one pass over the windows: neither side's loader starts a second epoch
   # The same windows, batch, learning rate, steps and seed; each side's own defaults for everything else.
   local hp=(--max_seq_length 384 --doc_stride 128 --per_device_train_batch_size $batch --learning_rate 3e-5
             --seed 42 --max_train_steps $steps --max_train_samples $samples --max_eval_samples $evals
@@ -299,14 +333,17 @@ part_vshf() {  # transformers' example and qa_train on the same work, one after 
         "${hp[@]}" --output_dir "$RUNS/vs-hf-$i" > "$OUT_DIR/vs-hf-$i.log" 2>&1 || log "vs-hf-$i failed"
       grep -E "^hf_example:|Evaluation metrics" "$OUT_DIR/vs-hf-$i.log" | tee -a "$OUT_DIR/vshf.txt" || true
     fi
-    log "vshf $i: qa_train with its defaults"
-    local t0=$EPOCHREALTIME
-    $PY -m qa_train.cli launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --train_file "$DATA/train.json" \
-      --validation_file "$DATA/dev.json" "${hp[@]}" "${qa_extra[@]}" --report_to none --output_dir "$RUNS/vs-qa-$i" --overwrite_output_dir \
-      > "$OUT_DIR/vs-qa-$i.log" 2>&1 || log "vs-qa-$i failed"
-    awk -v s="$t0" -v e="$EPOCHREALTIME" 'BEGIN { printf "qa_train: wall_s=%.1f\n", e - s }' | tee -a "$OUT_DIR/vshf.txt"
-    keep "vs-qa-$i"
-    summary "$RUNS/vs-qa-$i" | tee -a "$OUT_DIR/vshf.txt" || true
+    local t0
+    if [[ " ${VS_SIDES:-hf qa} " == *" qa "* ]]; then
+      log "vshf $i: qa_train with its defaults"
+      t0=$EPOCHREALTIME
+      $PY -m qa_train.cli launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --train_file "$DATA/train.json" \
+        --validation_file "$DATA/dev.json" "${hp[@]}" "${qa_extra[@]}" --report_to none --output_dir "$RUNS/vs-qa-$i" --overwrite_output_dir \
+        > "$OUT_DIR/vs-qa-$i.log" 2>&1 || log "vs-qa-$i failed"
+      awk -v s="$t0" -v e="$EPOCHREALTIME" 'BEGIN { printf "qa_train: wall_s=%.1f\n", e - s }' | tee -a "$OUT_DIR/vshf.txt"
+      keep "vs-qa-$i"
+      summary "$RUNS/vs-qa-$i" | tee -a "$OUT_DIR/vshf.txt" || true
+    fi
     [[ -n ${VS_QA2_FLAGS:-} ]] || continue
     log "vshf $i: qa_train $VS_QA2_FLAGS"  # what the speed flags add over the defaults, on the same work
     t0=$EPOCHREALTIME
