@@ -121,18 +121,14 @@ def weights_of(path: Path) -> Weights:
 
 
 def _torch_file(file: Path) -> dict:
-    """A pickled state dict, memory-mapped; weights_only: a file whose pickle would build anything but tensors and
-    plain containers is refused in one line."""
-    import pickle
-
-    import torch
-
-    from qa_train.strategy.zero_files import why_unreadable
+    """A pickled state dict, memory-mapped; a file whose pickle would build anything but tensors and plain
+    containers is refused in one line."""
+    from qa_train.strategy import zero_files
 
     try:
-        return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError) as err:  # a refused global; a damaged zip
-        raise DescribeError(f"{file}: not readable as a checkpoint's tensors ({why_unreadable(err)})") from err
+        return zero_files.load(file, "a checkpoint's tensors", deepspeed=False)
+    except zero_files.ZeroFilesError as err:
+        raise DescribeError(str(err)) from err
 
 
 def _counted(shapes: Mapping[str, Sequence[int]], dtype: str, config: str | None = None) -> Weights:

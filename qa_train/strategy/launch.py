@@ -310,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         # accelerate and torch, seconds of the launch's start) are the agent's, which imports both anyway; it also
         # says the command once they pass, so a refused config is its one error line.
         launch = agent_command(cmd, opts.config_file, echo=True)
-        if launch == cmd or opts.dry_run:
+        by_agent = launch != cmd  # the agent then checks the config and says the command
+        if not by_agent or opts.dry_run:
             check_as_accelerate_does(opts.config_file, cfg)
     except LaunchConfigError as err:
         print(f"qa-train launch: error: {err}", file=sys.stderr)
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.dry_run:
         print(" ".join(cmd))
         return 0
-    if launch == cmd:
+    if not by_agent:
         print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     return run_launch(launch, env, opts.stop_grace_s)
 

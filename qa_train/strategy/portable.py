@@ -18,9 +18,8 @@ from pathlib import Path
 
 import torch
 
-from qa_train.strategy.zero_files import DeepSpeedFiles, first_step
+from qa_train.strategy.zero_files import KINDS, DeepSpeedFiles, first_step
 
-KINDS = ("weights", "exp_avg", "exp_avg_sq")
 META = "portable.json"
 FORMAT = 1
 ACCELERATE_WEIGHTS = ("model.safetensors", "pytorch_model_fsdp.bin")  # single/DDP, FSDP's full state dict

@@ -32,18 +32,22 @@ class ZeroFilesError(ValueError):
     """A ZeRO checkpoint this reader cannot make whole, said in one line naming the file."""
 
 
-def load(file: Path) -> dict:
-    """A DeepSpeed file memory-mapped, tensors paged in only when read. weights_only: its pickle may build nothing
-    but tensors, plain containers and the few DeepSpeed value classes allowed here (no code runs)."""
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
+def load(file: Path, what: str = "DeepSpeed's checkpoint file", deepspeed: bool = True) -> dict:
+    """A pickled checkpoint file memory-mapped, tensors paged in only when read. weights_only: its pickle may build
+    nothing but tensors, plain containers and, with `deepspeed`, the few DeepSpeed value classes its files hold (no
+    code runs); anything else is one line naming the file as not readable as `what`."""
+    allowed: list = []
+    if deepspeed:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
 
+        allowed = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
     try:
-        with torch.serialization.safe_globals([LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]):
+        with torch.serialization.safe_globals(allowed):
             return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
     except Exception as err:  # pickle.UnpicklingError names the global it refused; RuntimeError a damaged zip
-        raise ZeroFilesError(f"{file}: not readable as DeepSpeed's checkpoint file ({why_unreadable(err)})") from err
+        raise ZeroFilesError(f"{file}: not readable as {what} ({why_unreadable(err)})") from err
 
 
 def why_unreadable(err: BaseException) -> str:
