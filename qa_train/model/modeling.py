@@ -212,6 +212,7 @@ def compile_model(model, system: SystemArgs, dynamic: bool) -> None:
     kwargs = {"backend": system.torch_compile_backend or "inductor", "dynamic": dynamic, "mode": system.compile_mode}
     if dynamic and kwargs["backend"] == "inductor":
         _no_size_guards()
+    _constant_floats()
     if not system.torch_compile_regional:
         model.compile(**kwargs)
         return
@@ -234,6 +235,16 @@ def _no_size_guards() -> None:
 
     if hasattr(config.triton, "mix_order_reduction_non_strict_mode"):  # torch 2.10 and later
         config.triton.mix_order_reduction_non_strict_mode = True
+
+
+def _constant_floats() -> None:
+    """The model's Python floats (dropout p, LayerNorm eps, the attention scale) are constants from the first trace.
+    Traced as symbols (torch's default), they are specialised later by inductor's scalar pass, which restarts the
+    frame: every compile, warm cache or not, traced the model and built its joint graph twice
+    (docs/benchmarks/2026-11-27-cpu-compile-restart.md)."""
+    import torch._dynamo.config
+
+    torch._dynamo.config.specialize_float = True
 
 
 def compile_figures() -> tuple[float, int]:

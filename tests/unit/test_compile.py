@@ -49,3 +49,17 @@ def test_evaluation_runs_the_compiled_model_eagerly() -> None:
     assert order.tolist() == [0, 1, 2]
     torch.testing.assert_close(torch.from_numpy(start[:, :12]), expected)
     assert model.training, "back in training mode for the next step"
+
+
+def test_a_compile_traces_the_model_once() -> None:
+    """The model's Python floats (dropout p, LayerNorm eps) traced as symbols made torch restart the frame when it
+    specialised them: every compile traced the model and built its joint graph twice, warm cache or not."""
+    from torch._dynamo.utils import counters
+
+    model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(TINY))
+    compile_model(model, SystemArgs(torch_compile=True, torch_compile_backend="aot_eager"), dynamic=True)
+    counters.clear()
+    ids = torch.randint(5, 100, (2, 16))
+    zeros = torch.zeros(2, dtype=torch.long)
+    model(input_ids=ids, start_positions=zeros, end_positions=zeros).loss.backward()
+    assert counters["aot_autograd"]["total"] == 1, "the frame was traced more than once"
