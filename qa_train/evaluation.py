@@ -82,9 +82,6 @@ def sample_rows(examples: Examples, predictions: dict[str, str], limit: int, *, 
 DRAIN_EVERY = 32
 
 
-# Evaluation runs eagerly under --torch_compile: compiling its no-grad graph, a second one, costs more than a
-# SQuAD-sized evaluation takes eagerly on a GPU (docs/benchmarks/2026-11-26-gpu-h100-compiled.md).
-@torch.compiler.set_stance("force_eager")
 @torch.no_grad()
 def predict_logits(
     accelerator, model, dataloader, width: int, host_memory: HostMemory | None = None
@@ -104,25 +101,29 @@ def predict_logits(
             host.append(tuple(torch.cat(parts).cpu() for parts in zip(*pending)))
             pending.clear()
 
-    for batch in dataloader:
-        feature_index = batch.pop("feature_index")
-        batch.pop("num_tokens")
-        batch.pop("start_positions", None)
-        batch.pop("end_positions", None)
-        try:
-            out = model(**batch)
-        except (RuntimeError, MemoryError) as err:
-            if not is_out_of_memory(err):
-                raise
-            raise in_evaluation(err, *batch["input_ids"].shape) from err
-        pad = width - out.start_logits.shape[1]
-        s = F.pad(out.start_logits.float(), (0, pad), value=PAD_LOGIT)
-        e = F.pad(out.end_logits.float(), (0, pad), value=PAD_LOGIT)
-        pending.append(accelerator.gather_for_metrics((s, e, feature_index)))
-        if len(pending) == DRAIN_EVERY:
-            drain()
-        if host_memory is not None:
-            host_memory.step()
+    # Eagerly under --torch_compile: compiling the no-grad graph, a second one, costs more than a SQuAD-sized
+    # evaluation takes eagerly on a GPU (docs/benchmarks/2026-11-26-gpu-h100-compiled.md). Here, not as a
+    # decorator, which would import dynamo with this module.
+    with torch.compiler.set_stance("force_eager"):
+        for batch in dataloader:
+            feature_index = batch.pop("feature_index")
+            batch.pop("num_tokens")
+            batch.pop("start_positions", None)
+            batch.pop("end_positions", None)
+            try:
+                out = model(**batch)
+            except (RuntimeError, MemoryError) as err:
+                if not is_out_of_memory(err):
+                    raise
+                raise in_evaluation(err, *batch["input_ids"].shape) from err
+            pad = width - out.start_logits.shape[1]
+            s = F.pad(out.start_logits.float(), (0, pad), value=PAD_LOGIT)
+            e = F.pad(out.end_logits.float(), (0, pad), value=PAD_LOGIT)
+            pending.append(accelerator.gather_for_metrics((s, e, feature_index)))
+            if len(pending) == DRAIN_EVERY:
+                drain()
+            if host_memory is not None:
+                host_memory.step()
     drain()
     model.train()
     starts, ends, index = zip(*host)
