@@ -163,8 +163,8 @@ part_speed() {
   speed_runs ""
 }
 
-profile_run() {  # $1 the config, $2 the batch, $3 a name suffix, the rest more flags: --profile of a fixed-length
-  local config=$1 batch=$2 name="profile-$1-$2${3:-}"; shift 3 || shift $#  # BERT-base step, into $name.txt
+profile_run() {  # $1 the config, $2 the batch, $3 a name suffix, the rest more flags: --profile of a BERT-base step
+  local config=$1 batch=$2 name="profile-$1-$2${3:-}"; shift 3 || shift $#  # (fixed length unless they say), into $name.txt
   log "profile: $config, BERT-base shape, batch $batch, fixed length unless $*"
   data
   $PY -m qa_train.cli launch "${cpu[@]}" --config_file "accelerate_configs/$config.yaml" --num_processes 1 -- \
@@ -333,27 +333,22 @@ part_vshf() {  # transformers' example and qa_train on the same work, one after 
         "${hp[@]}" --output_dir "$RUNS/vs-hf-$i" > "$OUT_DIR/vs-hf-$i.log" 2>&1 || log "vs-hf-$i failed"
       grep -E "^hf_example:|Evaluation metrics" "$OUT_DIR/vs-hf-$i.log" | tee -a "$OUT_DIR/vshf.txt" || true
     fi
-    local t0
-    if [[ " ${VS_SIDES:-hf qa} " == *" qa "* ]]; then
-      log "vshf $i: qa_train with its defaults"
-      t0=$EPOCHREALTIME
-      $PY -m qa_train.cli launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --train_file "$DATA/train.json" \
-        --validation_file "$DATA/dev.json" "${hp[@]}" "${qa_extra[@]}" --report_to none --output_dir "$RUNS/vs-qa-$i" --overwrite_output_dir \
-        > "$OUT_DIR/vs-qa-$i.log" 2>&1 || log "vs-qa-$i failed"
-      awk -v s="$t0" -v e="$EPOCHREALTIME" 'BEGIN { printf "qa_train: wall_s=%.1f\n", e - s }' | tee -a "$OUT_DIR/vshf.txt"
-      keep "vs-qa-$i"
-      summary "$RUNS/vs-qa-$i" | tee -a "$OUT_DIR/vshf.txt" || true
-    fi
-    [[ -n ${VS_QA2_FLAGS:-} ]] || continue
-    log "vshf $i: qa_train $VS_QA2_FLAGS"  # what the speed flags add over the defaults, on the same work
-    t0=$EPOCHREALTIME
-    $PY -m qa_train.cli launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --train_file "$DATA/train.json" \
-      --validation_file "$DATA/dev.json" "${hp[@]}" "${qa_extra[@]}" --report_to none $VS_QA2_FLAGS \
-      --output_dir "$RUNS/vs-qa2-$i" --overwrite_output_dir > "$OUT_DIR/vs-qa2-$i.log" 2>&1 || log "vs-qa2-$i failed"
-    awk -v s="$t0" -v e="$EPOCHREALTIME" 'BEGIN { printf "qa_train (2): wall_s=%.1f\n", e - s }' | tee -a "$OUT_DIR/vshf.txt"
-    keep "vs-qa2-$i"
-    summary "$RUNS/vs-qa2-$i" | tee -a "$OUT_DIR/vshf.txt" || true
+    [[ " ${VS_SIDES:-hf qa} " == *" qa "* ]] && vs_qa "vs-qa-$i" "qa_train"
+    # What the speed flags add over the defaults, on the same work.
+    # shellcheck disable=SC2086 # VS_QA2_FLAGS: several flags
+    [[ -z ${VS_QA2_FLAGS:-} ]] || vs_qa "vs-qa2-$i" "qa_train (2)" $VS_QA2_FLAGS
   done
+}
+
+vs_qa() {  # one qa_train side of vshf's pair into $RUNS/$1, named $2 in vshf.txt; the rest: its own flags
+  local name=$1 label=$2 t0=$EPOCHREALTIME; shift 2  # hp and qa_extra: part_vshf's
+  log "vshf: $label ${*:-with its defaults}"
+  $PY -m qa_train.cli launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --train_file "$DATA/train.json" \
+    --validation_file "$DATA/dev.json" "${hp[@]}" "${qa_extra[@]}" --report_to none "$@" --output_dir "$RUNS/$name" \
+    --overwrite_output_dir > "$OUT_DIR/$name.log" 2>&1 || log "$name failed"
+  awk -v s="$t0" -v e="$EPOCHREALTIME" -v l="$label" 'BEGIN { printf "%s: wall_s=%.1f\n", l, e - s }' | tee -a "$OUT_DIR/vshf.txt"
+  keep "$name"
+  summary "$RUNS/$name" | tee -a "$OUT_DIR/vshf.txt" || true
 }
 
 if [[ -n $inner ]]; then "part_$inner"; exit; fi
