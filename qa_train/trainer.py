@@ -8,6 +8,7 @@ the strategy package's (qa_train/strategy/) where a library forces a difference.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -711,4 +712,8 @@ class Trainer:
         # threads still get the GIL.
         self.model = self.optimizer = self.scheduler = self.train_dl = self.eval_dl = None
         self.accelerator.free_memory()
+        # free_memory collects before it drops its own references, and the process exits with the collector frozen
+        # (__main__.entry): FSDP2's modules, cycles holding the group's work, would outlive the group and be torn
+        # down with the interpreter, where a gloo thread wanting the GIL aborts the rank (seen once in CI).
+        gc.collect()
         self.accelerator.end_training()

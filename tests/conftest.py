@@ -129,6 +129,17 @@ def base_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def exit_probe_env(folder: Path) -> dict[str, str]:
+    """The environment that makes each process of a run write what it left alive at exit into `folder`
+    (tests/integration/exit_probe)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = ROOT / "tests" / "integration" / "exit_probe"
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(probe), os.environ.get("PYTHONPATH")])),
+        "QA_TRAIN_TEST_EXIT_PROBE": str(folder),
+    }
+
+
 def run_cmd(cmd: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     return proc
@@ -277,7 +288,10 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], P
                 folder.mkdir()
                 # DDP, the reference, also evaluates: evaluation comes after training and changes no step.
                 extra = ("--do_eval", "true") if config == "ddp" else ()
-                run_ok(launch_cmd(config, folder / "run", *extra), base_env(folder))
+                env = base_env(folder)
+                if config == "fsdp":  # test_strategies.py reads what its ranks left alive at exit
+                    env.update(exit_probe_env(folder / "exit"))
+                run_ok(launch_cmd(config, folder / "run", *extra), env)
                 (folder / "DONE").touch()
         return folder / "run"
 
