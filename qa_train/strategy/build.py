@@ -71,9 +71,9 @@ def make_accelerator(args: TrainArgs, log_with: list[Any], mixed_precision: str)
     handlers = [process_group_kwargs(backend, args.system.ddp_timeout)]
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         # DeepSpeed builds or loads its ops inside Accelerator(): a lock left by a killed build would hang it.
-        from .op_builds import clear_stale_locks
+        from . import op_builds
 
-        clear_stale_locks()
+        op_builds.prepare()
     accelerator = Accelerator(
         gradient_accumulation_steps=args.optim.gradient_accumulation_steps,
         mixed_precision=mixed_precision,

@@ -10,6 +10,7 @@ on another node sharing the home folder, so it is waited for until it is release
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -82,9 +83,27 @@ def clear_stale_locks(
     return removed
 
 
+def ask_cpu_once() -> None:
+    """DeepSpeed's CPU op builders ask py-cpuinfo for the architecture and SIMD width each time an op is loaded
+    (three times in a ZeRO-offload rank), and py-cpuinfo answers each time from a new subprocess (~1.3 s of CPU):
+    one answer per process is enough, since the CPU does not change under it."""
+    try:
+        import cpuinfo
+    except ImportError:
+        return  # DeepSpeed asks lscpu instead
+    if not hasattr(cpuinfo.get_cpu_info, "cache_info"):
+        cpuinfo.get_cpu_info = functools.cache(cpuinfo.get_cpu_info)
+
+
+def prepare() -> None:
+    """Before DeepSpeed loads its ops (inside Accelerator()): no stale lock to hang on, one CPU probe per process."""
+    clear_stale_locks()
+    ask_cpu_once()
+
+
 def prebuild() -> None:
     """Build (or load) the ops DeepSpeed builds at first use, so that stall stays out of the first run."""
-    clear_stale_locks()
+    prepare()
     from deepspeed.accelerator import get_accelerator
 
     for name in PREBUILT:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qa_train.strategy.op_builds import build_locks, clear_stale_locks, held_here
+from qa_train.strategy.op_builds import ask_cpu_once, build_locks, clear_stale_locks, held_here
 
 
 def _lock(root: Path, op: str, age_s: float) -> Path:
@@ -84,3 +84,24 @@ def test_locks_are_found_with_and_without_torchs_flavour_folder(tmp_path: Path) 
     plain.parent.mkdir()
     plain.touch()
     assert set(build_locks(tmp_path)) == {flavoured, plain}
+
+
+def test_deepspeeds_cpu_probes_reach_py_cpuinfo_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed's CPU builders ask py-cpuinfo for -march and the SIMD width on every op load, each answer a new
+    subprocess of about a second; after ask_cpu_once the process asks once and every later call gets that answer."""
+    import cpuinfo
+    from deepspeed.ops.op_builder.cpu import CPUAdamBuilder
+
+    asked: list[int] = []
+
+    def probe() -> dict[str, str]:
+        asked.append(1)
+        return {"arch": "X86_64", "flags": "avx2"}
+
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", probe)
+    ask_cpu_once()
+    ask_cpu_once()  # a second call keeps the one cache
+    builder = CPUAdamBuilder()
+    flags = [builder.cpu_arch(), builder.simd_width(), builder.cpu_arch(), builder.simd_width()]
+    assert flags == ["-march=native", "-D__AVX256__"] * 2
+    assert len(asked) == 1
