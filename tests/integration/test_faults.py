@@ -1,4 +1,6 @@
-"""Faults end to end through `python -m qa_train`: what a user sees, the exit code, and what is left on disk.
+"""Faults end to end through `python -m qa_train`'s main: what a user sees, the exit code, and what is left on disk.
+A run is a subprocess where the process is part of the fault (a file-size limit, a umask, a stop request), and main()
+in the test process elsewhere.
 
 Exit codes: 0 finished, 2 refused input, 3 diverged, 4 export failed, 5 a checkpoint save failed (its faults are
 in test_disk_full.py), 75 preempted (see qa_train/__main__.py).
@@ -43,6 +45,18 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return line
 
 
+def run_here(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """`python -m qa_train`'s main in this process, a whole run included (a subprocess spends ~6 s importing the
+    libraries before its first line): its exit code and what it printed. Tests that use it take `in_process` and
+    `own_logging`."""
+    from qa_train import __main__ as entry
+
+    capsys.readouterr()
+    code = entry.main(argv)
+    said = capsys.readouterr()
+    return code, said.out + said.err
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One finished 3-step run with a checkpoint at every step, copied by each test that needs an old run."""
@@ -73,10 +87,13 @@ def steps_in(out: Path) -> list[int]:
     return [line["step"] for line in lines if "train/loss" in line]
 
 
-def test_divergence_stops_the_run_and_saves_nothing_non_finite(tmp_path: Path, env: dict[str, str]) -> None:
+@pytest.mark.usefixtures("in_process", "own_logging")
+def test_divergence_stops_the_run_and_saves_nothing_non_finite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
-    proc = run_cmd(
-        qa_train(
+    code, said = run_here(
+        flags(
             out,
             "--max_train_steps",
             "10",
@@ -87,10 +104,10 @@ def test_divergence_stops_the_run_and_saves_nothing_non_finite(tmp_path: Path, e
             "--checkpointing_steps",
             "1",
         ),
-        env,
+        capsys,
     )
-    assert proc.returncode == 3, proc.stderr[-3000:]
-    [line] = error_lines(proc.stderr)
+    assert code == 3, said[-3000:]
+    [line] = error_lines(said)
     assert "training diverged at step" in line and "--learning_rate" in line
     assert not (out / "final").exists() and not (out / "metrics.json").exists()
     for ckpt in (out / "checkpoints").glob("step_*"):
@@ -98,8 +115,9 @@ def test_divergence_stops_the_run_and_saves_nothing_non_finite(tmp_path: Path, e
             assert torch.isfinite(tensor).all(), f"{ckpt.name}/{name} is not finite"
 
 
+@pytest.mark.usefixtures("own_logging")
 def test_occupied_output_dir_is_refused_and_overwrite_replaces_the_run(
-    finished: Path, tmp_path: Path, env: dict[str, str], in_process: None, capsys: pytest.CaptureFixture[str]
+    finished: Path, tmp_path: Path, in_process: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = old_run(finished, tmp_path)
     before = (out / "metrics.json").read_bytes()
@@ -139,8 +157,8 @@ def test_occupied_output_dir_is_refused_and_overwrite_replaces_the_run(
     assert (out / "metrics.json").read_bytes() == before
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == steps
 
-    run_ok(
-        qa_train(
+    code, said = run_here(
+        flags(
             out,
             "--max_train_steps",
             "1",
@@ -150,8 +168,9 @@ def test_occupied_output_dir_is_refused_and_overwrite_replaces_the_run(
             "1",
             "--overwrite_output_dir",
         ),
-        env,
+        capsys,
     )
+    assert code == 0, said[-3000:]
     # The old run's later steps are gone with it: they can neither become `latest` nor push the new run's out.
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000001"]
     assert json.loads((out / "metrics.json").read_text())["train_steps"] == 1
@@ -189,14 +208,15 @@ def test_max_seq_length_beyond_the_position_embeddings_is_refused_before_featuri
     assert not (tmp_path / "cache").exists(), "featurisation ran before the refusal"
 
 
+@pytest.mark.usefixtures("in_process", "own_logging")
 def test_resume_under_another_global_batch_is_refused_unless_allowed(
-    finished: Path, tmp_path: Path, env: dict[str, str]
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = old_run(finished, tmp_path)
     resume = ["--max_train_steps", "4", "--resume_from_checkpoint", "latest"]
-    proc = run_cmd(qa_train(out, *resume, "--per_device_train_batch_size", "4"), env)
-    assert proc.returncode == 2
-    [line] = error_lines(proc.stderr)
+    code, said = run_here(flags(out, *resume, "--per_device_train_batch_size", "4"), capsys)
+    assert code == 2
+    [line] = error_lines(said)
     assert "its global batch is 8, this run's is 4" in line and "add --allow_global_batch_change" in line
 
     # A checkpoint written by 2 processes (what a 2-rank DDP run records), resumed by 1 with a per-device batch no
@@ -206,17 +226,18 @@ def test_resume_under_another_global_batch_is_refused_unless_allowed(
     state.update(world_size=2, global_batch_size=16, per_device_train_batch_size=8)
     state_file.write_text(json.dumps(state))
     _refresh_manifest(state_file)
-    proc = run_cmd(qa_train(out, *resume, "--per_device_train_batch_size", "3"), env)
-    assert proc.returncode == 2
-    [line] = error_lines(proc.stderr)
+    code, said = run_here(flags(out, *resume, "--per_device_train_batch_size", "3"), capsys)
+    assert code == 2
+    [line] = error_lines(said)
     assert "its global batch is 16, this run's is 3" in line and "--allow_global_batch_change" in line
 
     # Allowed: step 3 of 16 windows (48 into the epoch) is step 1 of 32, and the 16 windows after it are trained again.
     allowed = [*resume, "--per_device_train_batch_size", "32", "--allow_global_batch_change", "--logging_steps", "1"]
-    proc = run_ok(qa_train(out, *allowed), env)
+    code, said = run_here(flags(out, *allowed), capsys)
+    assert code == 0, said[-3000:]
     assert (
         "global batch 16 -> 32 (--allow_global_batch_change): step 3 of 16 windows continues as step 1 of 32, 48 "
-        "windows into epoch 0 (its last 16 are trained again)" in proc.stderr
+        "windows into epoch 0 (its last 16 are trained again)" in said
     )
     # The old run's log after the new step 1 is dropped: steps 2-4 are the new global batch's.
     assert read_metrics(out)["train_steps"] == 4 and steps_in(out) == [1, 2, 3, 4]
@@ -231,27 +252,29 @@ def _refresh_manifest(changed: Path) -> None:
     manifest_file.write_text(json.dumps(manifest))
 
 
+@pytest.mark.usefixtures("in_process", "own_logging")
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(
-    finished: Path, tmp_path: Path, env: dict[str, str]
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = old_run(finished, tmp_path)
     weights = out / "checkpoints" / "step_00000003" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    proc = run_ok(qa_train(out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), env)
-    logged = proc.stdout + proc.stderr
+    code, logged = run_here(flags(out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), capsys)
+    assert code == 0, logged[-3000:]
     assert "step_00000003" in logged and "model.safetensors" in logged
     assert f"resumed from {out / 'checkpoints' / 'step_00000002'}" in logged
 
-    explicit = run_cmd(
-        qa_train(tmp_path / "other", "--max_train_steps", "4", "--resume_from_checkpoint", str(weights.parent)), env
+    code, said = run_here(
+        flags(tmp_path / "other", "--max_train_steps", "4", "--resume_from_checkpoint", str(weights.parent)), capsys
     )
-    assert explicit.returncode == 2
-    [line] = error_lines(explicit.stderr)
+    assert code == 2
+    [line] = error_lines(said)
     assert str(weights.parent) in line and "model.safetensors" in line
 
 
+@pytest.mark.usefixtures("in_process", "own_logging")
 def test_a_checkpoint_damaged_at_its_own_size_is_skipped_not_loaded(
-    finished: Path, tmp_path: Path, env: dict[str, str]
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Bytes changed in place (a bad disk or copy) kept every size the manifest checks: the weights loaded altered
     without a word. The CRC32s catch it before anything is loaded."""
@@ -260,15 +283,15 @@ def test_a_checkpoint_damaged_at_its_own_size_is_skipped_not_loaded(
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF  # inside a tensor: safetensors' own header check would not see it
     weights.write_bytes(bytes(data))
-    explicit = run_cmd(
-        qa_train(tmp_path / "other", "--max_train_steps", "4", "--resume_from_checkpoint", str(weights.parent)), env
+    code, said = run_here(
+        flags(tmp_path / "other", "--max_train_steps", "4", "--resume_from_checkpoint", str(weights.parent)), capsys
     )
-    assert explicit.returncode == 2
-    [line] = error_lines(explicit.stderr)
+    assert code == 2
+    [line] = error_lines(said)
     assert str(weights.parent) in line and "model.safetensors: its contents differ" in line
 
-    proc = run_ok(qa_train(out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), env)
-    logged = proc.stdout + proc.stderr
+    code, logged = run_here(flags(out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), capsys)
+    assert code == 0, logged[-3000:]
     assert (
         f"checkpoint {weights.parent} skipped: model.safetensors: its contents differ from the manifest's CRC32"
         in logged
