@@ -715,5 +715,6 @@ class Trainer:
         # free_memory collects before it drops its own references, and the process exits with the collector frozen
         # (__main__.entry): FSDP2's modules, cycles holding the group's work, would outlive the group and be torn
         # down with the interpreter, where a gloo thread wanting the GIL aborts the rank (seen once in CI).
-        gc.collect()
+        if self.accelerator.num_processes > 1:
+            gc.collect()
         self.accelerator.end_training()
