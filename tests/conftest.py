@@ -180,6 +180,26 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
+def in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What base_env gives a subprocess that matters to qa_train's main() run in this process: its own feature
+    cache, rank 0."""
+    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("RANK", raising=False)
+
+
+def main_here(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`python -m qa_train`'s main in this process, a whole run included (a subprocess spends ~6 s importing the
+    libraries before its first line): its exit code, stdout and stderr. Its tests take `in_process`, and
+    `own_logging` where the run gets as far as logging."""
+    from qa_train import __main__ as entry
+
+    capsys.readouterr()
+    code = entry.main(argv)
+    said = capsys.readouterr()
+    return code, said.out, said.err
+
+
+@pytest.fixture
 def own_logging():
     """main() in this process points the root logger at the test's captured stderr, closed once the test ends: later
     tests must not log there."""

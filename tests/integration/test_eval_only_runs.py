@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import DEMO_DEV, PY, TINY, base_env, export_answers, port, read_metrics, run_ok
+from conftest import DEMO_DEV, PY, TINY, base_env, export_answers, main_here, port, read_metrics, run_ok
 from hub_folders import hub_download
 
 PORTS = iter(range(port(29720), port(29740)))
@@ -87,40 +87,29 @@ def test_an_evaluation_only_run_reads_no_training_data_and_says_what_it_did(mode
     assert "estimate / measured" in check.stdout and "274" not in check.stdout
 
 
-@pytest.fixture
-def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_logging: None) -> None:
-    """For main() in this process (the two runs below need nothing of a process of their own, and a subprocess
-    spends ~6 s importing the libraries first): what base_env gives a subprocess that matters here."""
-    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("RANK", raising=False)
-
-
-@pytest.mark.usefixtures("here")
+# The two runs below need nothing of a process of their own: main() in this process.
+@pytest.mark.usefixtures("in_process", "own_logging")
 def test_the_demo_evaluates_a_named_model_without_its_training_file(
     model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from qa_train import __main__ as entry
-
     out = tmp_path / "demo-eval"
     flags = ["--offline_demo", "--do_train", "false", "--model_name_or_path", str(model_dir), "--output_dir", str(out)]
-    assert entry.main([*flags, "--report_to", "none"]) == 0
+    code, _, said = main_here([*flags, "--report_to", "none"], capsys)
+    assert code == 0, said[-3000:]
     m = read_metrics(out)
     assert m["num_train_examples"] is None and m["args"]["train_file"] is None and m["num_eval_examples"] == 250
-    assert "no training;" in capsys.readouterr().err
+    assert "no training;" in said
 
 
-@pytest.mark.usefixtures("here")
+@pytest.mark.usefixtures("in_process", "own_logging")
 def test_a_flag_only_training_reads_is_refused_in_one_line(
     model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from qa_train import __main__ as entry
-
     flags = eval_flags(model_dir, tmp_path / "o", "--validation_file", str(DEMO_DEV))
-    capsys.readouterr()
-    assert entry.main([*flags, "--max_train_steps", "5"]) == 2
-    stderr = capsys.readouterr().err
-    assert "Traceback" not in stderr
-    assert stderr.strip().splitlines()[-1] == (
+    code, _, said = main_here([*flags, "--max_train_steps", "5"], capsys)
+    assert code == 2
+    assert "Traceback" not in said
+    assert said.strip().splitlines()[-1] == (
         "qa_train: error: --do_train: false trains nothing, so --max_train_steps would do nothing (nor is a model "
         "exported): drop it"
     )

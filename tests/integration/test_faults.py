@@ -19,7 +19,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEMO_DEV, PY, ROOT, TINY, base_env, error_lines, read_metrics, run_cmd, run_ok, tiny_flags
+from conftest import (
+    DEMO_DEV,
+    PY,
+    ROOT,
+    TINY,
+    base_env,
+    error_lines,
+    main_here,
+    read_metrics,
+    run_cmd,
+    run_ok,
+    tiny_flags,
+)
 from safetensors.torch import load_file
 
 
@@ -32,29 +44,12 @@ def qa_train(out: Path, *extra: str) -> list[str]:
 
 
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """`python -m qa_train`'s main in this process, for input refused in preflight, before any process group or
-    accelerator exists (a subprocess would spend ~4 s importing transformers to say the same line): exit 2 and
-    the one line it says."""
-    from qa_train import __main__ as entry
-
-    capsys.readouterr()
-    code = entry.main(argv)
-    err = capsys.readouterr().err
+    """main() in this process, for input refused in preflight, before any process group or accelerator exists:
+    exit 2 and the one line it says."""
+    code, _, err = main_here(argv, capsys)
     assert code == 2, err[-3000:]
     [line] = error_lines(err)
     return line
-
-
-def run_here(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """`python -m qa_train`'s main in this process, a whole run included (a subprocess spends ~6 s importing the
-    libraries before its first line): its exit code and what it printed. Tests that use it take `in_process` and
-    `own_logging`."""
-    from qa_train import __main__ as entry
-
-    capsys.readouterr()
-    code = entry.main(argv)
-    said = capsys.readouterr()
-    return code, said.out + said.err
 
 
 @pytest.fixture(scope="module")
@@ -74,13 +69,6 @@ def old_run(finished: Path, tmp_path: Path) -> Path:
     return out
 
 
-@pytest.fixture
-def in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What base_env gives a subprocess, for main() run here: its own feature cache, rank 0."""
-    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("RANK", raising=False)
-
-
 def steps_in(out: Path) -> list[int]:
     """The training steps logged (evaluations log their eval/* lines at a step too)."""
     lines = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
@@ -92,7 +80,7 @@ def test_divergence_stops_the_run_and_saves_nothing_non_finite(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    code, said = run_here(
+    code, _, said = main_here(
         flags(
             out,
             "--max_train_steps",
@@ -157,7 +145,7 @@ def test_occupied_output_dir_is_refused_and_overwrite_replaces_the_run(
     assert (out / "metrics.json").read_bytes() == before
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == steps
 
-    code, said = run_here(
+    code, _, said = main_here(
         flags(
             out,
             "--max_train_steps",
@@ -214,7 +202,7 @@ def test_resume_under_another_global_batch_is_refused_unless_allowed(
 ) -> None:
     out = old_run(finished, tmp_path)
     resume = ["--max_train_steps", "4", "--resume_from_checkpoint", "latest"]
-    code, said = run_here(flags(out, *resume, "--per_device_train_batch_size", "4"), capsys)
+    code, _, said = main_here(flags(out, *resume, "--per_device_train_batch_size", "4"), capsys)
     assert code == 2
     [line] = error_lines(said)
     assert "its global batch is 8, this run's is 4" in line and "add --allow_global_batch_change" in line
@@ -226,14 +214,14 @@ def test_resume_under_another_global_batch_is_refused_unless_allowed(
     state.update(world_size=2, global_batch_size=16, per_device_train_batch_size=8)
     state_file.write_text(json.dumps(state))
     _refresh_manifest(state_file)
-    code, said = run_here(flags(out, *resume, "--per_device_train_batch_size", "3"), capsys)
+    code, _, said = main_here(flags(out, *resume, "--per_device_train_batch_size", "3"), capsys)
     assert code == 2
     [line] = error_lines(said)
     assert "its global batch is 16, this run's is 3" in line and "--allow_global_batch_change" in line
 
     # Allowed: step 3 of 16 windows (48 into the epoch) is step 1 of 32, and the 16 windows after it are trained again.
     allowed = [*resume, "--per_device_train_batch_size", "32", "--allow_global_batch_change", "--logging_steps", "1"]
-    code, said = run_here(flags(out, *allowed), capsys)
+    code, _, said = main_here(flags(out, *allowed), capsys)
     assert code == 0, said[-3000:]
     assert (
         "global batch 16 -> 32 (--allow_global_batch_change): step 3 of 16 windows continues as step 1 of 32, 48 "
@@ -259,12 +247,13 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(
     out = old_run(finished, tmp_path)
     weights = out / "checkpoints" / "step_00000003" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    code, logged = run_here(flags(out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), capsys)
+    code, stdout, stderr = main_here(flags(out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), capsys)
+    logged = stdout + stderr
     assert code == 0, logged[-3000:]
     assert "step_00000003" in logged and "model.safetensors" in logged
     assert f"resumed from {out / 'checkpoints' / 'step_00000002'}" in logged
 
-    code, said = run_here(
+    code, _, said = main_here(
         flags(tmp_path / "other", "--max_train_steps", "4", "--resume_from_checkpoint", str(weights.parent)), capsys
     )
     assert code == 2
@@ -283,14 +272,15 @@ def test_a_checkpoint_damaged_at_its_own_size_is_skipped_not_loaded(
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF  # inside a tensor: safetensors' own header check would not see it
     weights.write_bytes(bytes(data))
-    code, said = run_here(
+    code, _, said = main_here(
         flags(tmp_path / "other", "--max_train_steps", "4", "--resume_from_checkpoint", str(weights.parent)), capsys
     )
     assert code == 2
     [line] = error_lines(said)
     assert str(weights.parent) in line and "model.safetensors: its contents differ" in line
 
-    code, logged = run_here(flags(out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), capsys)
+    code, stdout, stderr = main_here(flags(out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), capsys)
+    logged = stdout + stderr
     assert code == 0, logged[-3000:]
     assert (
         f"checkpoint {weights.parent} skipped: model.safetensors: its contents differ from the manifest's CRC32"

@@ -30,10 +30,8 @@ pytestmark = pytest.mark.usefixtures("own_logging")
 
 
 @pytest.fixture
-def run_main(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+def run_main(tmp_path: Path, in_process: None, capsys: pytest.CaptureFixture[str]):
     """main() here, as rank 0 with its own feature cache: (exit code, its one error line)."""
-    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("RANK", raising=False)
 
     def run(*extra: str) -> tuple[int, str]:
         capsys.readouterr()

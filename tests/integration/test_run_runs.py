@@ -16,9 +16,7 @@ pytestmark = pytest.mark.usefixtures("own_logging")
 
 
 @pytest.fixture
-def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("RANK", raising=False)
+def here(tmp_path: Path, in_process: None) -> Path:
     return tmp_path / "out"
 
 
