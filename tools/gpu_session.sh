@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU evidence of docs/benchmarks/ (the *-gpu-*.md files), in parts that each fit one device command:
 #
-#   bash tools/gpu_session.sh PART... [--out DIR]
+#   bash tools/gpu_session.sh PART... [--out DIR] [--pack]
 #
 #   tests       pytest -m gpu (every config in bf16, FSDP/ZeRO-3 kill+resume, bf16 vs fp32, offload memory)
 #   strategies  every config on one GPU: BERT-base shape, 384 tokens, batch 32, bf16, fixed length; report + planner check
@@ -21,12 +21,14 @@
 #               whole-process wall of each
 #   twoepochs   the two epochs compiled, with an empty compile cache, then again with it warm
 #   cprofile    --profile of the compiled fixed-length step at batch 128, with its kernels grouped by kind
-#   gprofile    the same of the two epochs' step: compiled, length-grouped batches of 64, dynamic padding
+#   gprofile    the same of the two epochs' step (compiled, length-grouped batches of 64, dynamic padding), after
+#               130 steps, when most padded widths have been met; GPROFILE_FLAGS adds flags (e.g. CUDA graphs)
 #   startup     each import's seconds, then a short launch with every line stamped: where a run's start goes
 #
 # DEADLINE_S=N stops the parts still running N seconds from the start (a device command has 10 minutes) and
 # skips the rest; TESTS_K reruns some tests, STRATEGIES some configs, ABLATION_REPEATS=1 halves the ablation.
-# Results: runs/gpu/<run>/ and, per part, a summary in --out.
+# Results: runs/gpu/<run>/ and, per part, a summary in --out. --pack leaves in --out only session.log, speed.txt,
+# vshf.txt and results.tar.gz holding the rest: a device command returns at most 8 files from $OUT.
 #
 # Needs: .device/ from `bash ../shared/device/prepare.sh --with-data --with-minilm` (SQuAD train set, MiniLM),
 # set up with `bash .device/setup.sh && . .device/env.sh`. DRY=1 runs every part a few steps on CPU data
@@ -34,9 +36,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT:-runs/gpu}
-parts=() inner=
+parts=() inner= pack=0
 while (($#)); do
-  case $1 in --out) OUT_DIR=$2; shift 2 ;; --inner) inner=$2; shift 2 ;; *) parts+=("$1"); shift ;; esac
+  case $1 in
+    --out) OUT_DIR=$2; shift 2 ;; --inner) inner=$2; shift 2 ;; --pack) pack=1; shift ;; *) parts+=("$1"); shift ;;
+  esac
 done
 mkdir -p "$OUT_DIR"
 RUNS=${RUNS:-runs/gpu}
@@ -172,6 +176,8 @@ profile_run() {  # $1 the config, $2 the batch, $3 a name suffix, the rest more 
     --per_device_train_batch_size "$batch" --max_train_steps 30 --throughput_warmup_steps 10 --profile "$@" \
     --output_dir "$RUNS/$name" "${small[@]}" 2>&1 | tail -n 90 | tee "$OUT_DIR/$name.txt"
   $PY tools/kernel_breakdown.py "$RUNS/$name/profile" 2>&1 | tee -a "$OUT_DIR/$name.txt" || true
+  # The trace itself, for Perfetto: the host's timeline between kernels is where a host-bound step goes.
+  cp "$RUNS/$name"/profile/*rank0*.pt.trace.json "$OUT_DIR/$name.pt.trace.json" 2>/dev/null || true
 }
 
 part_profile() {  # where a fixed-length BERT-base step spends its time
@@ -182,8 +188,12 @@ part_cprofile() {  # the compiled fixed-length step (the MFU target's), at the b
   profile_run single 128 -compiled --torch_compile
 }
 
-part_gprofile() {  # the two epochs' step compiled (length-grouped batch 64, dynamic padding): 16% MFU, cause unknown
-  profile_run single 64 -grouped --torch_compile --pad_to_max_length false --group_by_length
+part_gprofile() {  # the two epochs' step compiled (length-grouped batch 64, dynamic padding): host-bound, 42 ms a step
+  # Past 130 steps most of the ~41 padded widths have been met once, so the profiled steps are the steady ones
+  # (a width's first step pays for new cuDNN attention plans: one profiled step took 237 ms against 56-66).
+  # shellcheck disable=SC2086 # GPROFILE_FLAGS: several flags
+  profile_run single 64 "-grouped${GPROFILE_TAG:-}" --torch_compile --pad_to_max_length false --group_by_length \
+    --max_train_samples 12000 --max_train_steps 140 --throughput_warmup_steps 130 ${GPROFILE_FLAGS:-}
 }
 
 part_startup() {  # the 24-30 s between `qa-train launch` and a run's first line on the H100: each import, each process
@@ -361,3 +371,8 @@ for part in "${parts[@]}"; do
   timeout "$left" bash "$0" --inner "$part" --out "$OUT_DIR" || log "$part failed or stopped ($?)"
   log "$part took $((SECONDS - start)) s"
 done
+if ((pack)); then
+  (cd "$OUT_DIR" && find . -maxdepth 1 -type f ! -name session.log ! -name speed.txt ! -name vshf.txt \
+    ! -name results.tar.gz ! -name .packed -printf '%P\n' | sort > .packed
+   tar czf results.tar.gz -T .packed && xargs rm -f < .packed && rm -f .packed)
+fi

@@ -7,6 +7,10 @@ profiled step, its wall time, the time some kernel was running (the rest is the 
 and that kernel time split by kind: matrix products, attention, inductor's fused Triton kernels, eager
 element-wise and reduction kernels, the optimizer, copies. The profiler's own tables sort single kernels; a
 compiled step's hundreds of Triton kernels only add up to a picture grouped like this.
+
+Then the host's side of the step, which decides a step whose GPU waits: the calls that block the host on the
+GPU (synchronisations, copies to host memory), the time spent launching, and the outermost operators of each
+thread by time (the backward pass runs on autograd's own thread).
 """
 
 from __future__ import annotations
@@ -61,6 +65,56 @@ def busy_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+# Runtime calls that hold the host until the GPU catches up; a copy to the host waits for its stream.
+BLOCKING = re.compile(r"^cuda(Stream|Device|Event)Synchronize$|^cudaMemcpy$")
+LAUNCH = re.compile(r"^(cuLaunchKernel|cudaLaunchKernel)")
+
+
+def outermost(events: list[dict]) -> list[dict]:
+    """The events of one thread that no other of them encloses."""
+    top: list[dict] = []
+    end = float("-inf")
+    for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+        if e["ts"] >= end:
+            top.append(e)
+            end = e["ts"] + e["dur"]
+    return top
+
+
+def host_lines(events: list[dict], start: float, end: float, to_host: set) -> list[str]:
+    """The host's side of one step: blocking calls, launches, and each thread's outermost operators by time."""
+    inside = [e for e in events if e.get("ph") == "X" and start <= e["ts"] < end]
+    runtime = [e for e in inside if e.get("cat") == "cuda_runtime"]
+    blocking = [e for e in runtime if BLOCKING.match(e["name"]) or e.get("args", {}).get("correlation") in to_host]
+    launches = [e for e in runtime if LAUNCH.match(e["name"])]
+    names: dict[str, int] = defaultdict(int)
+    for e in blocking:
+        names[e["name"]] += 1
+    said = ", ".join(f"{n} x{c}" for n, c in sorted(names.items()))
+    lines = [
+        f"    host: {len(blocking)} blocking call(s), {sum(e['dur'] for e in blocking) / 1e3:.1f} ms"
+        + (f" ({said})" if said else "")
+        + f"; {len(launches)} launches, {sum(e['dur'] for e in launches) / 1e3:.1f} ms"
+    ]
+    by_thread: dict[object, list[dict]] = defaultdict(list)
+    for e in inside:
+        if e.get("cat") in ("cpu_op", "user_annotation", "python_function") and not e["name"].startswith(
+            "ProfilerStep#"
+        ):
+            by_thread[e.get("tid")].append(e)
+    for tid, ops in sorted(by_thread.items(), key=lambda kv: -sum(e["dur"] for e in outermost(kv[1]))):
+        per_name: dict[str, float] = defaultdict(float)
+        for e in outermost(ops):
+            per_name[e["name"][:60]] += e["dur"]
+        busy = sum(per_name.values())
+        top = sorted(per_name.items(), key=lambda kv: -kv[1])[:5]
+        lines.append(
+            f"    thread {tid}: {busy / 1e3:.1f} ms of the step's {(end - start) / 1e3:.1f} in operators, most in:"
+        )
+        lines += [f"        {us / 1e3:8.2f} ms  {name}" for name, us in top]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", type=Path, help="a run's profile/ folder or one trace file")
@@ -70,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     steps = sorted(
         (e["ts"], e["ts"] + e["dur"], e["name"])
         for e in events
-        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+        # The GPU's copy of each step marker (gpu_user_annotation) spans its kernels, not its launches.
+        if e.get("ph") == "X"
+        and e.get("cat") != "gpu_user_annotation"
+        and str(e.get("name", "")).startswith("ProfilerStep#")
     )
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     if not kernels:
@@ -80,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         e["args"].get("correlation"): e["ts"]
         for e in events
         if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
+    to_host = {  # correlations of copies into host memory: their launch call waits for the stream
+        k.get("args", {}).get("correlation")
+        for k in kernels
+        if k.get("cat") == "gpu_memcpy" and re.search(r"DtoH|Device -> (Pageable|Pinned)", k["name"])
     }
     for name_start, name_end, name in steps:
         mine = [
@@ -101,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for kind, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
             print(f"    {kind:<30} {us / 1e3:8.2f} ms  {us / total:6.1%}")
+        print("\n".join(host_lines(events, name_start, name_end, to_host)))
     per_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for k in kernels:
         per_name[k["name"]][0] += k["dur"]
