@@ -279,7 +279,9 @@ class Trainer:
         if args.system.gradient_checkpointing:  # before compile and prepare, which wrap the layers it marks
             enable_checkpointing(model)
         if args.system.torch_compile:
-            compile_model(model, args.system, dynamic=not args.data.pad_to_max_length)
+            data = args.data
+            widths = -(-data.max_seq_length // data.pad_to_multiple_of)
+            compile_model(model, args.system, dynamic=not data.pad_to_max_length, widths=widths)
         if not args.eval.do_train:
             self._prepare_for_evaluation(model)
             return

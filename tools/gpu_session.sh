@@ -19,14 +19,18 @@
 #               (VS_PAIRS pairs, A B A B; VS_SIDES=qa reruns qa_train's side alone, VS_SIDES=hf the example's;
 #               VS_QA2_FLAGS adds a qa_train run with those flags; VS_STEPS, default 1500); training samples/s and
 #               whole-process wall of each
-#   twoepochs   the two epochs compiled, with an empty compile cache, then again with it warm
+#   twoepochs   the two epochs compiled, with an empty compile cache, then again with it warm (TWOEPOCHS=warm: the
+#               second alone; TWOEPOCHS_FLAGS=best: with the flags of hostlevers' fastest run on this machine)
+#   hostlevers  the two epochs' host-bound step (compiled, grouped batches of 64) 600 steps at a time: compiled,
+#               with CUDA graphs, each again with --pad_to_multiple_of 32 (11 widths an epoch instead of 41)
 #   cprofile    --profile of the compiled fixed-length step at batch 128, with its kernels grouped by kind
 #   gprofile    the same of the two epochs' step (compiled, length-grouped batches of 64, dynamic padding), after
 #               130 steps, when most padded widths have been met; GPROFILE_FLAGS adds flags (e.g. CUDA graphs)
 #   startup     each import's seconds, then a short launch with every line stamped: where a run's start goes
 #
 # DEADLINE_S=N stops the parts still running N seconds from the start (a device command has 10 minutes) and
-# skips the rest; TESTS_K reruns some tests, STRATEGIES some configs, ABLATION_REPEATS=1 halves the ablation.
+# skips the rest; TESTS_K reruns some tests, STRATEGIES some configs (STRATEGY_REPEATS=2 runs each twice, all
+# configs once before the second round), ABLATION_REPEATS=1 halves the ablation.
 # Results: runs/gpu/<run>/ and, per part, a summary in --out. --pack leaves in --out only session.log, speed.txt,
 # vshf.txt and results.tar.gz holding the rest: a device command returns at most 8 files from $OUT.
 #
@@ -111,7 +115,8 @@ part_strategies() {
   cpu_adam
   # shellcheck disable=SC2086 # STRATEGIES: a space-separated subset of the configs, to rerun some
   $PY -m qa_train.cli bench "${cpu[@]}" --configs ${STRATEGIES:-single ddp fsdp zero1 zero2 zero3 zero2_offload zero3_offload} \
-    --timeout_s 240 --num_processes 1 --max_train_steps $strategy_steps --output_dir "$RUNS/strategies" -- \
+    --timeout_s 240 --num_processes 1 --max_train_steps $strategy_steps --repeats "${STRATEGY_REPEATS:-1}" \
+    --output_dir "$RUNS/strategies" -- \
     --config_name $BASE --tokenizer_name $MINILM --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" \
     --max_train_samples 3000 --no_eval --max_seq_length 384 --doc_stride 128 --pad_to_max_length \
     --per_device_train_batch_size 32 --learning_rate 3e-5 --mixed_precision bf16 --throughput_warmup_steps 20 \
@@ -308,12 +313,59 @@ part_twoepochs() {  # the 90 s target: compiled, cold (empty caches) then warm (
   # reduce-overhead" adds CUDA graphs (one per padded width).
   export TORCHINDUCTOR_CACHE_DIR=$cache TRITON_CACHE_DIR=$cache/triton TORCH_LOGS=recompiles
   local flags=(${TWOEPOCHS_FLAGS:---torch_compile}) tag=${TWOEPOCHS_TAG:-compiled}
+  if [[ ${TWOEPOCHS_FLAGS:-} == best ]]; then  # hostlevers' winner, measured just before on this machine
+    read -ra flags <<< "$(best_lever)"
+    tag=best
+    log "twoepochs: hostlevers' fastest is ${flags[*]}"
+  fi
   for run in ${TWOEPOCHS:-cold warm}; do
     [[ $run == cold ]] && rm -rf "$cache"
     [[ $run == warm && ! -d $cache ]] && run=cold-again  # a fresh machine: nothing to be warm with
     epochs_run "-$tag-$run" "${flags[@]}"
     echo "recompiles: $(grep -c "Recompiling function" "$OUT_DIR/speed-2ep-$tag-$run.log")" | tee -a "$OUT_DIR/speed.txt"
   done
+}
+
+part_hostlevers() {  # the 42 ms step whose GPU work is 26 ms (2026-11-27-gpu-h100.md): what takes the host off it
+  data
+  # One compile cache for the part (and a later twoepochs): the first run fills it, the graph runs add their mode's.
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/qa_train_inductor TRITON_CACHE_DIR=/tmp/qa_train_inductor/triton
+  export TORCH_LOGS=recompiles,perf_hints,cudagraphs  # recompiles, CUDA graphs skipped, each graph recorded
+  local steps=600 run flags
+  [[ ${DRY:-0} == 1 ]] && steps=3
+  mkdir -p "$RUNS" && : > "$RUNS/levers.tsv"
+  for run in compiled graphs graphs-m32 compiled-m32; do
+    case $run in
+      compiled) flags=(--torch_compile) ;;
+      graphs) flags=(--torch_compile_mode reduce-overhead) ;;
+      graphs-m32) flags=(--torch_compile_mode reduce-overhead --pad_to_multiple_of 32) ;;
+      compiled-m32) flags=(--torch_compile --pad_to_multiple_of 32) ;;
+    esac
+    log "hostlevers: $run, ${flags[*]}"
+    printf '%s\t%s\n' "levers-$run" "${flags[*]}" >> "$RUNS/levers.tsv"
+    # The steady rate past 100 steps (32 of the 41 widths met by then) and the whole loop, recordings included.
+    single "levers-$run" --train_file "$DATA/train-full.json" --no_eval --per_device_train_batch_size 64 \
+      --group_by_length --max_train_steps $steps --throughput_warmup_steps 100 "${flags[@]}"
+    echo "levers-$run: recompiles $(grep -c "Recompiling function" "$OUT_DIR/levers-$run.log"), graphs recorded" \
+      "$(grep -c "Recording cudagraph" "$OUT_DIR/levers-$run.log"), skips $(grep -ci "skipping cudagraphs" \
+      "$OUT_DIR/levers-$run.log")" | tee -a "$OUT_DIR/speed.txt"
+  done
+}
+
+best_lever() {  # the flags of hostlevers' fastest steady run on this machine; --torch_compile without one
+  $PY - "$RUNS" <<'PY'
+import json, sys
+from pathlib import Path
+runs, best = Path(sys.argv[1]), (0.0, "--torch_compile")
+table = runs / "levers.tsv"
+for line in table.read_text().splitlines() if table.exists() else []:
+    name, flags = line.split("\t")
+    metrics = runs / name / "metrics.json"
+    if metrics.exists():
+        rate = json.loads(metrics.read_text()).get("train_samples_per_second") or 0.0
+        best = max(best, (rate, flags))
+print(best[1])
+PY
 }
 
 flat() {  # the example's flat layout of the split, once
@@ -345,8 +397,10 @@ part_vshf() {  # transformers' example and qa_train on the same work, one after 
     fi
     [[ " ${VS_SIDES:-hf qa} " == *" qa "* ]] && vs_qa "vs-qa-$i" "qa_train"
     # What the speed flags add over the defaults, on the same work.
+    local qa2=${VS_QA2_FLAGS:-}
+    [[ $qa2 == *best* ]] && qa2=${qa2/best/$(best_lever)}  # hostlevers' winner, if it ran on this machine
     # shellcheck disable=SC2086 # VS_QA2_FLAGS: several flags
-    [[ -z ${VS_QA2_FLAGS:-} ]] || vs_qa "vs-qa2-$i" "qa_train (2)" $VS_QA2_FLAGS
+    [[ -z $qa2 ]] || vs_qa "vs-qa2-$i" "qa_train (2)" $qa2
   done
 }
 

@@ -5,7 +5,7 @@ without --group_by_length) and collator.
 
     python tools/padded_flops.py squad-train-v1.1.json --tokenizer_name .device/minilm \
         --config_name qa_train/assets/bert-base-shape [--batch 64] [--max_seq_length 384] [--doc_stride 128] \
-        [--max_samples N] [--shuffled]
+        [--max_samples N] [--shuffled] [--pad_to_multiple_of 8]
 """
 
 from __future__ import annotations
@@ -33,12 +33,15 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--max_samples", type=int, default=None, help="The first N questions, as --max_train_samples.")
     p.add_argument("--shuffled", action="store_true", help="Batches of a plain shuffle, not length-grouped.")
+    p.add_argument("--pad_to_multiple_of", type=int, default=8, help="The width multiple, as qa_train's flag.")
     a = p.parse_args()
 
     tokenizer = AutoTokenizer.from_pretrained(a.tokenizer_name)
     cost = ModelCost(*flop_coefficients(AutoConfig.from_pretrained(a.config_name)), peak_tflops=None)
     lengths = featurize(load_file(a.train_file).head(a.max_samples), tokenizer, a.max_seq_length, a.doc_stride).lengths
-    collator = Collator(tokenizer.pad_token_id, a.max_seq_length, pad_to_max_length=False)
+    collator = Collator(
+        tokenizer.pad_token_id, a.max_seq_length, pad_to_max_length=False, multiple=a.pad_to_multiple_of
+    )
     order = (
         np.random.default_rng(a.seed).permutation(len(lengths))
         if a.shuffled

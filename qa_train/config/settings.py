@@ -251,6 +251,14 @@ class DataArgs:
         default=False,
         metadata={"help": "Pad every batch to --max_seq_length instead of the batch's longest window."},
     )
+    pad_to_multiple_of: int = field(
+        default=8,
+        metadata={
+            "help": "With dynamic padding, round each batch's width up to a multiple of this (as transformers' "
+            "DataCollatorWithPadding). 8 suits tensor cores; a larger multiple means fewer distinct widths, so "
+            "fewer CUDA graphs to record under --torch_compile_mode reduce-overhead and fewer attention plans."
+        },
+    )
     group_by_length: bool = field(
         default=False, metadata={"help": "Batch windows of similar length together (less padding)."}
     )
@@ -265,7 +273,9 @@ class DataArgs:
     )
 
     def __post_init__(self) -> None:
-        _positive(self, "max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size")
+        _positive(
+            self, "max_seq_length", "pad_to_multiple_of", "per_device_train_batch_size", "per_device_eval_batch_size"
+        )
         _not_negative(self, "dataloader_num_workers")
         for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
             value = getattr(self, name)

@@ -101,7 +101,9 @@ def _loader_options(data: DataArgs, on_cuda: bool) -> dict[str, Any]:
 
 
 def collator(tokenizer, data: DataArgs, token_types: bool = True) -> Collator:
-    return Collator(tokenizer.pad_token_id, data.max_seq_length, data.pad_to_max_length, token_types=token_types)
+    return Collator(
+        tokenizer.pad_token_id, data.max_seq_length, data.pad_to_max_length, data.pad_to_multiple_of, token_types
+    )
 
 
 def inference_loader(features: Features, collate: Collator, data: DataArgs, on_cuda: bool) -> DataLoader:

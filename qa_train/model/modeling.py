@@ -206,12 +206,15 @@ def enable_checkpointing(model) -> None:
         raise ConfigError(f"--gradient_checkpointing: {err}") from None
 
 
-def compile_model(model, system: SystemArgs, dynamic: bool) -> None:
+def compile_model(model, system: SystemArgs, dynamic: bool, widths: int | None = None) -> None:
     """torch.compile in place: torch.compile(model)'s wrapper prefixes every weight name with `_orig_mod.`, so the
-    export would load as a fresh model and checkpoints would not resume without compiling."""
+    export would load as a fresh model and checkpoints would not resume without compiling. `widths`: how many
+    padded widths dynamic padding can make (each a CUDA graph under reduce-overhead)."""
     kwargs = {"backend": system.torch_compile_backend or "inductor", "dynamic": dynamic, "mode": system.compile_mode}
     if dynamic and kwargs["backend"] == "inductor":
         _no_size_guards()
+        if widths and system.compile_mode in ("reduce-overhead", "max-autotune"):
+            _graphs_per_width(widths)
     _constant_floats()
     if not system.torch_compile_regional:
         model.compile(**kwargs)
@@ -235,6 +238,17 @@ def _no_size_guards() -> None:
 
     if hasattr(config.triton, "mix_order_reduction_non_strict_mode"):  # torch 2.10 and later
         config.triton.mix_order_reduction_non_strict_mode = True
+
+
+def _graphs_per_width(widths: int) -> None:
+    """Under CUDA graphs inductor records one graph per input size and, past 8 sizes, warns that too many are
+    recorded and advises padding to a few shapes. Padded widths are already a few shapes (a multiple of
+    --pad_to_multiple_of, up to --max_seq_length): the warning is kept for more sizes than those."""
+    from torch._inductor import config
+
+    limit = getattr(config.triton, "cudagraph_dynamic_shape_warn_limit", None)
+    if limit:  # None: the user silenced it
+        config.triton.cudagraph_dynamic_shape_warn_limit = max(limit, widths)
 
 
 def _constant_floats() -> None:

@@ -7,9 +7,11 @@ import torch
 from conftest import DEMO_DEV, TINY
 from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoTokenizer
 
+from qa_train.config.settings import DataArgs
 from qa_train.data.batching import Collator, LengthGroupedSampler, WindowDataset
 from qa_train.data.features import featurize
 from qa_train.data.load import load_file
+from qa_train.data.loaders import collator
 
 
 def _features(max_len: int = 384):
@@ -27,6 +29,19 @@ def test_batch_is_padded_to_longest_rounded_to_eight() -> None:
     assert batch["num_tokens"][1] == 6 * batch["input_ids"].shape[1]
     full = Collator(tok.pad_token_id, 384, pad_to_max_length=True)([ds[i] for i in range(6)])
     assert full["input_ids"].shape[1] == 384
+
+
+def test_pad_to_multiple_of_reaches_the_training_and_evaluation_collator() -> None:
+    """Fewer distinct widths (fewer CUDA graphs, fewer attention plans) at the cost of more padding."""
+    tok, feats = _features()
+    ds = WindowDataset(feats, with_labels=True)
+    items = [ds[i] for i in range(6)]
+    longest = int(feats.lengths[:6].max())
+    data = DataArgs(pad_to_multiple_of=48)
+    batch = collator(tok, data)(items)
+    assert batch["input_ids"].shape[1] == -(-longest // 48) * 48 != -(-longest // 8) * 8
+    assert collator(tok, DataArgs())(items)["input_ids"].shape[1] == -(-longest // 8) * 8
+    assert batch["attention_mask"].sum().item() == int(feats.lengths[:6].sum())  # the padding stays masked
 
 
 def test_token_counts_stay_on_the_host_when_the_batch_moves() -> None:

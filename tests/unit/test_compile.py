@@ -63,3 +63,19 @@ def test_a_compile_traces_the_model_once() -> None:
     zeros = torch.zeros(2, dtype=torch.long)
     model(input_ids=ids, start_positions=zeros, end_positions=zeros).loss.backward()
     assert counters["aot_autograd"]["total"] == 1, "the frame was traced more than once"
+
+
+# Importing torch._inductor warns of torch.jit's deprecation, torch's own modules' doing.
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_cuda_graphs_over_padded_widths_do_not_warn_below_their_number(monkeypatch) -> None:
+    """Inductor warns past 8 recorded sizes and advises padding to a few shapes, which dynamic padding already
+    does: the limit becomes the number of widths it can make, and stays where more would be a real surprise."""
+    from torch._inductor import config
+
+    monkeypatch.setattr(config.triton, "cudagraph_dynamic_shape_warn_limit", 8)
+    compile_model(torch.nn.Linear(2, 2), SystemArgs(torch_compile_mode="default"), dynamic=True, widths=48)
+    assert config.triton.cudagraph_dynamic_shape_warn_limit == 8  # no CUDA graphs: nothing to say
+    compile_model(torch.nn.Linear(2, 2), SystemArgs(torch_compile_mode="reduce-overhead"), dynamic=False, widths=48)
+    assert config.triton.cudagraph_dynamic_shape_warn_limit == 8  # fixed length: one graph
+    compile_model(torch.nn.Linear(2, 2), SystemArgs(torch_compile_mode="reduce-overhead"), dynamic=True, widths=48)
+    assert config.triton.cudagraph_dynamic_shape_warn_limit == 48

@@ -45,6 +45,7 @@ from qa_train.config.settings import ConfigError, every_n_steps
             "--torch_compile_mode: 'reduce-overhead' is an inductor mode",
         ),
         (["--logging_steps", "0"], "--logging_steps: must be positive"),
+        (["--pad_to_multiple_of", "0"], "--pad_to_multiple_of: must be positive, got 0"),
         # Accepted silently (issue 38, case 15), as --wandb_log_model without wandb is not.
         (
             ["--eval_strategy", "steps", "--no_eval"],
@@ -184,7 +185,7 @@ def test_every_flag_lives_in_exactly_one_group_and_round_trips() -> None:
     from qa_train.config.settings import GROUPS, TrainArgs
 
     names = [f.name for group in GROUPS.values() for f in dataclasses.fields(group)]
-    assert len(names) == len(set(names)) == 76
+    assert len(names) == len(set(names)) == 77
     parser_flags = {a.dest for a in build_parser()._actions if a.dest != "help"}
     assert parser_flags == set(names)
     args = parse_args(
