@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,7 +23,10 @@ def start_profiler(
     where = output_dir / "profile"
     write = torch.profiler.tensorboard_trace_handler(str(where), f"rank{rank}")
 
+    stop_marking = mark_collections()
+
     def ready(prof) -> None:
+        stop_marking()
         write(prof)
         if is_main:
             sort = "self_cuda_time_total" if on_cuda else "self_cpu_time_total"
@@ -39,3 +44,28 @@ def start_profiler(
     )
     profiler.start()
     return profiler
+
+
+def mark_collections() -> Callable[[], None]:
+    """Python's garbage collections as ranges of the trace while the profiler records: a full one stalls the host
+    for a tenth of a second or more (docs/benchmarks/2026-11-27-gpu-h100.md), which no operator would show.
+    Returns what unregisters it."""
+    from torch.autograd import profiler as autograd_profiler
+
+    open_ranges: list[autograd_profiler.record_function] = []
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start" and autograd_profiler._is_profiler_enabled:  # read now: it changes as the profiler steps
+            marker = autograd_profiler.record_function(f"python gc, generation {info['generation']}")
+            marker.__enter__()
+            open_ranges.append(marker)
+        elif phase == "stop" and open_ranges:
+            open_ranges.pop().__exit__(None, None, None)
+
+    gc.callbacks.append(callback)
+
+    def stop() -> None:
+        if callback in gc.callbacks:
+            gc.callbacks.remove(callback)
+
+    return stop

@@ -23,8 +23,8 @@ def op(name: str, ts: float, dur: float, tid: int, cat: str = "cpu_op", **args) 
 
 
 def trace() -> dict:
-    """One 10 ms step: a compiled forward (main thread) whose matrix product nests inside it, a backward on
-    autograd's thread, three launches, a stream synchronisation and a copy to the host."""
+    """One 10 ms step: a compiled forward (main thread) whose matrix product and a full garbage collection nest
+    inside it, a backward on autograd's thread, three launches, a stream synchronisation and a copy to the host."""
     main, autograd = 1, 2
     events = [
         op("ProfilerStep#4", 0, 10_000, main, cat="user_annotation"),
@@ -32,6 +32,7 @@ def trace() -> dict:
         op("## Call CompiledFxGraph fwd", 100, 3_000, main),
         op("aten::mm", 200, 500, main),  # inside the forward: counted with it, not again
         op("Optimizer.step#AdamW.step", 8_000, 1_000, main, cat="user_annotation"),
+        op("python gc, generation 2", 1_000, 1_500, main, cat="user_annotation"),  # inside the forward
         op("## Call CompiledFxGraph bwd", 3_500, 4_000, autograd),
         op("cuLaunchKernel", 300, 10, main, cat="cuda_runtime", correlation=1),
         op("cuLaunchKernelEx", 3_600, 10, autograd, cat="cuda_runtime", correlation=2),
@@ -59,6 +60,7 @@ def test_a_step_reads_once_with_its_host_side(tmp_path: Path, capsys) -> None:
     assert "5 kernels" in out
     # The synchronisation and the copy into host memory block; the copy to the device does not.
     assert "host: 2 blocking call(s), 0.6 ms (cudaMemcpyAsync x1, cudaStreamSynchronize x1); 3 launches" in out
+    assert "; 1 garbage collection(s), 1.5 ms" in out  # counted although an operator encloses it
     main_thread = out.split("thread 1:")[1].split("thread 2:")[0]
     assert main_thread.startswith(" 4.0 ms of the step's 10.0 in operators"), main_thread  # mm not counted again
     assert "aten::mm" not in main_thread
