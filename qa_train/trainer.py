@@ -25,7 +25,7 @@ from qa_train.config.outputdir import clear_previous_run
 from qa_train.config.settings import TrainArgs, every_n_steps
 from qa_train.core.preemption import StopRequest
 from qa_train.data.batching import windows_in_step
-from qa_train.data.loaders import TrainOrder, build_loaders, featurize_splits
+from qa_train.data.loaders import TrainOrder, build_loaders, collator, featurize_splits
 from qa_train.data.splits import Splits, load_splits
 from qa_train.evaluation import (
     SAMPLE_COLUMNS,
@@ -279,9 +279,8 @@ class Trainer:
         if args.system.gradient_checkpointing:  # before compile and prepare, which wrap the layers it marks
             enable_checkpointing(model)
         if args.system.torch_compile:
-            data = args.data
-            widths = -(-data.max_seq_length // data.pad_to_multiple_of)
-            compile_model(model, args.system, dynamic=not data.pad_to_max_length, widths=widths)
+            widths = collator(self.tokenizer, args.data).widths()
+            compile_model(model, args.system, dynamic=not args.data.pad_to_max_length, widths=widths)
         if not args.eval.do_train:
             self._prepare_for_evaluation(model)
             return

@@ -195,7 +195,7 @@ part_cprofile() {  # the compiled fixed-length step (the MFU target's), at the b
 
 part_gprofile() {  # the two epochs' step compiled (length-grouped batch 64, dynamic padding): host-bound, 42 ms a step
   # Past 130 steps most of the ~41 padded widths have been met once, so the profiled steps are the steady ones
-  # (a width's first step pays for new cuDNN attention plans: one profiled step took 237 ms against 56-66).
+  # (one early profiled step took 237 ms against 56-66: a new width's cuDNN plans, or a full garbage collection).
   # shellcheck disable=SC2086 # GPROFILE_FLAGS: several flags
   profile_run single 64 "-grouped${GPROFILE_TAG:-}" --torch_compile --pad_to_max_length false --group_by_length \
     --max_train_samples 12000 --max_train_steps 140 --throughput_warmup_steps 130 ${GPROFILE_FLAGS:-}

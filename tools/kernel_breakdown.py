@@ -88,7 +88,7 @@ def host_lines(events: list[dict], start: float, end: float, to_host: set) -> li
     blocking = [e for e in runtime if BLOCKING.match(e["name"]) or e.get("args", {}).get("correlation") in to_host]
     launches = [e for e in runtime if LAUNCH.match(e["name"])]
     # qa_train's --profile marks Python's garbage collections: a full one stalls the host with no operator running.
-    collections = [e for e in inside if e["name"].startswith("python gc")]
+    gc_ranges = [e for e in inside if e["name"].startswith("python gc")]
     names: dict[str, int] = defaultdict(int)
     for e in blocking:
         names[e["name"]] += 1
@@ -97,7 +97,7 @@ def host_lines(events: list[dict], start: float, end: float, to_host: set) -> li
         f"    host: {len(blocking)} blocking call(s), {sum(e['dur'] for e in blocking) / 1e3:.1f} ms"
         + (f" ({said})" if said else "")
         + f"; {len(launches)} launches, {sum(e['dur'] for e in launches) / 1e3:.1f} ms"
-        + f"; {len(collections)} garbage collection(s), {sum(e['dur'] for e in collections) / 1e3:.1f} ms"
+        + f"; {len(gc_ranges)} garbage collection(s), {sum(e['dur'] for e in gc_ranges) / 1e3:.1f} ms"
     ]
     by_thread: dict[object, list[dict]] = defaultdict(list)
     for e in inside:

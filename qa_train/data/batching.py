@@ -62,6 +62,11 @@ class Collator:
             return self.max_length
         return min(self.max_length, -(-longest // self.multiple) * self.multiple)
 
+    def widths(self) -> int:
+        """How many different widths `width` can give: shapes the model meets (each a CUDA graph under
+        reduce-overhead)."""
+        return 1 if self.pad_to_max_length else -(-self.max_length // self.multiple)
+
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor | tuple[int, int]]:
         lengths = np.fromiter((len(x["input_ids"]) for x in items), dtype=np.int64, count=len(items))
         width = self.width(int(lengths.max()))

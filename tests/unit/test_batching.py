@@ -44,6 +44,13 @@ def test_pad_to_multiple_of_reaches_the_training_and_evaluation_collator() -> No
     assert batch["attention_mask"].sum().item() == int(feats.lengths[:6].sum())  # the padding stays masked
 
 
+def test_widths_counts_every_width_a_collator_can_pad_to() -> None:
+    """What compile_model is told to expect as CUDA graphs: each width some window length leads to."""
+    for multiple, fixed in [(8, False), (48, False), (100, False), (8, True)]:
+        collate = Collator(0, 384, pad_to_max_length=fixed, multiple=multiple)
+        assert collate.widths() == len({collate.width(longest) for longest in range(1, 385)}), (multiple, fixed)
+
+
 def test_token_counts_stay_on_the_host_when_the_batch_moves() -> None:
     """The loop reads the counts every micro-batch: had the prepared loader moved them to the GPU with the
     tensors, each read would wait for the queued step. accelerate's own device move is applied here."""
