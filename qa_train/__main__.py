@@ -203,8 +203,10 @@ def _report_status(code: int) -> int:
 
 def entry(argv: list[str] | None = None) -> int:
     """A rank's whole life: `python -m qa_train` (what launchers run) and `qa-train train`."""
+    from qa_train.core import collector
     from qa_train.core.preemption import catch_early_stop_signals
 
+    collector.pause()  # until the run is built (qa_train/core/collector.py)
     catch_early_stop_signals()  # before the seconds of imports and loading that precede the trainer's own handler
     code = _report_status(main(argv))
     # Out of the collector's sight, the objects left are not walked once more by its collection at exit, for memory

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from qa_train import outcome
 from qa_train.config.settings import TrainArgs
+from qa_train.core import collector
 from qa_train.core.errors import one_line
 from qa_train.data.splits import Splits
 from qa_train.observe.metrics import TrainSummary
@@ -28,6 +29,7 @@ def run(args: TrainArgs, splits: Splits | None = None) -> RunMetrics | None:
     already read). Returns metrics on the main process (None elsewhere)."""
     started = time.perf_counter()
     trainer = Trainer(args, splits)
+    collector.settle()  # what the build made lives to the end
     initial = trainer.evaluate() if args.eval.eval_on_start else None
     trainer.log_eval(initial)
     if initial is not None:

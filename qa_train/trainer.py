@@ -23,6 +23,7 @@ import torch
 from qa_train import __version__
 from qa_train.config.outputdir import clear_previous_run
 from qa_train.config.settings import TrainArgs, every_n_steps
+from qa_train.core import collector
 from qa_train.core.preemption import StopRequest
 from qa_train.data.batching import windows_in_step
 from qa_train.data.loaders import TrainOrder, build_loaders, collator, featurize_splits
@@ -550,7 +551,9 @@ class Trainer:
         """Count the update, log, checkpoint; True when the epoch loop must end (done or stopping)."""
         state, out = self.state, self.args.output
         state.completed_steps += 1
-        self._metrics.optimizer_step()
+        if state.completed_steps == self.first_step + max(self.args.system.throughput_warmup_steps, 1):
+            collector.settle()  # what the first steps made (compiled graphs, optimizer state) lives to the end too
+        self._metrics.optimizer_step()  # after the settle: its collection is no timed step's
         if profiler is not None:
             profiler.step()
         self.stop.hold_if_asked(state.completed_steps, self.accelerator.process_index)
@@ -717,5 +720,6 @@ class Trainer:
         # (__main__.entry): FSDP2's modules, cycles holding the group's work, would outlive the group and be torn
         # down with the interpreter, where a gloo thread wanting the GIL aborts the rank (seen once in CI).
         if self.accelerator.num_processes > 1:
+            collector.thaw()  # the model's cycles were frozen with the build
             gc.collect()
         self.accelerator.end_training()

@@ -1,1 +1,1 @@
-"""What every layer may use: exit codes and the one-line error, stop requests."""
+"""What every layer may use: exit codes and the one-line error, stop requests, the collector's pause at start."""

@@ -23,6 +23,8 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from qa_train.core import collector
+
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
@@ -90,11 +92,13 @@ def _start(which: str, args: list[str]) -> None:
     if which == "torchrun":
         from torch.distributed.run import main as torchrun
 
+        collector.settle()
         torchrun(args)
     else:
         from accelerate.commands.launch import main as accelerate_launch
 
         sys.argv = ["accelerate launch", *args]  # accelerate's launcher parses sys.argv itself
+        collector.settle()
         accelerate_launch()
 
 
@@ -137,4 +141,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    collector.pause()  # until the launcher is imported: what it imports lives as long as this process
     sys.exit(main(sys.argv[1:]))

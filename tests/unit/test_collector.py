@@ -1,0 +1,74 @@
+"""qa_train/core/collector.py: the collector paused through a rank's start, what the start made frozen once the run is
+built, the start's cyclic garbage freed rather than frozen; a process that did not pause it keeps its own."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from qa_train.core import collector
+
+
+class Node:
+    """An object in a reference cycle: only the collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.fixture
+def own_collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This pytest process's collector as it was, whatever the test did to it."""
+    monkeypatch.setattr(collector, "_paused", False)
+    enabled = gc.isenabled()
+    yield
+    gc.unfreeze()
+    if enabled:
+        gc.enable()
+    else:
+        gc.disable()
+
+
+def test_a_paused_start_is_frozen_once_settled_and_its_cyclic_garbage_is_freed(own_collector: None) -> None:
+    collector.pause()
+    assert not gc.isenabled()
+    kept, dropped = Node(), Node()
+    gone = weakref.ref(dropped)
+    del dropped
+    collector.settle()
+    assert gc.isenabled()
+    assert gone() is None, "the start's cyclic garbage was frozen instead of freed"
+    assert gc.get_freeze_count() > 0 and not any(o is kept for o in gc.get_objects())  # frozen: out of its sight
+    collector.thaw()
+    assert gc.get_freeze_count() == 0 and any(o is kept for o in gc.get_objects())
+
+
+def test_settling_again_freezes_what_was_made_since(own_collector: None) -> None:
+    collector.pause()
+    collector.settle()
+    frozen = gc.get_freeze_count()
+    later = [Node() for _ in range(100)]
+    collector.settle()
+    assert gc.get_freeze_count() >= frozen + len(later)
+
+
+def test_a_process_that_did_not_pause_keeps_its_collector(own_collector: None) -> None:
+    """qa_train's main() run as a library (the tests' in-process runs, a notebook): nothing of its caller's is frozen,
+    and what the caller froze stays frozen."""
+    before = gc.get_freeze_count()
+    collector.settle()
+    assert gc.get_freeze_count() == before
+    gc.freeze()  # the caller's own
+    frozen = gc.get_freeze_count()
+    collector.thaw()
+    assert gc.get_freeze_count() == frozen
+
+
+def test_a_collector_disabled_by_its_process_is_left_disabled(own_collector: None) -> None:
+    gc.disable()
+    collector.pause()  # not this module's pause: the process had its own reason
+    collector.settle()
+    assert not gc.isenabled() and gc.get_freeze_count() == 0
