@@ -6,6 +6,7 @@ oom_faults.py, squad_cases.py."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -287,6 +288,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slowest files first, then the other integration files, the unit tests last (small files fill the gaps at
     the end). The sort is stable: a file's own tests keep their order."""
     items.sort(key=lambda item: (-SLOW_FILES.get(item.path.name, 0), item.path.parent.name == "unit"))
+
+
+def freeze_what_lives() -> None:
+    """Collect once, then take every object alive out of the collector's sight (gc.freeze), as a rank does once it is
+    built (qa_train/core/collector.py): the test modules and what they imported, torch and transformers among them,
+    live as long as this pytest process, and each full collection while the tests run would walk them all again."""
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    freeze_what_lives()
+    gc.enable()  # paused while the test modules imported (below)
+
+
+# The collector is paused from here (conftest.py is imported before any test module) to the end of collection.
+gc.disable()
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
+from conftest import freeze_what_lives
 
 from qa_train.core import collector
 
@@ -21,11 +22,13 @@ class Node:
 
 @pytest.fixture
 def own_collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """This pytest process's collector as it was, whatever the test did to it."""
+    """This pytest process's collector as it was, whatever the test did to it: enabled or not, and what lives frozen
+    (the session's start froze it, tests/conftest.py)."""
     monkeypatch.setattr(collector, "_paused", False)
     enabled = gc.isenabled()
     yield
     gc.unfreeze()
+    freeze_what_lives()
     if enabled:
         gc.enable()
     else:
@@ -69,6 +72,7 @@ def test_a_process_that_did_not_pause_keeps_its_collector(own_collector: None) -
 
 def test_a_collector_disabled_by_its_process_is_left_disabled(own_collector: None) -> None:
     gc.disable()
+    before = gc.get_freeze_count()
     collector.pause()  # not this module's pause: the process had its own reason
     collector.settle()
-    assert not gc.isenabled() and gc.get_freeze_count() == 0
+    assert not gc.isenabled() and gc.get_freeze_count() == before
