@@ -298,13 +298,14 @@ def freeze_what_lives() -> None:
     gc.freeze()
 
 
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    if isinstance(collector, pytest.Session):  # the test modules import from here on (pytest-xdist's controller never)
+        gc.disable()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     freeze_what_lives()
-    gc.enable()  # paused while the test modules imported (below)
-
-
-# The collector is paused from here (conftest.py is imported before any test module) to the end of collection.
-gc.disable()
+    gc.enable()
 
 
 @pytest.fixture(scope="session")
