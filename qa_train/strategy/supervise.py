@@ -59,7 +59,8 @@ def run_launch(cmd: list[str], env: dict[str, str], grace_s: float = DEFAULT_GRA
 
     own_file = STATUS_FILE_ENV not in env
     if own_file:
-        fd, name = tempfile.mkstemp(prefix="qa_train-status-")
+        remove_orphaned_status_files()
+        fd, name = tempfile.mkstemp(prefix=f"{STATUS_PREFIX}{os.getpid()}-")
         os.close(fd)
         env = {**env, STATUS_FILE_ENV: name}
     status = Path(env[STATUS_FILE_ENV])
@@ -69,6 +70,26 @@ def run_launch(cmd: list[str], env: dict[str, str], grace_s: float = DEFAULT_GRA
     finally:
         if own_file:
             status.unlink(missing_ok=True)
+
+
+STATUS_PREFIX = "qa_train-status-"
+
+
+def remove_orphaned_status_files(folder: Path | None = None) -> list[Path]:
+    """The status files of launchers that are gone: one killed by SIGKILL (or a node's hard stop) could not remove
+    its own, and each such launch would leave one more in the temp folder. A file carries its launcher's pid; one
+    whose pid runs is left (a live launch, or a reused pid: a few bytes kept), as is one this user cannot remove."""
+    removed = []
+    for path in (folder or Path(tempfile.gettempdir())).glob(f"{STATUS_PREFIX}*-*"):
+        pid = path.name.removeprefix(STATUS_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or psutil.pid_exists(int(pid)):
+            continue
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
 
 
 def _main_process_code(code: int, status: Path) -> int:

@@ -106,7 +106,12 @@ class FakeLaunch:
     """The launcher over a fake torchrun with `n` fake ranks; `out` collects what each process saw."""
 
     def __init__(
-        self, tmp_path: Path, rank_mode: str = "stop", torchrun_mode: str = "wait", grace_s: float = 30.0
+        self,
+        tmp_path: Path,
+        temp: Path,
+        rank_mode: str = "stop",
+        torchrun_mode: str = "wait",
+        grace_s: float = 30.0,
     ) -> None:
         self.out = tmp_path / "seen"
         self.out.mkdir()
@@ -114,7 +119,9 @@ class FakeLaunch:
         (fake / "qa_train").mkdir(parents=True)
         (fake / "qa_train" / "__main__.py").write_text(FAKE_RANK)
         (fake / "torchrun.py").write_text(FAKE_TORCHRUN)
+        temp.mkdir(exist_ok=True)  # the launcher's temp folder (its status file), the test's own
         env = {**os.environ, "PYTHONPATH": str(ROOT), "FAKE_OUT": str(self.out), "FAKE_MODE": rank_mode}
+        env["TMPDIR"] = str(temp)
         env.pop("QA_TRAIN_STATUS_FILE", None)
         self.log = tmp_path / "launcher.err"
         self.tree: list[psutil.Process] = []
@@ -156,7 +163,9 @@ def fake_launch(tmp_path: Path):
     made: list[FakeLaunch] = []
 
     def start(**kw: object) -> FakeLaunch:
-        made.append(FakeLaunch(tmp_path, **kw))  # type: ignore[arg-type]
+        folder = tmp_path / f"launch-{len(made)}" if made else tmp_path  # a test's later launches: their own
+        folder.mkdir(exist_ok=True)
+        made.append(FakeLaunch(folder, tmp_path / "tmp", **kw))  # type: ignore[arg-type]
         return made[-1].ready()
 
     yield start
@@ -247,14 +256,22 @@ def test_ranks_orphaned_by_a_dying_torchrun_are_adopted_and_killed(fake_launch) 
     assert "killing 2 process(es) the launch left behind" in run.log.read_text()
 
 
-def test_a_killed_launcher_takes_its_launch_with_it(fake_launch) -> None:
-    """SIGKILL leaves the launcher no say: its child's parent-death signal (SIGTERM) makes torchrun stop the ranks."""
+def test_a_killed_launcher_takes_its_launch_with_it(fake_launch, tmp_path: Path) -> None:
+    """SIGKILL leaves the launcher no say: its child's parent-death signal (SIGTERM) makes torchrun stop the ranks.
+    Nor can it remove its status file, where rank 0 still writes its code: the next launch removes it."""
     run = fake_launch()
     os.kill(run.proc.pid, signal.SIGKILL)
     run.proc.wait(timeout=10)
     gone, alive = psutil.wait_procs(run.tree, timeout=20)
     assert not [p for p in alive if _alive(p)]
     assert run.saw() == {"torchrun-SIGTERM", "rank0-SIGTERM", "rank1-SIGTERM"}
+    [left] = (tmp_path / "tmp").iterdir()
+    assert left.name.startswith(f"{supervise.STATUS_PREFIX}{run.proc.pid}-") and left.read_text() == "75\n"
+    after = fake_launch()
+    assert left.name not in [p.name for p in (tmp_path / "tmp").iterdir()]
+    os.killpg(after.proc.pid, signal.SIGTERM)
+    assert after.finish() == 75
+    assert not list((tmp_path / "tmp").iterdir())  # its own, removed as it ended
 
 
 RANK_SCRIPT = """

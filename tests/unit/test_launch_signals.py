@@ -23,6 +23,22 @@ def test_main_process_code(tmp_path: Path, code: int, status: str | None, expect
     assert supervise._main_process_code(code, path) == expected
 
 
+def test_a_killed_launchers_status_file_is_removed_by_the_next_launch_and_no_other(tmp_path: Path) -> None:
+    """A launcher killed by SIGKILL leaves its status file (its ranks may still write their code into it); the next
+    launch removes the files of launchers that no longer run, and nothing else in the temp folder."""
+    import os
+
+    gone = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process can have it
+    orphan = tmp_path / f"{supervise.STATUS_PREFIX}{gone}-k2j4x8"
+    live = tmp_path / f"{supervise.STATUS_PREFIX}{os.getpid()}-a1b2c3"
+    older = tmp_path / f"{supervise.STATUS_PREFIX}q9w8e7r6"  # before files carried a pid: whose, unknown
+    others = [tmp_path / f"{supervise.STATUS_PREFIX}x-{gone}", tmp_path / "notes.txt"]
+    for path in (orphan, live, older, *others):
+        path.write_text("75\n")
+    assert supervise.remove_orphaned_status_files(tmp_path) == [orphan]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (live, older, *others))
+
+
 def test_a_rank_that_only_saw_its_peer_leave_is_not_the_root_cause_in_the_same_second() -> None:
     """torch's failure timestamps are whole seconds and its tie goes to the lower rank: rank 0, which only lost its
     peer (exit 1), would be named over rank 1, which ran out of memory (exit 7) in the same second."""
