@@ -1,6 +1,6 @@
 """Compare finished runs: a markdown table, a throughput plot, a memory plot and, for sweeps, a speed-up plot.
 
-    qa-train report RUN_DIR... [--output DIR] [--baseline NAME] [--wandb]
+    qa-train report RUN_DIR... [--output_dir DIR] [--baseline NAME] [--wandb]
 
 Each RUN_DIR holds a metrics.json; a parent directory stands for every */metrics.json under it (a
 `qa_train.studies.bench` sweep, local or SLURM). Runs of one sweep point (config x processes x nodes) are its
@@ -259,9 +259,9 @@ def build_report(
     rows, groups, base = build_groups(find_runs(run_dirs), baseline)
     try:
         paths = write_report(rows, groups, base, Path(out_dir))
-    except OSError as err:  # a typo'd or unwritable --output is the user's to fix, not a traceback
+    except OSError as err:  # a typo'd or unwritable --output_dir is the user's to fix, not a traceback
         raise ReportError(
-            f"--output {out_dir}: cannot write the report there ({err.strerror or err}: {err.filename})"
+            f"--output_dir {out_dir}: cannot write the report there ({err.strerror or err}: {err.filename})"
         ) from None
     if wandb_project:
         log_to_wandb(groups, paths, wandb_project, wandb_group(run_dirs))
@@ -273,7 +273,14 @@ def main(argv: list[str] | None = None) -> int:
         prog="qa-train report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("run_dirs", nargs="+", help="Run directories (with metrics.json) or their parent.")
-    p.add_argument("--output", default="report", help="Where report.md, report.json and the plots go.")
+    # --output_dir as bench, predict and consolidate name a folder they write; --output, the earlier name, still works.
+    p.add_argument(
+        "--output_dir",
+        "--output",
+        dest="output",
+        default="report",
+        help="Where report.md, report.json and the plots go (default: ./report).",
+    )
     p.add_argument(
         "--baseline",
         default=None,

@@ -5,7 +5,7 @@
 
 Each job trains into OUTPUT_DIR/<config>-n<nodes>-r<k> (a shared file system) beside its sweep_point.json;
 per-node logs go to logs/ there. Jobs are submitted one after another and queue as the cluster
-decides; once they have finished, `qa-train report OUTPUT_DIR --output OUTPUT_DIR/report`
+decides; once they have finished, `qa-train report OUTPUT_DIR --output_dir OUTPUT_DIR/report`
 gives the table and plots (speed-up against each config's 1-node run). Where sbatch itself waits for
 the job (`--sbatch_args --wait`, or a test's fake cluster) the report is written straight away.
 """
@@ -173,5 +173,5 @@ def submit_all(points: list[Point], opts: argparse.Namespace, train_flags: list[
         print(report.markdown_table(groups))
         print(f"\n[bench] report: {out / 'report.md'}")
     else:
-        print(f"[bench] when the jobs have finished: qa-train report {opts.output_dir} --output {out}", flush=True)
+        print(f"[bench] when the jobs have finished: qa-train report {opts.output_dir} --output_dir {out}", flush=True)
     return 1 if refused or not points else 0

@@ -20,7 +20,7 @@ def runs(tmp_path: Path) -> Path:
 
 def test_cli_prints_the_table_and_refuses_a_bad_dir(runs: Path, tmp_path: Path) -> None:
     env = base_env(tmp_path)
-    proc = run_ok([PY, "-m", "qa_train.cli", "report", str(runs), "--output", str(tmp_path / "out")], env)
+    proc = run_ok([PY, "-m", "qa_train.cli", "report", str(runs), "--output_dir", str(tmp_path / "out")], env)
     assert "| run | strategy | nodes | processes |" in proc.stdout and "1.50x" in proc.stdout
     assert (tmp_path / "out" / "report.md").is_file()
     proc = run_cmd([PY, "-m", "qa_train.cli", "report", str(tmp_path / "missing")], env)

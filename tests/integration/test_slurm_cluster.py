@@ -245,7 +245,7 @@ def test_a_node_count_sweep_runs_one_job_per_point_and_reports_speedup(clone: Pa
     rate = [read_metrics(out / f"zero2-n{n}-r1")["train_samples_per_second"] for n in (1, 2)]
     assert two["speedup"]["median"] == pytest.approx(rate[1] / rate[0]) and one["speedup"]["median"] == 1.0
     again = subprocess.run(
-        [PY, "-m", "qa_train.cli", "report", str(out), "--output", str(tmp_path / "report")],
+        [PY, "-m", "qa_train.cli", "report", str(out), "--output_dir", str(tmp_path / "report")],
         cwd=clone,
         env=env,
         capture_output=True,

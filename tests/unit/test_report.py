@@ -492,12 +492,22 @@ def test_a_bad_output_or_a_file_for_a_run_dir_is_one_line(
 ) -> None:
     metrics = runs / "single" / "metrics.json"
     for output in (metrics, metrics / "report"):  # an existing file; a path through one
-        assert report.main([str(runs / "single"), "--output", str(output)]) == 2
+        assert report.main([str(runs / "single"), "--output_dir", str(output)]) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f"qa-train report: error: --output {output}: cannot write the report there (")
+        assert err.startswith(f"qa-train report: error: --output_dir {output}: cannot write the report there (")
         assert err.count("\n") == 1
-    assert report.main([str(metrics), "--output", str(tmp_path / "out")]) == 2
+    assert report.main([str(metrics), "--output_dir", str(tmp_path / "out")]) == 2
     assert "metrics.json: a file, not a run directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--output_dir", "--output"])
+def test_the_report_folder_is_named_as_other_verbs_name_theirs_or_by_its_earlier_flag(
+    flag: str, runs: Path, tmp_path: Path
+) -> None:
+    """--output_dir, as bench, predict and consolidate and transformers' scripts; --output still works."""
+    out = tmp_path / "mine"
+    assert report.main([str(runs / "single"), flag, str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["memory.png", "report.json", "report.md", "throughput.png"]
 
 
 def test_scores_of_other_evaluation_sets_are_named_apart(runs: Path, tmp_path: Path) -> None:
