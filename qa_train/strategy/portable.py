@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -237,7 +238,10 @@ class DistributedCheckpoint:
             if not isinstance(meta, TensorStorageMetadata):  # optimizer.state holds tensors only; bytes are not ours
                 raise PortableError(f"{self.path / folder}: {key} is not a tensor")
             wanted[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
-        dcp.load(wanted, storage_reader=reader, no_dist=True)
+        with warnings.catch_warnings():
+            # One process reading every shard is the intent (no_dist): torch's warning that it assumed so is noise.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(wanted, storage_reader=reader, no_dist=True)
         return {name: wanted[key] for name, key in keys.items()}
 
     def _keys(self, folder: str, prefix: str, suffix: str = "") -> dict[str, str]:
