@@ -25,7 +25,8 @@
 #               with CUDA graphs, each again with --pad_to_multiple_of 32 (11 widths an epoch instead of 41)
 #   cprofile    --profile of the compiled fixed-length step at batch 128, with its kernels grouped by kind
 #   gprofile    the same of the two epochs' step (compiled, length-grouped batches of 64, dynamic padding), after
-#               130 steps, when most padded widths have been met; GPROFILE_FLAGS adds flags (e.g. CUDA graphs)
+#               130 steps, when most padded widths have been met; GPROFILE_FLAGS adds flags (e.g. CUDA graphs;
+#               best: hostlevers' fastest)
 #   startup     each import's seconds, then a short launch with every line stamped: where a run's start goes
 #
 # DEADLINE_S=N stops the parts still running N seconds from the start (a device command has 10 minutes) and
@@ -196,9 +197,14 @@ part_cprofile() {  # the compiled fixed-length step (the MFU target's), at the b
 part_gprofile() {  # the two epochs' step compiled (length-grouped batch 64, dynamic padding): host-bound, 42 ms a step
   # Past 130 steps most of the ~41 padded widths have been met once, so the profiled steps are the steady ones
   # (one early profiled step took 237 ms against 56-66: a new width's cuDNN plans, or a full garbage collection).
-  # shellcheck disable=SC2086 # GPROFILE_FLAGS: several flags
-  profile_run single 64 "-grouped${GPROFILE_TAG:-}" --torch_compile --pad_to_max_length false --group_by_length \
-    --max_train_samples 12000 --max_train_steps 140 --throughput_warmup_steps 130 ${GPROFILE_FLAGS:-}
+  local flags=(${GPROFILE_FLAGS:-}) tag=${GPROFILE_TAG:-}
+  if [[ ${GPROFILE_FLAGS:-} == best ]]; then  # the step hostlevers found fastest: where its time still goes
+    read -ra flags <<< "$(best_lever)"
+    tag=-best
+    log "gprofile: hostlevers' fastest is ${flags[*]}"
+  fi
+  profile_run single 64 "-grouped$tag" --torch_compile --pad_to_max_length false --group_by_length \
+    --max_train_samples 12000 --max_train_steps 140 --throughput_warmup_steps 130 "${flags[@]}"
 }
 
 part_startup() {  # the 24-30 s between `qa-train launch` and a run's first line on the H100: each import, each process
