@@ -20,6 +20,7 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
+from qa_train.observe.recorder import atomic_write_text
 from qa_train.studies.report_data import (
     Group,
     ReportError,
@@ -192,7 +193,33 @@ def markdown_report(groups: list[Group], base: Group | None, plots: list[str]) -
 # --- writing and logging ---------------------------------------------------------------------
 
 
+# The files a report writes, and what its report.json holds (earlier versions' too): a folder whose report.json has
+# these keys is a report's own, to rewrite.
+REPORT_FILES = ("report.md", "report.json", "throughput.png", "memory.png", "speedup.png")
+REPORT_KEYS = frozenset({"columns", "groups", "rows", "table"})
+
+
+def check_output_dir(out_dir: Path) -> None:
+    """A report rewrites the files of an earlier report, never a file it did not write: a folder that holds one of
+    its file names without a report's report.json is refused before any run is read."""
+    taken = [name for name in REPORT_FILES if (out_dir / name).exists()]
+    if taken and not _written_by_a_report(out_dir / "report.json"):
+        raise ReportError(
+            f"--output_dir {out_dir}: holds {', '.join(taken)}, which no qa-train report wrote; name a new folder, "
+            "or one that an earlier report wrote"
+        )
+
+
+def _written_by_a_report(path: Path) -> bool:
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(payload, dict) and REPORT_KEYS <= payload.keys()
+
+
 def write_report(rows: list[Row], groups: list[Group], base: Group | None, out_dir: Path) -> dict[str, Path]:
+    """Each file replaced whole (written beside, then renamed over), so that a failure leaves no half of one."""
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = {
         "throughput": throughput_figure(groups),
@@ -202,7 +229,8 @@ def write_report(rows: list[Row], groups: list[Group], base: Group | None, out_d
     (out_dir / "speedup.png").unlink(missing_ok=True)  # a stale plot from an earlier sweep must not linger
     paths = {"markdown": out_dir / "report.md", "json": out_dir / "report.json"}
     paths.update({name: save_figure(fig, out_dir / f"{name}.png") for name, fig in figures.items() if fig is not None})
-    paths["markdown"].write_text(markdown_report(groups, base, [n for n, fig in figures.items() if fig is not None]))
+    drawn = [name for name, fig in figures.items() if fig is not None]
+    atomic_write_text(paths["markdown"], markdown_report(groups, base, drawn))
     payload = {
         "baseline": base.key if base else None,
         "columns": list(COLUMNS),
@@ -211,7 +239,7 @@ def write_report(rows: list[Row], groups: list[Group], base: Group | None, out_d
         "table": [cells(g) for g in groups],
         "warnings": comparison_warnings(groups, base),
     }
-    paths["json"].write_text(json.dumps(payload, indent=2) + "\n")
+    atomic_write_text(paths["json"], json.dumps(payload, indent=2) + "\n")
     return paths
 
 
@@ -256,6 +284,7 @@ def build_report(
     wandb_project: str | None = None,
 ) -> tuple[list[Group], dict[str, Path]]:
     """The report's files (and its W&B run); the groups, with `warnings` naming the comparisons to doubt."""
+    check_output_dir(Path(out_dir))
     rows, groups, base = build_groups(find_runs(run_dirs), baseline)
     try:
         paths = write_report(rows, groups, base, Path(out_dir))

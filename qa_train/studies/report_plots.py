@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -171,5 +172,11 @@ def _floats(values: ArrayLike) -> list[float]:
 
 
 def save_figure(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
+    """Written beside `path`, then renamed over it: an earlier plot is replaced whole or kept."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path

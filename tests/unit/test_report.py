@@ -500,6 +500,45 @@ def test_a_bad_output_or_a_file_for_a_run_dir_is_one_line(
     assert "metrics.json: a file, not a run directory" in capsys.readouterr().err
 
 
+def test_a_folder_holding_files_no_report_wrote_is_refused_and_left_as_it_was(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "report.md").write_text("my own notes\n")
+    (mine / "speedup.png").write_bytes(b"my own plot")
+    assert report.main([str(runs / "single"), "--output_dir", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"qa-train report: error: --output_dir {mine}: holds report.md, speedup.png, which no qa-train report "
+        "wrote; name a new folder, or one that an earlier report wrote\n"
+    )
+    assert sorted(p.name for p in mine.iterdir()) == ["report.md", "speedup.png"]
+    assert (mine / "report.md").read_text() == "my own notes\n"
+    assert (mine / "speedup.png").read_bytes() == b"my own plot"
+
+
+def test_a_report_rewrites_its_own_folder_beside_other_files_and_drops_its_stale_speedup_plot(
+    runs: Path, tmp_path: Path
+) -> None:
+    root, out = tmp_path / "sweep", tmp_path / "report"
+    sweep(root, "ddp", "ddp", {1: [40.0, 41.0], 2: [78.0, 79.0]}, {1: 16, 2: 8})
+    out.mkdir()
+    (out / "notes.txt").write_text("kept\n")  # a file of the user's that no report writes
+    assert report.main([str(root), "--output_dir", str(out)]) == 0
+    assert (out / "speedup.png").is_file()
+    assert report.main([str(runs / "single"), "--output_dir", str(out)]) == 0  # one run: no speed-up to draw
+    assert sorted(p.name for p in out.iterdir()) == [
+        "memory.png",
+        "notes.txt",
+        "report.json",
+        "report.md",
+        "throughput.png",
+    ]
+    assert (out / "notes.txt").read_text() == "kept\n"
+    assert "| single |" in (out / "report.md").read_text()
+
+
 @pytest.mark.parametrize("flag", ["--output_dir", "--output"])
 def test_the_report_folder_is_named_as_other_verbs_name_theirs_or_by_its_earlier_flag(
     flag: str, runs: Path, tmp_path: Path
