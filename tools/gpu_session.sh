@@ -13,6 +13,7 @@
 #   zeroprofile the same under ZeRO-2 and single at batch 32 (the strategy table's step)
 #   compiled    the two epochs compiled whole, then by layer (--torch_compile_regional), then with CUDA graphs
 #   mfu         the fixed-length run's levers past --torch_compile: CUDA graphs, and batch 128 compiled and with graphs
+#               (MFU_RUNS picks among graphs compiled-b128 graphs-b128 autotune-b128: max-autotune at batch 128)
 #   fixed       the fixed-length run alone, eager then with --torch_compile
 #   overhead    qa_train's step against tools/bare_loop.py's on MiniLM: how much of a host-bound step is ours
 #   vshf        transformers' run_qa_no_trainer.py, then qa_train with its defaults, on the same BERT-base work
@@ -248,10 +249,20 @@ part_compiled() {  # the two epochs (the 90 s target) with the levers the profil
 
 part_mfu() {  # the fixed-length run (the 40% MFU target) past --torch_compile at batch 64 (29.9% on 11-25)
   data
-  fixed_run -graphs --torch_compile_mode reduce-overhead  # CUDA graphs: the launches of a step replayed at once
-  # BERT-base's matrix products are small (768 wide): a larger batch gives the tensor cores longer ones.
-  fixed_run -compiled-b128 --torch_compile --per_device_train_batch_size 128
-  fixed_run -graphs-b128 --torch_compile_mode reduce-overhead --per_device_train_batch_size 128
+  local run
+  for run in ${MFU_RUNS:-graphs compiled-b128 graphs-b128}; do
+    case $run in
+      # CUDA graphs: the launches of a step replayed at once
+      graphs) fixed_run -graphs --torch_compile_mode reduce-overhead ;;
+      # BERT-base's matrix products are small (768 wide): a larger batch gives the tensor cores longer ones.
+      compiled-b128) fixed_run -compiled-b128 --torch_compile --per_device_train_batch_size 128 ;;
+      graphs-b128) fixed_run -graphs-b128 --torch_compile_mode reduce-overhead --per_device_train_batch_size 128 ;;
+      # Inductor's matrix-product kernels tuned per shape against cuBLAS, able to take the pointwise work after
+      # them (bias, GELU) into their epilogue; and CUDA graphs. Minutes of tuning when cold.
+      autotune-b128) fixed_run -autotune-b128 --torch_compile_mode max-autotune --per_device_train_batch_size 128 ;;
+      *) log "mfu: no run named $run" ;;
+    esac
+  done
 }
 
 part_overhead() {  # qa_train's step against the bare step (tools/bare_loop.py), MiniLM at 32 x 384: the harness's share
