@@ -205,7 +205,9 @@ def entry(argv: list[str] | None = None) -> int:
     """A rank's whole life: `python -m qa_train` (what launchers run) and `qa-train train`."""
     from qa_train.core import collector
     from qa_train.core.preemption import catch_early_stop_signals
+    from qa_train.observe import startup
 
+    startup.entered()  # this process's start is the run's: metrics.json's startup_process_s
     collector.pause()  # until the run is built (qa_train/core/collector.py)
     catch_early_stop_signals()  # before the seconds of imports and loading that precede the trainer's own handler
     code = _report_status(main(argv))

@@ -23,8 +23,16 @@ from qa_train.core.errors import one_line
 from qa_train.data.loaders import collator, inference_loader
 from qa_train.evaluation import EvalResult, EvalSet, answer, predict_logits, span_rules, write_answers
 from qa_train.model.modeling import load_model, load_model_config, resolve_attention
-from qa_train.observe.metrics import RankFigures, TrainSummary, gather_figures, peak_tflops, summarize
+from qa_train.observe.metrics import (
+    RankFigures,
+    TrainSummary,
+    gather_figures,
+    peak_tflops,
+    slowest_startup,
+    summarize,
+)
 from qa_train.observe.schema import PerRank, RunMetrics
+from qa_train.observe.startup import Startup
 from qa_train.strategy import best, faults, sharded
 from qa_train.trainer import Trainer
 
@@ -119,13 +127,20 @@ def keep_best(t: Trainer, final_scores: EvalResult | None, exported: Path | None
 
 
 def run_metrics(
-    t: Trainer, trained: TrainSummary | None, final: EvalResult | None, initial: EvalResult | None, *, started: float
+    t: Trainer,
+    trained: TrainSummary | None,
+    final: EvalResult | None,
+    initial: EvalResult | None,
+    *,
+    started: float,
+    startup: Startup,
 ) -> RunMetrics | None:
     """metrics.json's content, complete, on the main process (None elsewhere): every rank's `trained` gathered (a
     collective: every rank must call it), the final and initial evaluations' results, and what the run was.
     `trained` is None for an evaluation-only run (--do_train false): no training figure is reported, not even a
-    zero. `started`: time.perf_counter() when the run began, for total_runtime_s."""
-    ranks = gather_figures(t.accelerator, RankFigures.measured(trained) if trained else RankFigures.untrained())
+    zero. `started`: time.perf_counter() when the run began, for total_runtime_s; `startup`: this rank's."""
+    mine = RankFigures.measured(trained, startup) if trained else RankFigures.untrained(startup)
+    ranks = gather_figures(t.accelerator, mine)
     if not t.is_main:
         return None
     if trained is None:
@@ -146,6 +161,7 @@ def run_metrics(
         checkpoint_runtime_s=round(trained.checkpoint_s, 3),
         eval_runtime_s=final.runtime_s if final else None,
         total_runtime_s=round(time.perf_counter() - started, 3),
+        **_startup_metrics(slowest_startup(ranks)),
         train_steps=trained.steps,
         train_loss=trained.last_loss if math.isfinite(trained.last_loss) else None,  # NaN: no step was logged
         train_loss_per_rank=[r.last_loss if math.isfinite(r.last_loss) else None for r in ranks],
@@ -166,8 +182,21 @@ def _evaluation_metrics(t: Trainer, final: EvalResult | None, ranks: list[RankFi
         squad_v2=final.squad_v2 if final else None,
         eval_runtime_s=final.runtime_s if final else None,
         total_runtime_s=round(time.perf_counter() - started, 3),
+        **_startup_metrics(slowest_startup(ranks)),
         **_run_description(t),
     )
+
+
+def _startup_metrics(startup: Startup) -> dict[str, Any]:
+    def seconds(value: float) -> float | None:
+        return None if math.isnan(value) else round(value, 3)
+
+    return {
+        "startup_s": seconds(startup.total_s),
+        "startup_launch_s": seconds(startup.launch_s),
+        "startup_process_s": seconds(startup.process_s),
+        "startup_build_s": seconds(startup.build_s),
+    }
 
 
 def _run_description(t: Trainer) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from qa_train.config.settings import TrainArgs
 from qa_train.core import collector
 from qa_train.core.errors import one_line
 from qa_train.data.splits import Splits
+from qa_train.observe import startup
 from qa_train.observe.metrics import TrainSummary
 from qa_train.observe.recorder import summary_table
 from qa_train.observe.schema import RunMetrics
@@ -27,8 +28,9 @@ class Preempted(Exception):
 def run(args: TrainArgs, splits: Splits | None = None) -> RunMetrics | None:
     """Train, export, evaluate and record (with --do_train false: evaluate and record; `splits`: the data, when
     already read). Returns metrics on the main process (None elsewhere)."""
-    started = time.perf_counter()
+    started, began = time.perf_counter(), startup.now()
     trainer = Trainer(args, splits)
+    rank_startup = startup.measure(began, startup.now())
     collector.settle()  # what the build made lives to the end
     initial = trainer.evaluate() if args.eval.eval_on_start else None
     trainer.log_eval(initial)
@@ -53,7 +55,7 @@ def run(args: TrainArgs, splits: Splits | None = None) -> RunMetrics | None:
         scores = trainer.evaluate(Path(args.output.output_dir) / "eval_predictions.json") if args.eval.do_eval else None
         trainer.log_eval(scores)
         trainer.log_samples(scores)
-        metrics = outcome.run_metrics(trainer, trained, scores, initial, started=started)
+        metrics = outcome.run_metrics(trainer, trained, scores, initial, started=started, startup=rank_startup)
         if metrics is not None and metrics.squad_v2:
             log.info("SQuAD v2.0: %s", ", ".join(f"{k} {v:.4g}" for k, v in metrics.squad_v2.items()))
         _record(trainer, trained, metrics)

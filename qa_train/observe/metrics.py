@@ -16,6 +16,7 @@ import torch
 from qa_train.observe.hostmem import lifetime_peak_bytes
 from qa_train.observe.machine import MachineLoad, others_on_busiest_node
 from qa_train.observe.schema import PerRank, TrainFigures
+from qa_train.observe.startup import Startup
 
 GIB = 1024**3  # the *_gb keys of metrics.json are GiB, as nvidia-smi and torch report memory
 
@@ -191,9 +192,13 @@ class RankFigures:
     node_busy_cores: float = math.nan
     load_average_1m: float = math.nan
     cpu_count: float = math.nan
+    # The rank's start-up (observe.startup.Startup); NaN where a part is unknown.
+    startup_launch_s: float = math.nan
+    startup_process_s: float = math.nan
+    startup_build_s: float = math.nan
 
     @classmethod
-    def measured(cls, trained: TrainSummary) -> RankFigures:
+    def measured(cls, trained: TrainSummary, startup: Startup) -> RankFigures:
         """This rank's figures from what it trained, with its lifetime host peak as of now (call it after the final
         evaluation, whose memory that peak includes)."""
         counted, memory = trained.throughput.counted, trained.memory
@@ -213,13 +218,19 @@ class RankFigures:
             compile_s=trained.compile_s,
             compiled_graphs=trained.compiled_graphs,
             **(asdict(trained.machine) if trained.machine is not None else {}),
+            **_startup_fields(startup),
         )
 
     @classmethod
-    def untrained(cls) -> RankFigures:
-        """An evaluation-only run's rank (--do_train false): its lifetime host peak, and nothing trained (NaN)."""
+    def untrained(cls, startup: Startup) -> RankFigures:
+        """An evaluation-only run's rank (--do_train false): its lifetime host peak and start-up, and nothing trained
+        (NaN)."""
         figures = dict.fromkeys((f.name for f in dataclasses.fields(cls)), math.nan)
-        return cls(**{**figures, "lifetime_rss_gib": lifetime_rss_gib()})
+        return cls(**{**figures, "lifetime_rss_gib": lifetime_rss_gib(), **_startup_fields(startup)})
+
+    @property
+    def startup(self) -> Startup:
+        return Startup(self.startup_launch_s, self.startup_process_s, self.startup_build_s)
 
     def as_row(self) -> list[float]:
         return [float(getattr(self, f.name)) for f in dataclasses.fields(self)]
@@ -227,6 +238,19 @@ class RankFigures:
     @classmethod
     def from_row(cls, row: list[float]) -> RankFigures:
         return cls(*row)
+
+
+def _startup_fields(startup: Startup) -> dict[str, float]:
+    return {
+        "startup_launch_s": startup.launch_s,
+        "startup_process_s": startup.process_s,
+        "startup_build_s": startup.build_s,
+    }
+
+
+def slowest_startup(ranks: list[RankFigures]) -> Startup:
+    """The start-up of the rank that took longest to start: the others waited for it at the first collective."""
+    return max((r.startup for r in ranks), key=lambda s: s.total_s)
 
 
 def gather_figures(accelerator, mine: RankFigures) -> list[RankFigures]:

@@ -290,8 +290,25 @@ def _evaluation_rows(m: RunMetrics) -> list[tuple[str, str]]:
         *(scored if m.num_eval_examples else [("evaluation", "none (--do_eval false); answers to --test_file only")]),
         ("peak host RSS", f"max {_fmt(m.peak_host_rss_gb.max, ' GiB')} per rank (lifetime)"),
         ("runtime", f"{_fmt(m.eval_runtime_s, ' s')} evaluating, {_fmt(m.total_runtime_s, ' s')} total"),
+        *_startup_rows(m),
         ("output", _fmt(m.output_dir)),
     ]
+
+
+def _startup_rows(m: RunMetrics) -> list[tuple[str, str]]:
+    """How long the run took to start and where it went; none for a metrics.json from before it was measured."""
+    if m.startup_s is None:
+        return []
+    parts = [
+        f"{name} {_fmt(value, ' s')}"
+        for name, value in (
+            ("launch", m.startup_launch_s),
+            ("process", m.startup_process_s),
+            ("build", m.startup_build_s),
+        )
+        if value is not None
+    ]
+    return [("start-up", f"{_fmt(m.startup_s, ' s')} until the run was built ({', '.join(parts)})")]
 
 
 def _training_rows(m: RunMetrics) -> list[tuple[str, str]]:
@@ -316,6 +333,7 @@ def _training_rows(m: RunMetrics) -> list[tuple[str, str]]:
         ),
         ("peak host RSS", f"max {_fmt(rss.max, ' GiB')} per rank (lifetime)"),
         ("runtime", f"{_fmt(m.train_runtime_s, ' s')} training{saves}, {_fmt(m.total_runtime_s, ' s')} total"),
+        *_startup_rows(m),
         *(
             [("compile", f"{m.compiled_graphs} graph(s) in {_fmt(m.compile_time_s, ' s')}, part of the training time")]
             if m.compile_time_s is not None

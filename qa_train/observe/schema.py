@@ -127,7 +127,20 @@ class RunMetrics(TrainFigures, Scores):
     eval_runtime_s: float | None = None
     """Wall seconds of the final evaluation; None without one."""
     total_runtime_s: float | None = None
-    """Wall seconds from start-up to metrics.json (written before the export, so a failed export keeps it)."""
+    """Wall seconds from the run's start (its build included; the process's imports before it are
+    startup_process_s) to metrics.json (written before the export, so a failed export keeps it)."""
+    startup_s: float | None = None
+    """Wall seconds until the run was built, ready to train or evaluate, on its slowest rank: from `qa-train
+    launch`'s start where it launched the run, else from the process's start, else (main() called in a process of
+    the caller's) from the call; the sum of the startup_*_s parts that are known."""
+    startup_launch_s: float | None = None
+    """Of startup_s: `qa-train launch`'s processes (the launcher, accelerate's or torchrun's agent) until this
+    rank's process began; None where another launcher started it."""
+    startup_process_s: float | None = None
+    """Of startup_s: the rank's process until the run began (Python, imports, flags, reading the data files);
+    None where main() was called in a process of the caller's."""
+    startup_build_s: float | None = None
+    """Of startup_s: building the run (accelerator, windows, model, optimizer, prepare, resume)."""
     train_steps: int | None = None
     """Optimizer steps completed (a resumed run counts the steps before its checkpoint)."""
     train_loss: float | None = None

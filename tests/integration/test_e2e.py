@@ -80,6 +80,11 @@ def test_single_process_metrics_are_sane(single_run: Path) -> None:
     assert m["max_seq_length"] == 192 and m["args"]["learning_rate"] == 1e-3
     for key in ("train_runtime_s", "mixed_precision", "num_train_features"):
         assert key in m
+    # Started as `python -m qa_train`, no launcher of ours: its start-up is the process's (imports: seconds) and the
+    # build's, which total_runtime_s counts too.
+    assert m["startup_launch_s"] is None and m["startup_process_s"] > 0.5 and 0 < m["startup_build_s"]
+    assert m["startup_build_s"] < m["total_runtime_s"]
+    assert m["startup_s"] == pytest.approx(m["startup_process_s"] + m["startup_build_s"], abs=0.002)
 
 
 def test_the_log_says_each_evaluation_and_no_library_warns(single_run: Path) -> None:

@@ -62,6 +62,9 @@ def test_ddp_reference_run(ddp_run: Path) -> None:
     assert 0 <= m["exact_match"] <= m["f1"] <= 100 and (ddp_run / "eval_predictions.json").is_file()
     assert sorted(step_log(ddp_run)) == list(range(1, STEPS + 1))
     assert_export_is_trained(ddp_run)
+    # qa-train launch stamped its start: the launcher and torchrun's agent came before the ranks' processes.
+    parts = [m["startup_launch_s"], m["startup_process_s"], m["startup_build_s"]]
+    assert all(part > 0 for part in parts) and m["startup_s"] == pytest.approx(sum(parts), abs=0.002)
 
 
 @pytest.mark.parametrize(

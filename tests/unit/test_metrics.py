@@ -23,6 +23,7 @@ from qa_train.observe.metrics import (
 )
 from qa_train.observe.monitor import ModelCost, TrainingMetrics
 from qa_train.observe.schema import MetricsFileError, PerRank, RunMetrics, Scores, TrainFigures
+from qa_train.observe.startup import Startup
 
 NAN = float("nan")
 
@@ -91,24 +92,28 @@ def test_a_ranks_figures_are_what_it_trained_field_by_field(monkeypatch: pytest.
         compile_s=12.5,
         compiled_graphs=2.0,
     )
-    mine = RankFigures.measured(trained)
+    mine = RankFigures.measured(trained, Startup(math.nan, math.nan, 1.0))
     assert (mine.samples, mine.tokens, mine.padded_tokens, mine.flops) == (16, 1400, 2048, 2e9)
     assert (mine.elapsed_s, mine.timed_steps, mine.last_loss) == (4.0, 10, 0.25)
     assert (mine.train_rss_gib, mine.baseline_rss_gib, mine.lifetime_rss_gib) == (1.5, 1.0, 3.5)
     assert math.isnan(mine.cuda_allocated_gib) and (mine.compile_s, mine.compiled_graphs) == (12.5, 2.0)
+    assert math.isnan(mine.startup_launch_s) and math.isnan(mine.startup_process_s) and mine.startup_build_s == 1.0
     fig = summarize([mine], None, False)
     assert fig.train_samples_per_second == 4.0 and fig.train_step_time_s_mean == 0.4
     assert fig.host_rss_baseline_gb.max == 1.0 and fig.peak_host_rss_gb.max == 3.5 and fig.compiled_graphs == 2
 
 
 def test_rank_figures_travel_as_rows_by_field_name() -> None:
-    mine = dataclasses.replace(rank(7, 2.0, 0.5, loss=0.25, compile_s=12.5, graphs=2), cpu_count=16)
+    mine = dataclasses.replace(
+        rank(7, 2.0, 0.5, loss=0.25, compile_s=12.5, graphs=2), cpu_count=16, startup_process_s=2.5, startup_build_s=4.0
+    )
     row = mine.as_row()
-    assert len(row) == len(dataclasses.fields(RankFigures)) and row[0] == 7.0 and row[-1] == 16.0
+    assert len(row) == len(dataclasses.fields(RankFigures)) and row[0] == 7.0 and row[-1] == 4.0
     back = RankFigures.from_row(row)
     assert back.last_loss == 0.25 and back.train_rss_gib == 0.5 and math.isnan(back.cuda_allocated_gib)
     assert back.baseline_rss_gib == 0.25 and (back.compile_s, back.compiled_graphs) == (12.5, 2.0)
     assert back.cpu_count == 16 and math.isnan(back.own_cpu_cores)
+    assert math.isnan(back.startup.launch_s) and (back.startup.process_s, back.startup.build_s) == (2.5, 4.0)
 
 
 @pytest.mark.parametrize(
