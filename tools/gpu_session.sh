@@ -87,7 +87,8 @@ for d in sys.argv[1:]:
     m = json.load(open(f"{d}/metrics.json"))
     keys = ("train_runtime_s", "train_steps", "num_train_features", "train_samples_per_second", "train_tokens_per_second",
             "train_padded_tokens_per_second", "mfu", "tflops_per_device", "compile_time_s", "compiled_graphs",
-            "train_loss", "exact_match", "f1", "eval_runtime_s")
+            "train_loss", "exact_match", "f1", "eval_runtime_s", "total_runtime_s", "startup_s", "startup_launch_s",
+            "startup_process_s", "startup_build_s")
     print(d, {k: m.get(k) for k in keys}, "peak GiB", m["peak_memory_gb"]["max"], "device", m.get("device"))
 PY
 }
