@@ -63,6 +63,7 @@ class Row:
     mixed_precision: str | None = None
     eval_set: str | None = None  # what EM / F1 were measured on (eval_set())
     compile_time_s: float | None = None  # --torch_compile's share of train_time_s
+    startup_s: float | None = None  # until the run was built, launch included (metrics.json's startup_s)
     other_cpu_cores: float | None = None  # cores that other processes kept busy while it trained
     load_average_1m: float | None = None
     cpu_count: int | None = None
@@ -105,6 +106,7 @@ class Figures:
     tokens_per_s: Stat | None = None
     train_time_s: Stat | None = None
     compile_time_s: Stat | None = None
+    startup_s: Stat | None = None
     mfu: Stat | None = None
     memory_max_gb: Stat | None = None
     memory_mean_gb: Stat | None = None
@@ -181,6 +183,7 @@ NUMBERS = (
     "train_samples_per_second",
     "train_tokens_per_second",
     "train_runtime_s",
+    "startup_s",
     "timed_steps",
     "mfu",
     "exact_match",
@@ -273,6 +276,7 @@ def make_row(run_dir: Path, m: RunMetrics) -> Row:
         mixed_precision=m.mixed_precision,
         eval_set=eval_set(m),
         compile_time_s=m.compile_time_s,
+        startup_s=m.startup_s,
         other_cpu_cores=m.other_processes_cpu_cores,
         load_average_1m=m.load_average_1m,
         cpu_count=m.cpu_count,

@@ -90,6 +90,22 @@ def sweep(root: Path, label: str, strategy: str, rates: dict[int, list[float]], 
             )
 
 
+def test_the_start_up_column_gives_the_repeats_median_and_range_and_a_dash_for_older_files(tmp_path: Path) -> None:
+    root = tmp_path / "sweep"
+    sweep(root, "zero3", "zero3", {2: [70.0, 80.0, 75.0]}, {2: 8})
+    sweep(root, "ddp", "ddp", {2: [90.0]}, {2: 8})
+    for name, seconds in (("zero3-p2-r1", 9.5), ("zero3-p2-r2", 12.0), ("zero3-p2-r3", 10.25)):
+        rewrite(root / name, startup_s=seconds)
+    rewrite(root / "ddp-p2-r1", startup_s=None)  # written before qa_train measured its start-up
+    _, groups, _ = report_data.build_groups(report_data.find_runs([root]))
+    column = {r["run"]: r["start-up s"] for r in table_rows(report.markdown_table(groups))}
+    assert column == {"zero3": "10.2 (9.5-12.0)", "ddp": report.DASH}
+    rewrite(root / "ddp-p2-r1", startup_s="4.0")  # a hand-edited file: a failed run, not printed as if measured
+    _, groups, _ = report_data.build_groups(report_data.find_runs([root]))
+    (ddp,) = [g for g in groups if g.label == "ddp"]
+    assert ddp.runs == [] and "startup_s='4.0' not a finite number" in ddp.failed[0]
+
+
 def test_repeats_give_median_and_range_and_speedup_against_one_process(tmp_path: Path) -> None:
     root = tmp_path / "sweep"
     # Strong scaling: global batch 16 at 1, 2 and 4 processes.
