@@ -1,5 +1,5 @@
-"""DeepSpeed's JIT-built ops (CPUAdam, the CPU shared-memory collectives): building them ahead, and clearing the
-build locks that a killed build leaves behind.
+"""DeepSpeed's JIT-built ops (CPUAdam, the CPU shared-memory collectives): building them ahead, in a folder of the
+Python environment's own, and clearing the build locks that a killed build leaves behind.
 
 torch builds each op under a `lock` file it creates and removes itself; a process killed while holding it (SIGKILL,
 an OOM kill, a job's time limit) leaves the file, and every later DeepSpeed run on that machine then waits on it
@@ -11,6 +11,7 @@ on another node sharing the home folder, so it is waited for until it is release
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import sys
@@ -30,6 +31,27 @@ def build_root() -> Path:
     from torch.utils.cpp_extension import get_default_build_root
 
     return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+
+
+def environment_build_root() -> Path:
+    """A build folder of this Python environment's own, under torch's default one. torch keys its folder by Python
+    and CUDA version alone, and an op's build command names the environment's paths, so two environments (two
+    checkouts' venvs) rebuild each other's ops at every switch: DeepSpeed's two CPU ops take 30-80 s on 2 cores."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    environment = hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:12]
+    return Path(get_default_build_root()) / f"env-{environment}"
+
+
+def use_environment_builds() -> None:
+    """Build into this environment's folder, unless TORCH_EXTENSIONS_DIR names one, with its own ninja where it has
+    one: torch runs the `ninja` first on PATH, and two ninja versions (pip's in the environment, the system's, as an
+    activated and a plain `.venv/bin/python` find them) each read the other's build log as stale and rebuild."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(environment_build_root()))
+    tools = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if (Path(tools) / "ninja").is_file() and path.split(os.pathsep)[0] != tools:
+        os.environ["PATH"] = tools + os.pathsep + path
 
 
 def build_locks(root: Path) -> list[Path]:
@@ -96,7 +118,9 @@ def ask_cpu_once() -> None:
 
 
 def prepare() -> None:
-    """Before DeepSpeed loads its ops (inside Accelerator()): no stale lock to hang on, one CPU probe per process."""
+    """Before DeepSpeed loads its ops (inside Accelerator()): this environment's build folder, no stale lock to hang
+    on, one CPU probe per process."""
+    use_environment_builds()
     clear_stale_locks()
     ask_cpu_once()
 

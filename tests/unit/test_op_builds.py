@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from qa_train.strategy import op_builds
 from qa_train.strategy.op_builds import ask_cpu_once, build_locks, clear_stale_locks, held_here
 
 
@@ -105,3 +106,48 @@ def test_deepspeeds_cpu_probes_reach_py_cpuinfo_once_per_process(monkeypatch: py
     flags = [builder.cpu_arch(), builder.simd_width(), builder.cpu_arch(), builder.simd_width()]
     assert flags == ["-march=native", "-D__AVX256__"] * 2
     assert len(asked) == 1
+
+
+def test_each_python_environment_builds_into_its_own_folder_and_a_users_folder_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two environments sharing torch's folder rebuild each other's ops (their build commands name their own
+    paths); each gets a folder of its own under torch's default, where torch then builds DeepSpeed's ops."""
+    from torch.utils.cpp_extension import _get_build_directory, get_default_build_root
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # torch's default folder, here under tmp_path
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv-a"))
+    op_builds.use_environment_builds()
+    first = Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    assert first.parent == Path(get_default_build_root()) == tmp_path / "cache" / "torch_extensions"
+    assert first.name.startswith("env-")
+    assert Path(_get_build_directory("cpu_adam", verbose=False)).is_relative_to(first)
+    assert op_builds.build_root() == first  # where stale locks are looked for
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv-b"))
+    assert op_builds.environment_build_root() != first
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv-a"))
+    assert op_builds.environment_build_root() == first, "the same environment keeps its folder"
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
+    op_builds.prepare()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "mine")
+
+
+def test_the_environments_own_ninja_builds_where_it_has_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain `.venv/bin/python` finds the system's ninja on PATH, an activated venv pip's: each would rebuild the
+    ops the other built. The environment's own comes first wherever it has one."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "builds"))
+    bare, tools = tmp_path / "bare" / "bin", tmp_path / "venv" / "bin"
+    for folder in (bare, tools):
+        folder.mkdir(parents=True)
+        (folder / "python").touch()
+    (tools / "ninja").touch()
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setattr(sys, "executable", str(bare / "python"))
+    op_builds.use_environment_builds()
+    assert os.environ["PATH"] == "/usr/bin:/bin", "no ninja of its own: the system's, as before"
+    monkeypatch.setattr(sys, "executable", str(tools / "python"))
+    op_builds.use_environment_builds()
+    op_builds.use_environment_builds()  # once is enough
+    assert os.environ["PATH"] == f"{tools}:/usr/bin:/bin"
