@@ -105,6 +105,8 @@ def cpu_launch(config: str, main_port: int, processes: int = 2) -> list[str]:
 
 
 def base_env(tmp_path: Path) -> dict[str, str]:
+    from qa_train.strategy.op_builds import environment_build_root
+
     env = dict(os.environ)
     env.update(
         {
@@ -121,6 +123,9 @@ def base_env(tmp_path: Path) -> dict[str, str]:
             # (pip's and the system's) disagree on the build log's hashes, and each then rebuilds the ops
             # (~40 s a launch).
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            # Where `make install` built them and qa_train's ranks load them (op_builds.prepare): the probes that
+            # run DeepSpeed without qa_train would otherwise rebuild them in torch's default folder.
+            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR") or str(environment_build_root()),
         }
     )
     env.pop("WANDB_API_KEY", None)
