@@ -100,13 +100,33 @@ class StopRequest:
 
 def _process_start() -> float:
     """When this run began: the launch's time where a launcher gave it, else this process's start."""
-    import psutil
+    stamped = launch_stamp()
+    started = process_start()
+    return started if stamped is None else min(started, stamped)
 
-    started = psutil.Process().create_time()
+
+def launch_stamp() -> float | None:
+    """The launch's start that qa-train launch or slurm/train.sbatch gave this process (RUN_STARTED_ENV); None
+    without one."""
     try:
-        return min(started, float(os.environ.get(RUN_STARTED_ENV, "inf")))
-    except ValueError:
-        return started
+        return float(os.environ[RUN_STARTED_ENV])
+    except (KeyError, ValueError):
+        return None
+
+
+def process_start() -> float:
+    """time.time() when this process began. psutil's create_time adds the boot time that /proc/stat gives in whole
+    seconds, up to a second off for a start-up part that may take less; the process's age (its start in clock ticks
+    since boot, against CLOCK_BOOTTIME) is not."""
+    try:
+        with open("/proc/self/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
+        began_after_boot = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - began_after_boot)
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux
+        import psutil
+
+        return psutil.Process().create_time()
 
 
 def _age(seconds: float) -> str:

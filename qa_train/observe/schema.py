@@ -130,12 +130,13 @@ class RunMetrics(TrainFigures, Scores):
     """Wall seconds from the run's start (its build included; the process's imports before it are
     startup_process_s) to metrics.json (written before the export, so a failed export keeps it)."""
     startup_s: float | None = None
-    """Wall seconds until the run was built, ready to train or evaluate, on its slowest rank: from `qa-train
-    launch`'s start where it launched the run, else from the process's start, else (main() called in a process of
-    the caller's) from the call; the sum of the startup_*_s parts that are known."""
+    """Wall seconds until the run was built, ready to train or evaluate, on its slowest rank: from the launch's
+    start where `qa-train launch` or slurm/train.sbatch stamped it, else from the process's start, else (main()
+    called in a process of the caller's) from the call; the sum of the startup_*_s parts that are known."""
     startup_launch_s: float | None = None
-    """Of startup_s: `qa-train launch`'s processes (the launcher, accelerate's or torchrun's agent) until this
-    rank's process began; None where another launcher started it."""
+    """Of startup_s: from the launch's stamp until this rank's process began (`qa-train launch`'s launcher and
+    accelerate's or torchrun's agent; under slurm/train.sbatch the batch script and srun too); None without a
+    stamp (another launcher)."""
     startup_process_s: float | None = None
     """Of startup_s: the rank's process until the run began (Python, imports, flags, reading the data files);
     None where main() was called in a process of the caller's."""

@@ -2,19 +2,18 @@
 and agent processes before this rank's process began), the process (Python, imports, flags, reading the data
 files) and the build (accelerator, windows, model, optimizer, prepare, resume).
 
-Each part is known only where its start is: the launch where `qa-train launch` stamped it in the environment, the
-process where it was started for the run (`python -m qa_train`, `qa-train train`: `entered()`), the build always.
-An unknown part is NaN here and null in metrics.json.
+Each part is known only where its start is: the launch where `qa-train launch` or slurm/train.sbatch stamped it in
+the environment (core.preemption.launch_stamp), the process where it was started for the run (`python -m
+qa_train`, `qa-train train`: `entered()`), the build always. An unknown part is NaN here and null in metrics.json.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 
-from qa_train.core.preemption import RUN_STARTED_ENV
+from qa_train.core import preemption
 
 _entered = False
 
@@ -41,37 +40,15 @@ class Startup:
 
 def measure(run_began: float, built: float) -> Startup:
     """`run_began` and `built`: time.time() when run.run began and when its trainer was built."""
-    process_start = _process_start() if _entered else math.nan
+    process_start = preemption.process_start() if _entered else math.nan
     launch = math.nan
     if not math.isnan(process_start):
-        stamped = _launch_start()
+        stamped = preemption.launch_stamp()
         # A stamp after the process began is not this launch's (a clock step, or a stamp inherited from elsewhere).
         if stamped is not None and stamped <= process_start:
             launch = process_start - stamped
     process = max(run_began - process_start, 0.0) if not math.isnan(process_start) else math.nan
     return Startup(launch_s=launch, process_s=process, build_s=max(built - run_began, 0.0))
-
-
-def _process_start() -> float:
-    """time.time() when this process began. psutil's create_time adds the boot time that /proc/stat gives in whole
-    seconds, up to a second off for a part that may take less; the process's age (its start in clock ticks since
-    boot, against CLOCK_BOOTTIME) is not."""
-    try:
-        with open("/proc/self/stat") as f:
-            after_name = f.read().rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
-        began_after_boot = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
-        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - began_after_boot)
-    except (OSError, ValueError, IndexError, AttributeError):  # not Linux
-        import psutil
-
-        return psutil.Process().create_time()
-
-
-def _launch_start() -> float | None:
-    try:
-        return float(os.environ[RUN_STARTED_ENV])
-    except (KeyError, ValueError):
-        return None
 
 
 def now() -> float:
