@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +37,22 @@ def tracker_keys(values: dict[str, float]) -> dict[str, float]:
     return {TRAINER_NAMES.get(k, k): v for k, v in values.items()}
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a temporary file beside `path`, then rename it over. A failed write (a full disk) removes the
-    temporary file and names `path`: write() reports no file name."""
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """`write` fills a temporary file beside `path`, which is then renamed over it. A failed write removes the
+    temporary file, and one that failed with an OSError (a full disk) names `path`: write() reports no file name."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(text)
+        write(tmp)
         os.replace(tmp, path)
-    except OSError as err:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
-        if err.filename is None or err.filename == str(tmp):
+        if isinstance(err, OSError) and (err.filename is None or err.filename == str(tmp)):
             raise OSError(err.errno, err.strerror, str(path)) from err
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def atomic_write_json(path: Path, payload: Any) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +10,7 @@ from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.figure import Figure
 from numpy.typing import ArrayLike
 
+from qa_train.observe.recorder import atomic_write
 from qa_train.studies.report_data import Group, Stat
 
 GPU_SERIES = "GPU peak allocated"
@@ -173,10 +173,5 @@ def _floats(values: ArrayLike) -> list[float]:
 
 def save_figure(fig: Figure, path: Path) -> Path:
     """Written beside `path`, then renamed over it: an earlier plot is replaced whole or kept."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        fig.savefig(tmp, dpi=110, format="png")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     return path

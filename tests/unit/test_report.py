@@ -654,3 +654,22 @@ def test_bench_runs_log_to_wandb_unless_told_not_to() -> None:
     from qa_train.studies import bench
 
     assert "--report_to" not in bench.DEFAULT_FLAGS, "the run's default (wandb, offline without credentials)"
+
+
+def test_a_plot_that_fails_to_save_keeps_the_earlier_one_and_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from matplotlib.figure import Figure
+
+    earlier = tmp_path / "throughput.png"
+    earlier.write_bytes(PNG_MAGIC + b"earlier")
+
+    def full_disk(self: Figure, fname: object, **kwargs: object) -> None:
+        Path(str(fname)).write_bytes(b"half a")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    with pytest.raises(OSError) as failed:
+        report_plots.save_figure(Figure(), earlier)
+    assert failed.value.filename == str(earlier)  # the plot's name, not the temporary file's
+    assert earlier.read_bytes() == PNG_MAGIC + b"earlier" and sorted(tmp_path.iterdir()) == [earlier]
