@@ -39,6 +39,7 @@ from qa_train.evaluation import (
     write_predictions,
 )
 from qa_train.model.modeling import (
+    CompileFigures,
     check_checkpointing,
     check_positions,
     check_weights,
@@ -425,7 +426,7 @@ class Trainer:
             "train", steps.total_steps, self.state.completed_steps, "step", self.global_batch_size
         )
         # What compiled before training (an earlier run in this process) is not this training's compile.
-        before = compile_figures() if system.torch_compile else (math.nan, math.nan)
+        before = compile_figures() if system.torch_compile else None
         t0 = time.perf_counter()
         self._metrics.start()  # loading, resuming and evaluation before this are not training
         self.model.train()
@@ -438,7 +439,7 @@ class Trainer:
         runtime_s = time.perf_counter() - t0
         machine = self._metrics.load.read()
         memory = self._metrics.memory()
-        after = compile_figures() if system.torch_compile else (math.nan, math.nan)
+        compiled = compile_figures().since(before) if before is not None else CompileFigures.nothing()
         if not self._preempted:
             self._check_weights()  # the last update is after the last loss that was read
         return TrainSummary(
@@ -449,8 +450,10 @@ class Trainer:
             last_loss=self._metrics.last_loss,
             throughput=throughput,
             memory=memory,
-            compile_s=after[0] - before[0],
-            compiled_graphs=after[1] - before[1],
+            compile_s=compiled.seconds,
+            compiled_graphs=compiled.graphs,
+            compile_cache_hits=compiled.cache_hits,
+            compile_cache_misses=compiled.cache_misses,
             machine=machine,
         )
 

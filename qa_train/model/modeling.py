@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from qa_train.config.settings import ConfigError, ModelArgs, SystemArgs
 from qa_train.core.errors import one_line
@@ -261,14 +262,42 @@ def _constant_floats() -> None:
     torch._dynamo.config.specialize_float = True
 
 
-def compile_figures() -> tuple[float, int]:
-    """(seconds spent compiling, distinct graphs compiled) in this process so far: what --torch_compile cost a
-    run, which its throughput leaves out with the warm-up steps but its training time holds (a recompile for a
-    new batch shape lands mid-run). torch has no public record of either: these are dynamo's own counters."""
+class CompileFigures(NamedTuple):
+    """What torch.compile did in this process (counts as floats: NaN where nothing was compiled)."""
+
+    seconds: float
+    """Seconds spent compiling (tracing, the forward's and backward's inductor builds)."""
+    graphs: float
+    """Distinct graphs dynamo compiled."""
+    cache_hits: float
+    """Inductor graphs (a forward and a backward each) loaded from its on-disk cache..."""
+    cache_misses: float
+    """...and built anew: a warm compile has no misses, so a slow one is not the cache's doing."""
+
+    @classmethod
+    def nothing(cls) -> CompileFigures:
+        """A run that compiled nothing: not zero seconds, no figure."""
+        return cls(math.nan, math.nan, math.nan, math.nan)
+
+    def since(self, earlier: CompileFigures) -> CompileFigures:
+        """What was compiled after `earlier`, an earlier reading of compile_figures()."""
+        return CompileFigures(*(now - then for now, then in zip(self, earlier, strict=True)))
+
+
+def compile_figures() -> CompileFigures:
+    """What --torch_compile cost a run so far, which its throughput leaves out with the warm-up steps but its
+    training time holds (a recompile for a new batch shape lands mid-run). torch has no public record of these:
+    they are dynamo's and inductor's own counters."""
     from torch._dynamo.utils import compilation_time_metrics, counters
 
     seconds = sum(compilation_time_metrics.get("_compile.compile_inner", ()))
-    return seconds, int(counters["stats"]["unique_graphs"])
+    inductor = counters["inductor"]
+    return CompileFigures(
+        seconds,
+        int(counters["stats"]["unique_graphs"]),
+        int(inductor["fxgraph_cache_hit"]),
+        int(inductor["fxgraph_cache_miss"]),
+    )
 
 
 def uses_token_types(config, tokenizer) -> bool:

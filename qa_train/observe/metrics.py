@@ -123,6 +123,10 @@ class TrainSummary:
     """Seconds torch.compile spent compiling in the loop; NaN without --torch_compile."""
     compiled_graphs: float
     """Graphs compiled in the loop; NaN without --torch_compile."""
+    compile_cache_hits: float = math.nan
+    """Inductor graphs the loop loaded from inductor's cache; NaN without --torch_compile."""
+    compile_cache_misses: float = math.nan
+    """Inductor graphs the loop built anew; NaN without --torch_compile."""
     machine: MachineLoad | None = None
     """The machine's load over the training loop, as this rank saw it."""
 
@@ -187,6 +191,8 @@ class RankFigures:
     last_loss: float
     compile_s: float  # NaN without --torch_compile
     compiled_graphs: float
+    compile_cache_hits: float = math.nan
+    compile_cache_misses: float = math.nan
     # The machine during training (observe.machine.MachineLoad); NaN where it was not measured.
     own_cpu_cores: float = math.nan
     node_busy_cores: float = math.nan
@@ -217,6 +223,8 @@ class RankFigures:
             last_loss=trained.last_loss,
             compile_s=trained.compile_s,
             compiled_graphs=trained.compiled_graphs,
+            compile_cache_hits=trained.compile_cache_hits,
+            compile_cache_misses=trained.compile_cache_misses,
             **(asdict(trained.machine) if trained.machine is not None else {}),
             **_startup_fields(startup),
         )
@@ -246,6 +254,10 @@ def _startup_fields(startup: Startup) -> dict[str, float]:
         "startup_process_s": startup.process_s,
         "startup_build_s": startup.build_s,
     }
+
+
+def _count(value: float) -> int | None:
+    return int(value) if math.isfinite(value) else None
 
 
 def slowest_startup(ranks: list[RankFigures]) -> Startup:
@@ -280,6 +292,7 @@ def summarize(ranks: list[RankFigures], peak: float | None, on_cuda: bool, ranks
     tflops, mfu = achieved(sum(r.flops for r in ranks) / elapsed / len(ranks), peak)
     train_memory = [r.cuda_allocated_gib if on_cuda else r.train_rss_gib for r in ranks]
     compiled = all(math.isfinite(r.compile_s) for r in ranks)
+    slowest_compile = max(ranks, key=lambda r: r.compile_s)
     return TrainFigures(
         train_samples_per_second=per_second(sum(r.samples for r in ranks), 3),
         train_tokens_per_second=per_second(sum(r.tokens for r in ranks), 1),
@@ -297,6 +310,9 @@ def summarize(ranks: list[RankFigures], peak: float | None, on_cuda: bool, ranks
         # Ranks compile side by side; the slowest holds the others at the first collective.
         compile_time_s=round(max(r.compile_s for r in ranks), 2) if compiled else None,
         compiled_graphs=int(max(r.compiled_graphs for r in ranks)) if compiled else None,
+        # The slowest rank's, whose compile is compile_time_s: did it build its kernels or load them?
+        compile_cache_hits=_count(slowest_compile.compile_cache_hits) if compiled else None,
+        compile_cache_misses=_count(slowest_compile.compile_cache_misses) if compiled else None,
         **machine_figures(ranks, ranks_per_node),
     )
 

@@ -300,6 +300,13 @@ def _evaluation_rows(m: RunMetrics) -> list[tuple[str, str]]:
     ]
 
 
+def _cache_words(m: RunMetrics) -> str:
+    """Whether the compile built its kernels or loaded them (silent where no inductor graph was met: another
+    backend)."""
+    hits, misses = m.compile_cache_hits or 0, m.compile_cache_misses or 0
+    return f" (inductor's cache: {hits} graph(s) loaded, {misses} built)" if hits or misses else ""
+
+
 def _startup_rows(m: RunMetrics) -> list[tuple[str, str]]:
     """How long the run took to start and where it went; none for a metrics.json from before it was measured."""
     if m.startup_s is None:
@@ -340,7 +347,13 @@ def _training_rows(m: RunMetrics) -> list[tuple[str, str]]:
         ("runtime", f"{_fmt(m.train_runtime_s, ' s')} training{saves}, {_fmt(m.total_runtime_s, ' s')} total"),
         *_startup_rows(m),
         *(
-            [("compile", f"{m.compiled_graphs} graph(s) in {_fmt(m.compile_time_s, ' s')}, part of the training time")]
+            [
+                (
+                    "compile",
+                    f"{m.compiled_graphs} graph(s) in {_fmt(m.compile_time_s, ' s')}, part of the training time"
+                    f"{_cache_words(m)}",
+                )
+            ]
             if m.compile_time_s is not None
             else []
         ),

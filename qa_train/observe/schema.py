@@ -76,6 +76,12 @@ class TrainFigures:
     compiled_graphs: int | None = None
     """With --torch_compile: distinct graphs compiled in the training loop. More than the first step's mean
     recompiles (a new batch shape, a guard that failed) or graph breaks."""
+    compile_cache_hits: int | None = None
+    """With --torch_compile: inductor graphs (each compiled graph's forward and backward) that the slowest-compiling
+    rank loaded from inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR) in the training loop."""
+    compile_cache_misses: int | None = None
+    """With --torch_compile: inductor graphs that rank built anew. A warm run has none; a slow compile without
+    misses is tracing, autotuning or CUDA graph recording, not kernel builds."""
     load_average_1m: float | None = None
     """The 1-minute load average at the end of training (the busiest node): runnable processes, this run's own
     included. Beside cpu_count it says whether the machine was shared."""

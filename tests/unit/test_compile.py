@@ -79,3 +79,51 @@ def test_cuda_graphs_over_padded_widths_do_not_warn_below_their_number(monkeypat
     assert config.triton.cudagraph_dynamic_shape_warn_limit == 8  # fixed length: one graph
     compile_model(torch.nn.Linear(2, 2), SystemArgs(torch_compile_mode="reduce-overhead"), dynamic=True, widths=48)
     assert config.triton.cudagraph_dynamic_shape_warn_limit == 48
+
+
+def test_compile_figures_tell_a_cold_compile_from_a_warm_one(tmp_path) -> None:
+    """A GPU compile took 48 s with inductor's cache filled by the run before, and nothing said whether the cache was
+    used: the figures count the graphs inductor built and the ones it loaded. A real inductor compile, twice in one
+    empty cache folder (in a child process, so this process's caches and settings stay out of it)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import json, torch
+from qa_train.model.modeling import compile_figures
+readings = []
+for _ in range(2):
+    torch._dynamo.reset()  # forget the compiled code in memory: the second compile must go to the disk cache
+    before = compile_figures()
+    torch.compile(lambda x: torch.relu(x) * 2)(torch.randn(4))
+    readings.append(compile_figures().since(before))
+print(json.dumps(readings))
+"""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (cold_s, cold_graphs, cold_hits, cold_misses), (_, warm_graphs, warm_hits, warm_misses) = json.loads(
+        proc.stdout.splitlines()[-1]
+    )
+    assert cold_s > 0 and cold_graphs == warm_graphs == 1
+    assert (cold_hits, cold_misses) == (0, 1), "an empty cache: the kernel was built"
+    assert (warm_hits, warm_misses) == (1, 0), "the same graph again: loaded from the cache"
+
+
+def test_the_summary_says_whether_the_compile_built_or_loaded_its_kernels() -> None:
+    from qa_train.observe.recorder import summary_table
+    from qa_train.observe.schema import RunMetrics
+
+    def compile_row(**cache: int) -> str:
+        run = RunMetrics(
+            strategy="single", world_size=1, train_steps=4, compile_time_s=48.2, compiled_graphs=1, **cache
+        )
+        return next(line for line in summary_table(run).splitlines() if line.startswith("compile "))
+
+    assert compile_row(compile_cache_hits=2, compile_cache_misses=0).endswith(
+        "1 graph(s) in 48.20 s, part of the training time (inductor's cache: 2 graph(s) loaded, 0 built)"
+    )
+    # Another backend (eager, aot_eager) meets no inductor graph: nothing to say of a cache.
+    assert compile_row(compile_cache_hits=0, compile_cache_misses=0).endswith("part of the training time")

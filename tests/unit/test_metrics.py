@@ -36,6 +36,7 @@ def rank(
     loss: float = 1.0,
     compile_s: float = NAN,
     graphs: float = NAN,
+    cache: tuple[float, float] = (NAN, NAN),
 ) -> RankFigures:
     return RankFigures(
         samples=samples,
@@ -52,6 +53,8 @@ def rank(
         last_loss=loss,
         compile_s=compile_s,
         compiled_graphs=graphs,
+        compile_cache_hits=cache[0],
+        compile_cache_misses=cache[1],
     )
 
 
@@ -290,8 +293,16 @@ def test_an_evaluation_before_training_starts_is_not_taken_off_its_time(monkeypa
 
 def test_compile_time_is_the_slowest_ranks_and_absent_without_compiling() -> None:
     compiled = summarize(
-        [rank(10, 1.0, 1.0, compile_s=41.2, graphs=2), rank(10, 1.0, 1.0, compile_s=52.7, graphs=3)], None, False
+        [
+            rank(10, 1.0, 1.0, compile_s=41.2, graphs=2, cache=(4, 0)),
+            rank(10, 1.0, 1.0, compile_s=52.7, graphs=3, cache=(1, 3)),
+            rank(10, 1.0, 1.0, compile_s=9.5, graphs=1, cache=(0, 0)),
+        ],
+        None,
+        False,
     )
     assert (compiled.compile_time_s, compiled.compiled_graphs) == (52.7, 3), "the others wait for the slowest"
+    assert (compiled.compile_cache_hits, compiled.compile_cache_misses) == (1, 3), "the slowest rank's cache"
     eager = summarize([rank(10, 1.0, 1.0), rank(10, 1.0, 1.0)], None, False)
     assert eager.compile_time_s is None and eager.compiled_graphs is None, "not 0 s: nothing was compiled"
+    assert eager.compile_cache_hits is None and eager.compile_cache_misses is None
