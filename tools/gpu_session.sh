@@ -31,10 +31,12 @@
 #   startup     each import's seconds, then a short launch with every line stamped: where a run's start goes
 #
 # DEADLINE_S=N stops the parts still running N seconds from the start (a device command has 10 minutes) and
-# skips the rest; TESTS_K reruns some tests, STRATEGIES some configs (STRATEGY_REPEATS=2 runs each twice, all
+# skips the rest; DEADLINE_AT=<epoch seconds> does the same at a fixed moment, stamped before .device/setup.sh
+# (whose install took 40 s on a cold machine and let a part outrun the command's limit); TESTS_K reruns some tests, STRATEGIES some configs (STRATEGY_REPEATS=2 runs each twice, all
 # configs once before the second round), ABLATION_REPEATS=1 halves the ablation.
 # Results: runs/gpu/<run>/ and, per part, a summary in --out. --pack leaves in --out only session.log, speed.txt,
-# vshf.txt and results.tar.gz holding the rest: a device command returns at most 8 files from $OUT.
+# vshf.txt and results.tar.gz holding the rest: a device command returns at most 8 files from $OUT. It packs after
+# every part, so a command killed mid-part still returns the parts before it.
 #
 # Needs: .device/ from `bash ../shared/device/prepare.sh --with-data --with-minilm` (SQuAD train set, MiniLM),
 # set up with `bash .device/setup.sh && . .device/env.sh`. DRY=1 runs every part a few steps on CPU data
@@ -87,6 +89,7 @@ for d in sys.argv[1:]:
     m = json.load(open(f"{d}/metrics.json"))
     keys = ("train_runtime_s", "train_steps", "num_train_features", "train_samples_per_second", "train_tokens_per_second",
             "train_padded_tokens_per_second", "mfu", "tflops_per_device", "compile_time_s", "compiled_graphs",
+            "compile_cache_hits", "compile_cache_misses",
             "train_loss", "exact_match", "f1", "eval_runtime_s", "total_runtime_s", "startup_s", "startup_launch_s",
             "startup_process_s", "startup_build_s")
     print(d, {k: m.get(k) for k in keys}, "peak GiB", m["peak_memory_gb"]["max"], "device", m.get("device"))
@@ -434,17 +437,37 @@ vs_qa() {  # one qa_train side of vshf's pair into $RUNS/$1, named $2 in vshf.tx
 }
 
 if [[ -n $inner ]]; then "part_$inner"; exit; fi
+
+preflight() {  # what a part needs and the device cannot make: missing, the session stops before any GPU time
+  local part
+  for part in "${parts[@]}"; do
+    declare -F "part_$part" > /dev/null || { echo "gpu_session: no part '$part' (see the list at the top of $0)" >&2; return 2; }
+    if [[ $part == hf || ( $part == vshf && ${VS_SIDES:-hf qa} == *hf* ) ]]; then
+      bash tools/hf_example.sh --check || return 2
+    fi
+  done
+  [[ -f .device/squad-train-v1.1-reconstructed.json.xz && -d $MINILM ]] || {
+    echo "gpu_session: no .device/ data or MiniLM: bash ../shared/device/prepare.sh --with-data --with-minilm" >&2; return 2; }
+}
+
+pack_out() {  # everything but the three summaries into results.tar.gz, which grows part by part
+  (cd "$OUT_DIR" && find . -maxdepth 1 -type f ! -name session.log ! -name speed.txt ! -name vshf.txt \
+    ! -name results.tar.gz ! -name '.packed*' -printf '%P\n' | sort > .packed
+   [[ -s .packed ]] || { rm -f .packed; return 0; }
+   [[ -f results.tar.gz ]] && gzip -dc results.tar.gz > .packed.tar || rm -f .packed.tar
+   tar rf .packed.tar -T .packed && gzip -c .packed.tar > .packed.tar.gz && mv .packed.tar.gz results.tar.gz \
+     && xargs rm -f < .packed && rm -f .packed .packed.tar)
+}
+
+preflight
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | tee -a "$OUT_DIR/session.log" || true
-# DEADLINE_S: stop every part by then (seconds from now), so that one device command returns with its files.
-deadline=$((SECONDS + ${DEADLINE_S:-100000}))
+# DEADLINE_AT (epoch seconds) or DEADLINE_S (from now): stop every part by then, so that one device command
+# returns with its files.
+if [[ -n ${DEADLINE_AT:-} ]]; then deadline=$((SECONDS + DEADLINE_AT - $(date +%s))); else deadline=$((SECONDS + ${DEADLINE_S:-100000})); fi
 for part in "${parts[@]}"; do
   start=$SECONDS left=$((deadline - SECONDS))
   ((left > 20)) || { log "$part skipped: no time left"; continue; }
   timeout "$left" bash "$0" --inner "$part" --out "$OUT_DIR" || log "$part failed or stopped ($?)"
   log "$part took $((SECONDS - start)) s"
+  ((pack)) && pack_out
 done
-if ((pack)); then
-  (cd "$OUT_DIR" && find . -maxdepth 1 -type f ! -name session.log ! -name speed.txt ! -name vshf.txt \
-    ! -name results.tar.gz ! -name .packed -printf '%P\n' | sort > .packed
-   tar czf results.tar.gz -T .packed && xargs rm -f < .packed && rm -f .packed)
-fi
