@@ -40,6 +40,7 @@ from qa_train.evaluation import (
 )
 from qa_train.model.modeling import (
     CompileFigures,
+    allow_graphs_per_width,
     check_checkpointing,
     check_positions,
     check_weights,
@@ -53,6 +54,7 @@ from qa_train.model.modeling import (
     load_tokenizer,
     loading,
     model_shape,
+    uses_graphs_per_width,
     uses_token_types,
     window_losses,
 )
@@ -280,9 +282,12 @@ class Trainer:
         self.resuming = resume.before_prepare(accelerator, self.request, self.now, model, optimizer_order(model))
         if args.system.gradient_checkpointing:  # before compile and prepare, which wrap the layers it marks
             enable_checkpointing(model)
+        self.graph_widths = 0  # CUDA graphs per padded width: how many widths, known to inductor after step one
         if args.system.torch_compile:
-            widths = collator(self.tokenizer, args.data).widths()
-            compile_model(model, args.system, dynamic=not args.data.pad_to_max_length, widths=widths)
+            dynamic = not args.data.pad_to_max_length
+            compile_model(model, args.system, dynamic=dynamic)
+            if uses_graphs_per_width(args.system, dynamic):
+                self.graph_widths = collator(self.tokenizer, args.data).widths()
         if not args.eval.do_train:
             self._prepare_for_evaluation(model)
             return
@@ -554,6 +559,8 @@ class Trainer:
         """Count the update, log, checkpoint; True when the epoch loop must end (done or stopping)."""
         state, out = self.state, self.args.output
         state.completed_steps += 1
+        if state.completed_steps == self.first_step + 1 and self.graph_widths:
+            allow_graphs_per_width(self.graph_widths)  # now that the step is compiled: see there
         if state.completed_steps == self.first_step + max(self.args.system.throughput_warmup_steps, 1):
             collector.settle()  # what the first steps made (compiled graphs, optimizer state) lives to the end too
         self._metrics.optimizer_step()  # after the settle: its collection is no timed step's

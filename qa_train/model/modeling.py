@@ -207,15 +207,12 @@ def enable_checkpointing(model) -> None:
         raise ConfigError(f"--gradient_checkpointing: {err}") from None
 
 
-def compile_model(model, system: SystemArgs, dynamic: bool, widths: int | None = None) -> None:
+def compile_model(model, system: SystemArgs, dynamic: bool) -> None:
     """torch.compile in place: torch.compile(model)'s wrapper prefixes every weight name with `_orig_mod.`, so the
-    export would load as a fresh model and checkpoints would not resume without compiling. `widths`: how many
-    padded widths dynamic padding can make (each a CUDA graph under reduce-overhead)."""
+    export would load as a fresh model and checkpoints would not resume without compiling."""
     kwargs = {"backend": system.torch_compile_backend or "inductor", "dynamic": dynamic, "mode": system.compile_mode}
     if dynamic and kwargs["backend"] == "inductor":
         _no_size_guards()
-        if widths and system.compile_mode in ("reduce-overhead", "max-autotune"):
-            _graphs_per_width(widths)
     _constant_floats()
     if not system.torch_compile_regional:
         model.compile(**kwargs)
@@ -241,15 +238,24 @@ def _no_size_guards() -> None:
         config.triton.mix_order_reduction_non_strict_mode = True
 
 
-def _graphs_per_width(widths: int) -> None:
+def uses_graphs_per_width(system: SystemArgs, dynamic: bool) -> bool:
+    """Whether the compiled step records a CUDA graph per padded width (reduce-overhead or max-autotune, inductor)."""
+    inductor = (system.torch_compile_backend or "inductor") == "inductor"
+    return system.torch_compile and dynamic and inductor and system.compile_mode in ("reduce-overhead", "max-autotune")
+
+
+def allow_graphs_per_width(widths: int) -> None:
     """Under CUDA graphs inductor records one graph per input size and, past 8 sizes, warns that too many are
     recorded and advises padding to a few shapes. Padded widths are already a few shapes (a multiple of
-    --pad_to_multiple_of, up to --max_seq_length): the warning is kept for more sizes than those."""
+    --pad_to_multiple_of, up to --max_seq_length), each with full batches and an epoch's last, smaller one: the
+    warning is kept for more sizes than those. Call it after the first step, once the step is compiled: the limit is
+    part of inductor's cache key, and set before the compile it made a warm cache miss whenever the widths changed
+    (another --pad_to_multiple_of rebuilt every kernel)."""
     from torch._inductor import config
 
     limit = getattr(config.triton, "cudagraph_dynamic_shape_warn_limit", None)
     if limit:  # None: the user silenced it
-        config.triton.cudagraph_dynamic_shape_warn_limit = max(limit, widths)
+        config.triton.cudagraph_dynamic_shape_warn_limit = max(limit, 2 * widths)
 
 
 def _constant_floats() -> None:

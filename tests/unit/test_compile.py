@@ -69,47 +69,66 @@ def test_a_compile_traces_the_model_once() -> None:
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_cuda_graphs_over_padded_widths_do_not_warn_below_their_number(monkeypatch) -> None:
     """Inductor warns past 8 recorded sizes and advises padding to a few shapes, which dynamic padding already
-    does: the limit becomes the number of widths it can make, and stays where more would be a real surprise."""
+    does: the limit becomes the sizes it can make (each width with full batches and an epoch's smaller last one),
+    and stays where more would be a real surprise."""
     from torch._inductor import config
 
+    from qa_train.model.modeling import allow_graphs_per_width, uses_graphs_per_width
+
+    assert not uses_graphs_per_width(SystemArgs(torch_compile=True), dynamic=True), "no CUDA graphs"
+    assert not uses_graphs_per_width(SystemArgs(torch_compile_mode="reduce-overhead"), dynamic=False), "one graph"
+    assert uses_graphs_per_width(SystemArgs(torch_compile_mode="reduce-overhead"), dynamic=True)
+    assert uses_graphs_per_width(SystemArgs(torch_compile_mode="max-autotune"), dynamic=True)
     monkeypatch.setattr(config.triton, "cudagraph_dynamic_shape_warn_limit", 8)
-    compile_model(torch.nn.Linear(2, 2), SystemArgs(torch_compile_mode="default"), dynamic=True, widths=48)
-    assert config.triton.cudagraph_dynamic_shape_warn_limit == 8  # no CUDA graphs: nothing to say
-    compile_model(torch.nn.Linear(2, 2), SystemArgs(torch_compile_mode="reduce-overhead"), dynamic=False, widths=48)
-    assert config.triton.cudagraph_dynamic_shape_warn_limit == 8  # fixed length: one graph
-    compile_model(torch.nn.Linear(2, 2), SystemArgs(torch_compile_mode="reduce-overhead"), dynamic=True, widths=48)
-    assert config.triton.cudagraph_dynamic_shape_warn_limit == 48
+    allow_graphs_per_width(48)
+    assert config.triton.cudagraph_dynamic_shape_warn_limit == 96
+    monkeypatch.setattr(config.triton, "cudagraph_dynamic_shape_warn_limit", None)
+    allow_graphs_per_width(48)
+    assert config.triton.cudagraph_dynamic_shape_warn_limit is None, "the user silenced it"
 
 
-def test_compile_figures_tell_a_cold_compile_from_a_warm_one(tmp_path) -> None:
-    """A GPU compile took 48 s with inductor's cache filled by the run before, and nothing said whether the cache was
-    used: the figures count the graphs inductor built and the ones it loaded. A real inductor compile, twice in one
-    empty cache folder (in a child process, so this process's caches and settings stay out of it)."""
+RUN = """
+import json, sys, torch
+from qa_train.config.settings import SystemArgs
+from qa_train.model.modeling import allow_graphs_per_width, compile_figures, compile_model
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+net = Net()
+compile_model(net, SystemArgs(torch_compile_mode="reduce-overhead"), dynamic=True)
+net(torch.randn(4, 8)).sum().backward()  # the first step compiles the forward and the backward
+allow_graphs_per_width(int(sys.argv[1]))  # as the trainer does after it
+print(json.dumps(compile_figures()))
+"""
+
+
+def test_a_warm_compile_loads_its_kernels_under_other_padded_widths(tmp_path) -> None:
+    """A GPU compile with CUDA graphs took 48 s after a run that had filled inductor's cache, and nothing said
+    whether the cache was used: the figures count the graphs inductor built and the ones it loaded. They showed
+    why: the warning limit raised for the padded widths was part of inductor's cache key, so another
+    --pad_to_multiple_of (41 widths, then 11) rebuilt every kernel. Two runs' processes, one empty cache folder,
+    a real inductor compile (CUDA graphs need a GPU; their mode's cache key is the same on the CPU)."""
     import json
     import os
     import subprocess
     import sys
 
-    code = """
-import json, torch
-from qa_train.model.modeling import compile_figures
-readings = []
-for _ in range(2):
-    torch._dynamo.reset()  # forget the compiled code in memory: the second compile must go to the disk cache
-    before = compile_figures()
-    torch.compile(lambda x: torch.relu(x) * 2)(torch.randn(4))
-    readings.append(compile_figures().since(before))
-print(json.dumps(readings))
-"""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (cold_s, cold_graphs, cold_hits, cold_misses), (_, warm_graphs, warm_hits, warm_misses) = json.loads(
-        proc.stdout.splitlines()[-1]
-    )
+    figures = []
+    for widths in ("41", "11"):
+        proc = subprocess.run([sys.executable, "-c", RUN, widths], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        figures.append(json.loads(proc.stdout.splitlines()[-1]))
+    (cold_s, cold_graphs, cold_hits, cold_misses), (_, warm_graphs, warm_hits, warm_misses) = figures
     assert cold_s > 0 and cold_graphs == warm_graphs == 1
-    assert (cold_hits, cold_misses) == (0, 1), "an empty cache: the kernel was built"
-    assert (warm_hits, warm_misses) == (1, 0), "the same graph again: loaded from the cache"
+    assert (cold_hits, cold_misses) == (0, 2), "an empty cache: the forward and the backward were built"
+    assert (warm_hits, warm_misses) == (2, 0), "the same model again: both loaded from the cache"
 
 
 def test_the_summary_says_whether_the_compile_built_or_loaded_its_kernels() -> None:
