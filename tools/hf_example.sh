@@ -3,13 +3,14 @@
 # model, data and hyper-parameters. Needs the git-ignored .hfex/ folder at the repo root: whl/ (datasets 4.8,
 # evaluate 0.4 and what they import that the GPU image lacks, for CPython 3.12; the image has pyarrow and pandas,
 # which would not fit the device's carry limit), run_qa_no_trainer.py + utils_qa.py (upstream, patched only
-# where they need the network; see .hfex/PATCH.md).
+# where they need the network or no longer import under transformers 5; see .hfex/PATCH.md).
 #
 #   tools/hf_example.sh --flatten IN.json OUT.json   nested SQuAD JSON -> the flat layout the example reads
+#   tools/hf_example.sh --check                      exit 0 if .hfex/ is complete, else say what is missing, exit 2
 #   tools/hf_example.sh EXAMPLE_ARGS...              install the wheels to $HFSITE, run the example
 #
-# .hfex/ is made once by hand (it holds upstream code, so it stays out of the repository): .hfex/PATCH.md says
-# where the two files came from, the network-only edits, and which wheels whl/ holds.
+# .hfex/ is made by tools/hf_example_prepare.sh (it holds upstream code, so it stays out of the repository):
+# .hfex/PATCH.md says where the two files came from, the edits, and which wheels whl/ holds.
 #
 # The example reads --train_file/--validation_file with datasets' json loader and field="data", so it needs
 # {"data": [{"id", "title", "context", "question", "answers": {"text": [...], "answer_start": [...]}}, ...]}
@@ -46,8 +47,14 @@ fi
 
 shopt -s nullglob
 wheels=("$HFWHL"/*.whl)
-[[ ${#wheels[@]} -gt 0 && -f "$ROOT/.hfex/run_qa_no_trainer.py" ]] || {
-    echo "hf_example: no $HFWHL/*.whl or no $ROOT/.hfex/run_qa_no_trainer.py" >&2; exit 2; }
+missing=()
+[[ ${#wheels[@]} -gt 0 ]] || missing+=("$HFWHL/*.whl")
+for f in run_qa_no_trainer.py utils_qa.py PATCH.md; do [[ -f $ROOT/.hfex/$f ]] || missing+=("$ROOT/.hfex/$f"); done
+if [[ ${#missing[@]} -gt 0 ]]; then
+    printf -v list ', no %s' "${missing[@]}"
+    echo "hf_example: ${list:2} (make it with: bash tools/hf_example_prepare.sh)" >&2; exit 2
+fi
+[[ "${1:-}" == "--check" ]] && exit 0
 
 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$HFSITE" "${wheels[@]}"
