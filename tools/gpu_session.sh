@@ -469,5 +469,5 @@ for part in "${parts[@]}"; do
   ((left > 20)) || { log "$part skipped: no time left"; continue; }
   timeout "$left" bash "$0" --inner "$part" --out "$OUT_DIR" || log "$part failed or stopped ($?)"
   log "$part took $((SECONDS - start)) s"
-  ((pack)) && pack_out
+  if ((pack)); then pack_out; fi  # not `((pack)) && ...`: the script's status would be 1 without --pack
 done
