@@ -285,7 +285,7 @@ class Trainer:
         self.graph_widths = 0  # CUDA graphs per padded width: how many widths, known to inductor after step one
         if args.system.torch_compile:
             dynamic = not args.data.pad_to_max_length
-            compile_model(model, args.system, dynamic=dynamic)
+            compile_model(model, args.system, dynamic=dynamic, on_cuda=accelerator.device.type == "cuda")
             if uses_graphs_per_width(args.system, dynamic):
                 self.graph_widths = collator(self.tokenizer, args.data).widths()
         if not args.eval.do_train:

@@ -207,10 +207,15 @@ def enable_checkpointing(model) -> None:
         raise ConfigError(f"--gradient_checkpointing: {err}") from None
 
 
-def compile_model(model, system: SystemArgs, dynamic: bool) -> None:
+def compile_model(model, system: SystemArgs, dynamic: bool, on_cuda: bool = True) -> None:
     """torch.compile in place: torch.compile(model)'s wrapper prefixes every weight name with `_orig_mod.`, so the
     export would load as a fresh model and checkpoints would not resume without compiling."""
     kwargs = {"backend": system.torch_compile_backend or "inductor", "dynamic": dynamic, "mode": system.compile_mode}
+    if system.compile_mode in ("reduce-overhead", "max-autotune") and not on_cuda:
+        # Inductor skips CUDA graphs off CUDA and says so only in its debug log.
+        log.warning(
+            "--torch_compile_mode %s: no CUDA device, so no CUDA graphs (compiled without them)", system.compile_mode
+        )
     if dynamic and kwargs["backend"] == "inductor":
         _no_size_guards()
     _constant_floats()

@@ -87,6 +87,21 @@ def test_cuda_graphs_over_padded_widths_do_not_warn_below_their_number(monkeypat
     assert config.triton.cudagraph_dynamic_shape_warn_limit is None, "the user silenced it"
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # importing torch._inductor: as above
+def test_cuda_graphs_asked_for_without_cuda_are_said_to_be_left_out(caplog) -> None:
+    """Inductor drops CUDA graphs off CUDA and says so only in its debug log: a CPU run asking for them would have
+    compiled without them unsaid."""
+    with caplog.at_level("WARNING", logger="qa_train"):
+        compile_model(
+            torch.nn.Linear(2, 2), SystemArgs(torch_compile_mode="reduce-overhead"), dynamic=True, on_cuda=False
+        )
+        compile_model(torch.nn.Linear(2, 2), SystemArgs(torch_compile_mode="reduce-overhead"), dynamic=True)
+        compile_model(torch.nn.Linear(2, 2), SystemArgs(torch_compile=True), dynamic=True, on_cuda=False)
+    assert [r.getMessage() for r in caplog.records] == [
+        "--torch_compile_mode reduce-overhead: no CUDA device, so no CUDA graphs (compiled without them)"
+    ]
+
+
 RUN = """
 import json, sys, torch
 from qa_train.config.settings import SystemArgs
