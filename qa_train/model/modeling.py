@@ -207,11 +207,14 @@ def enable_checkpointing(model) -> None:
         raise ConfigError(f"--gradient_checkpointing: {err}") from None
 
 
+GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the --torch_compile_mode values that record CUDA graphs
+
+
 def compile_model(model, system: SystemArgs, dynamic: bool, on_cuda: bool = True) -> None:
     """torch.compile in place: torch.compile(model)'s wrapper prefixes every weight name with `_orig_mod.`, so the
     export would load as a fresh model and checkpoints would not resume without compiling."""
     kwargs = {"backend": system.torch_compile_backend or "inductor", "dynamic": dynamic, "mode": system.compile_mode}
-    if system.compile_mode in ("reduce-overhead", "max-autotune") and not on_cuda:
+    if system.compile_mode in GRAPH_MODES and not on_cuda:
         # Inductor skips CUDA graphs off CUDA and says so only in its debug log.
         log.warning(
             "--torch_compile_mode %s: no CUDA device, so no CUDA graphs (compiled without them)", system.compile_mode
@@ -246,7 +249,7 @@ def _no_size_guards() -> None:
 def uses_graphs_per_width(system: SystemArgs, dynamic: bool) -> bool:
     """Whether the compiled step records a CUDA graph per padded width (reduce-overhead or max-autotune, inductor)."""
     inductor = (system.torch_compile_backend or "inductor") == "inductor"
-    return system.torch_compile and dynamic and inductor and system.compile_mode in ("reduce-overhead", "max-autotune")
+    return system.torch_compile and dynamic and inductor and system.compile_mode in GRAPH_MODES
 
 
 def allow_graphs_per_width(widths: int) -> None:
