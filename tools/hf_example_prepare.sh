@@ -11,8 +11,9 @@
 #
 # transformers' sdist on PyPI ships no examples/, so the two files come from --from DIR (a transformers checkout,
 # or a folder holding the two files) or, without it, from GitHub at the pinned commits below (that needs access to
-# it; the project's machines have none). Files whose sha256 differs from the pinned ones are used with a warning,
-# and PATCH.md says so: the patches below then fail loudly if a line they edit is not there.
+# it; the project's machines have none). A build keeps the two files as they came in .hfex/upstream/, and a
+# later --force without --from rebuilds from them. Files whose sha256 differs from the pinned ones are used with a
+# warning, and PATCH.md says so: the patches below then fail loudly if a line they edit is not there.
 #
 # It builds in .hfex.partial.* beside .hfex and renames, so a failure leaves no half folder. .hfex travels to the
 # GPU machine with .device within the device's 64 MiB carry limit: the size is printed at the end.
@@ -76,6 +77,7 @@ if [[ $force == 0 ]] && HFWHL="" bash tools/hf_example.sh --check > /dev/null 2>
     echo "hf_example_prepare: .hfex is complete, left alone (--force rebuilds it)"; du -sh .hfex; exit 0
 fi
 
+[[ -z $from && -d .hfex/upstream ]] && from=.hfex/upstream  # an earlier build's pristine copies
 tmp=$(mktemp -d "$ROOT/.hfex.partial.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/upstream"
@@ -178,7 +180,7 @@ wheels "$tmp/whl" 3.12
     echo "offline)."
     printf -- '- %s\n' "${DROPPED[@]}"
 } > "$tmp/PATCH.md"
-rm -rf "$tmp/upstream" "$tmp/edits.md"
+rm -f "$tmp/edits.md"  # upstream/ stays: the pristine files, what --force rebuilds from without --from
 
 # Swap in the complete folder; the old one (--force) goes only once the new one is in place.
 [[ -e .hfex ]] && mv .hfex "$tmp.old"
