@@ -23,7 +23,8 @@
 #   twoepochs   the two epochs compiled, with an empty compile cache, then again with it warm (TWOEPOCHS=warm: the
 #               second alone; TWOEPOCHS_FLAGS=best: with the flags of hostlevers' fastest run on this machine)
 #   hostlevers  the two epochs' host-bound step (compiled, grouped batches of 64) 600 steps at a time: compiled,
-#               with CUDA graphs, each again with --pad_to_multiple_of 32 (11 widths an epoch instead of 41)
+#               with CUDA graphs, each again with --pad_to_multiple_of 32 (11 widths an epoch instead of 41);
+#               HOSTLEVERS picks among those and graphs-regional-m32 (graphs over layers compiled one by one)
 #   cprofile    --profile of the compiled fixed-length step at batch 128, with its kernels grouped by kind
 #   gprofile    the same of the two epochs' step (compiled, length-grouped batches of 64, dynamic padding), after
 #               130 steps, when most padded widths have been met; GPROFILE_FLAGS adds flags (e.g. CUDA graphs;
@@ -355,12 +356,16 @@ part_hostlevers() {  # the 42 ms step whose GPU work is 26 ms (2026-11-27-gpu-h1
   local steps=600 run flags
   [[ ${DRY:-0} == 1 ]] && steps=3
   mkdir -p "$RUNS" && : > "$RUNS/levers.tsv"
-  for run in compiled graphs graphs-m32 compiled-m32; do
+  # HOSTLEVERS picks runs; graphs-regional-m32 asks whether compiling one layer (a shorter cold compile on the
+  # CPU) keeps the graphs' step: 14 graphs replayed a step instead of one.
+  for run in ${HOSTLEVERS:-compiled graphs graphs-m32 compiled-m32}; do
     case $run in
       compiled) flags=(--torch_compile) ;;
       graphs) flags=(--torch_compile_mode reduce-overhead) ;;
       graphs-m32) flags=(--torch_compile_mode reduce-overhead --pad_to_multiple_of 32) ;;
       compiled-m32) flags=(--torch_compile --pad_to_multiple_of 32) ;;
+      graphs-regional-m32) flags=(--torch_compile_mode reduce-overhead --torch_compile_regional --pad_to_multiple_of 32) ;;
+      *) log "hostlevers: no run '$run'"; return 2 ;;
     esac
     log "hostlevers: $run, ${flags[*]}"
     printf '%s\t%s\n' "levers-$run" "${flags[*]}" >> "$RUNS/levers.tsv"
