@@ -300,11 +300,16 @@ def _evaluation_rows(m: RunMetrics) -> list[tuple[str, str]]:
     ]
 
 
-def _cache_words(m: RunMetrics) -> str:
-    """Whether the compile built its kernels or loaded them (silent where no inductor graph was met: another
-    backend)."""
+def _compile_rows(m: RunMetrics) -> list[tuple[str, str]]:
+    """What --torch_compile cost and whether it built its kernels or loaded them (the cache unsaid where no inductor
+    graph was met: another backend); none without compiling."""
+    if m.compile_time_s is None:
+        return []
     hits, misses = m.compile_cache_hits or 0, m.compile_cache_misses or 0
-    return f" (inductor's cache: {hits} graph(s) loaded, {misses} built)" if hits or misses else ""
+    cache = f" (inductor's cache: {hits} graph(s) loaded, {misses} built)" if hits or misses else ""
+    return [
+        ("compile", f"{m.compiled_graphs} graph(s) in {_fmt(m.compile_time_s, ' s')}, part of the training time{cache}")
+    ]
 
 
 def _startup_rows(m: RunMetrics) -> list[tuple[str, str]]:
@@ -346,17 +351,7 @@ def _training_rows(m: RunMetrics) -> list[tuple[str, str]]:
         ("peak host RSS", f"max {_fmt(rss.max, ' GiB')} per rank (lifetime)"),
         ("runtime", f"{_fmt(m.train_runtime_s, ' s')} training{saves}, {_fmt(m.total_runtime_s, ' s')} total"),
         *_startup_rows(m),
-        *(
-            [
-                (
-                    "compile",
-                    f"{m.compiled_graphs} graph(s) in {_fmt(m.compile_time_s, ' s')}, part of the training time"
-                    f"{_cache_words(m)}",
-                )
-            ]
-            if m.compile_time_s is not None
-            else []
-        ),
+        *_compile_rows(m),
         ("output", _fmt(m.output_dir)),
     ]
 
