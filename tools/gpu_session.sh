@@ -33,8 +33,9 @@
 #
 # DEADLINE_S=N stops the parts still running N seconds from the start (a device command has 10 minutes) and
 # skips the rest; DEADLINE_AT=<epoch seconds> does the same at a fixed moment, stamped before .device/setup.sh
-# (whose install took 40 s on a cold machine and let a part outrun the command's limit); TESTS_K reruns some tests, STRATEGIES some configs (STRATEGY_REPEATS=2 runs each twice, all
-# configs once before the second round), ABLATION_REPEATS=1 halves the ablation.
+# (whose install took 40 s on a cold machine and let a part outrun the command's limit). TESTS_K reruns some
+# tests, STRATEGIES some configs (STRATEGY_REPEATS=2 runs each twice, all configs once before the second round),
+# ABLATION_REPEATS=1 halves the ablation.
 # Results: runs/gpu/<run>/ and, per part, a summary in --out. --pack leaves in --out only session.log, speed.txt,
 # vshf.txt and results.tar.gz holding the rest: a device command returns at most 8 files from $OUT. It packs after
 # every part, so a command killed mid-part still returns the parts before it.
