@@ -5,7 +5,6 @@ Exit codes: qa_train.core.errors.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -203,18 +202,16 @@ def _report_status(code: int) -> int:
 
 def entry(argv: list[str] | None = None) -> int:
     """A rank's whole life: `python -m qa_train` (what launchers run) and `qa-train train`."""
-    from qa_train.core import collector
+    from qa_train.core import collector, teardown
     from qa_train.core.preemption import catch_early_stop_signals
     from qa_train.observe import startup
 
+    teardown.arm()  # before any library registers an exit handler of its own
     startup.entered()  # this process's start is the run's: metrics.json's startup_process_s
     collector.pause()  # until the run is built (qa_train/core/collector.py)
     catch_early_stop_signals()  # before the seconds of imports and loading that precede the trainer's own handler
-    code = _report_status(main(argv))
-    # Out of the collector's sight, the objects left are not walked once more by its collection at exit, for memory
-    # the OS takes back anyway (docs/benchmarks/2026-11-26-cpu-test-suite.md).
-    gc.freeze()
-    return code
+    # Also spares the collection at exit, which walked every object left for memory the OS takes back anyway.
+    return teardown.leave(_report_status(main(argv)))
 
 
 if __name__ == "__main__":

@@ -726,9 +726,10 @@ class Trainer:
         # threads still get the GIL.
         self.model = self.optimizer = self.scheduler = self.train_dl = self.eval_dl = None
         self.accelerator.free_memory()
-        # free_memory collects before it drops its own references, and the process exits with the collector frozen
-        # (__main__.entry): FSDP2's modules, cycles holding the group's work, would outlive the group and be torn
-        # down with the interpreter, where a gloo thread wanting the GIL aborts the rank (seen once in CI).
+        # free_memory collects before it drops its own references: FSDP2's modules, cycles holding the group's work,
+        # would outlive the group and be torn down with the interpreter, where a gloo thread wanting the GIL aborts
+        # the rank (seen once in CI). `python -m qa_train` skips that teardown (core/teardown.py); a process that
+        # calls main() as a library does not.
         if self.accelerator.num_processes > 1:
             collector.thaw()  # the model's cycles were frozen with the build
             gc.collect()

@@ -119,8 +119,8 @@ def base_env(tmp_path: Path) -> dict[str, str]:
             "TOKENIZERS_PARALLELISM": "false",
             "WANDB_SILENT": "true",
             "PYTHONUNBUFFERED": "1",
-            # A rank that aborts (SIGABRT: "terminate called without an active exception", seen at the exit of
-            # 2-process ZeRO-3 runs a few times in CI, never in reruns) prints every thread's Python stack.
+            # A rank that aborts prints every thread's Python stack (how the abort at exit of 2-process ZeRO-3
+            # probes in CI was first chased: docs/benchmarks/2026-11-27-cpu-exit-abort.md).
             "PYTHONFAULTHANDLER": "1",
             # The venv's tools first, as `make install` built DeepSpeed's ops with them: two ninja versions
             # (pip's and the system's) disagree on the build log's hashes, and each then rebuilds the ops

@@ -9,6 +9,8 @@ import sys
 import deepspeed
 import torch
 
+from qa_train.core import teardown
+
 
 class Probe(torch.nn.Module):
     """Sizes that are not multiples of two processes (the bias, `odd`, the norm) and a flat group that ZeRO-1/2 pads
@@ -58,12 +60,14 @@ def main(stage: int, offload: bool, folder: str) -> None:
         engine.step()
     engine.save_checkpoint(folder, tag="pytorch_model")
     torch.distributed.barrier()
-    # As Trainer.finish does: left to the interpreter's teardown, the engine (reference cycles holding the gloo
-    # group's work) aborted a ZeRO-3-offload rank in CI ("terminate called without an active exception").
     del engine, model
     gc.collect()
     torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
+    # The engine's hooks keep the gloo group alive past destroy_process_group: the probe ends as a qa_train rank
+    # does, without the teardown where a gloo thread can abort it (qa_train/core/teardown.py).
+    teardown.arm()
     main(int(sys.argv[1]), sys.argv[2] == "offload", sys.argv[3])
+    sys.exit(teardown.leave(0))

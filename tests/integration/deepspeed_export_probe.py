@@ -10,6 +10,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
 
+from qa_train.core import teardown
 from qa_train.strategy.sharded import export_state_dict
 
 
@@ -54,12 +55,14 @@ def main(stage: int, saved: str) -> None:
     state = export_state_dict(accelerator, model)
     if accelerator.is_main_process:
         torch.save(state, saved)
-    # As Trainer.finish does: left to interpreter shutdown, a rank once aborted ("terminate called without an
-    # active exception") while the engine still held the gloo group.
     del model, optimizer
     accelerator.free_memory()
     accelerator.end_training()
 
 
 if __name__ == "__main__":
+    # The engine's hooks keep the gloo group alive past end_training: the probe ends as a qa_train rank does,
+    # without the teardown where a gloo thread can abort it (qa_train/core/teardown.py).
+    teardown.arm()
     main(int(sys.argv[1]), sys.argv[2])
+    sys.exit(teardown.leave(0))

@@ -1,5 +1,6 @@
 """Put on PYTHONPATH by tests/conftest.py's exit_probe_env: at exit, each process that imported FSDP writes how many
-FSDP2 modules are still alive (collected or not) to QA_TRAIN_TEST_EXIT_PROBE/<pid>.json."""
+FSDP2 modules are still alive (collected or not) to QA_TRAIN_TEST_EXIT_PROBE/<pid>.json. A qa_train rank ends in
+os._exit from its own exit handler (qa_train/core/teardown.py), before the one registered here: it reports there."""
 
 from __future__ import annotations
 
@@ -8,19 +9,30 @@ import gc
 import json
 import os
 import sys
+from typing import NoReturn
 
 
 def _report() -> None:
+    global _reported
     folder = os.environ.get("QA_TRAIN_TEST_EXIT_PROBE")
-    if not folder or "torch.distributed.fsdp" not in sys.modules:
+    if _reported or not folder or "torch.distributed.fsdp" not in sys.modules:
         return
+    _reported = True
     from torch.distributed.fsdp import FSDPModule
 
-    gc.unfreeze()  # qa_train freezes the collector before exit: frozen objects are not listed otherwise
+    gc.unfreeze()  # what a rank froze after its build is not listed otherwise
     alive = sum(isinstance(o, FSDPModule) for o in gc.get_objects())
     record = {"rank": os.environ.get("RANK"), "fsdp_modules_alive": alive}
     with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as f:
         json.dump(record, f)
 
 
-atexit.register(_report)  # registered first, so it runs after qa_train's own exit handlers
+def _report_and_exit(code: int) -> NoReturn:
+    _report()
+    _exit(code)
+
+
+_reported = False
+_exit = os._exit
+os._exit = _report_and_exit
+atexit.register(_report)  # a process that tears down as usual
