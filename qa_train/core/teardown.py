@@ -1,11 +1,11 @@
 """A rank's process ends without the interpreter's teardown once its run has returned an exit code.
 
-Why: a process group can outlive `destroy_process_group` (DeepSpeed's engine keeps it through the hooks it leaves
-on the autograd graph, torch's DDP through its reducer), so gloo's worker threads are still alive when the
-interpreter finalizes. A worker that frees its last collective's tensors after that point asks for the GIL for
-their Python objects; Python ends the thread with pthread_exit, and the unwinding through torch's noexcept
-destructor calls std::terminate. The rank then aborts ("terminate called without an active exception", SIGABRT)
-after a finished run, and the launch reports the run as failed. torch does not join these threads (its
+Why: a process group can outlive `destroy_process_group` (DeepSpeed's engine keeps it through the hooks it leaves on
+the autograd graph, and a DDP module of torch 2.13 once built keeps it too), so gloo's worker threads are still
+alive when the interpreter finalizes. A worker that frees its last collective's tensors after that point asks for
+the GIL for their Python objects; Python ends the thread with pthread_exit, and the unwinding through torch's
+noexcept destructor calls std::terminate. The rank then aborts ("terminate called without an active exception",
+SIGABRT) after a finished run, and the launch reports the run as failed. torch does not join these threads (its
 destroy_process_group says as much), so qa_train does not let its ranks reach the teardown at all.
 
 `arm` registers the exit handler first, so that it runs last: the interpreter still joins its non-daemon threads
