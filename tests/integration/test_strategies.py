@@ -271,10 +271,11 @@ def test_fsdp_ranks_free_their_model_before_leaving_the_process_group(uninterrup
     """FSDP2's modules are reference cycles that hold the group's pending work; left to the interpreter's teardown
     (which `python -m qa_train` skips, but not a process that calls main() as a library), a gloo thread that wants
     the GIL there aborts the rank ("terminate called without an active exception"). Each rank of the uninterrupted
-    FSDP run reported at exit."""
+    FSDP run reported at exit, which came through qa_train's os._exit with the run's code."""
     probes = [json.loads(p.read_text()) for p in (uninterrupted("fsdp").parent / "exit").glob("*.json")]
     assert sorted(p["rank"] for p in probes) == ["0", "1"], probes
     assert [p["fsdp_modules_alive"] for p in probes] == [0, 0], probes
+    assert [p["os_exit"] for p in probes] == [0, 0], probes
 
 
 def test_a_full_state_dict_checkpoint_damaged_at_its_own_size_is_refused_by_every_rank(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ import sys
 from typing import NoReturn
 
 
-def _report() -> None:
+def _report(exit_code: int | None = None) -> None:
+    """`exit_code`: what the process passed to os._exit, None for one that tore down as usual."""
     global _reported
     folder = os.environ.get("QA_TRAIN_TEST_EXIT_PROBE")
     if _reported or not folder or "torch.distributed.fsdp" not in sys.modules:
@@ -22,13 +23,13 @@ def _report() -> None:
 
     gc.unfreeze()  # what a rank froze after its build is not listed otherwise
     alive = sum(isinstance(o, FSDPModule) for o in gc.get_objects())
-    record = {"rank": os.environ.get("RANK"), "fsdp_modules_alive": alive}
+    record = {"rank": os.environ.get("RANK"), "fsdp_modules_alive": alive, "os_exit": exit_code}
     with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as f:
         json.dump(record, f)
 
 
 def _report_and_exit(code: int) -> NoReturn:
-    _report()
+    _report(code)
     _exit(code)
 
 
