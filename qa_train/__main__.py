@@ -201,7 +201,9 @@ def _report_status(code: int) -> int:
 
 
 def entry(argv: list[str] | None = None) -> int:
-    """A rank's whole life: `python -m qa_train` (what launchers run) and `qa-train train`."""
+    """A rank's whole life: `python -m qa_train` (what launchers run) and `qa-train train`. Once it has returned,
+    the process exits with its code and without the interpreter's teardown (core/teardown.py): another program
+    calls main() instead."""
     from qa_train.core import collector, teardown
     from qa_train.core.preemption import catch_early_stop_signals
     from qa_train.observe import startup
