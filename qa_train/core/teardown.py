@@ -10,13 +10,14 @@ destroy_process_group says as much), so qa_train does not let its ranks reach th
 
 `arm` registers the exit handler first, so that it runs last: the interpreter still joins its non-daemon threads
 and runs every other exit handler (logging's, multiprocessing's children, inductor's compile workers, the
-trackers'), then the handler flushes the standard streams and ends the process with the run's code. A process that
+trackers'), then the handler flushes the standard streams (Python's and C's) and ends the process with the run's code. A process that
 raised instead of returning a code tears down as usual, with its traceback.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import sys
 
@@ -49,4 +50,8 @@ def _end_process() -> None:
                 stream.flush()
         except (OSError, ValueError):  # closed, or a pipe nobody reads any more
             pass
+    try:  # C's buffered output too (the libraries' printf, std::cout), which exit() would have flushed
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
     os._exit(_code)

@@ -4,22 +4,24 @@ raised tears down as usual; `python -m qa_train` is armed from its first line.""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
 
 from conftest import PY
 
-# A module global whose finalizer runs only in the interpreter's teardown, an exit handler registered after
-# `arm` (as every library's is), and output left in the buffer of a redirected stdout.
+# A module global whose finalizer runs only in the interpreter's teardown, exit handlers registered after `arm` (as
+# every library's is), and output left in the buffers (Python's, then C's) of a redirected stdout.
 SCRIPT = """
-import atexit, sys
+import atexit, ctypes, sys
 from pathlib import Path
 from qa_train.core import teardown
 
 out = Path(sys.argv[1])
 teardown.arm()
 atexit.register(lambda: (out / "exit-handler").write_text("ran"))
+atexit.register(lambda: ctypes.CDLL(None).printf(b"C's buffered line\\n"))
 
 
 class Finalized:
@@ -47,17 +49,17 @@ libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)
 def run(tmp_path: Path, outcome: str) -> tuple[subprocess.CompletedProcess[str], str]:
     script = tmp_path / "rank.py"
     script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # which unbuffers C's stdout too
     with (tmp_path / "stdout").open("w") as stdout:
-        done = subprocess.run(
-            [PY, str(script), str(tmp_path), outcome], stdout=stdout, stderr=subprocess.PIPE, text=True
-        )
+        cmd = [PY, str(script), str(tmp_path), outcome]
+        done = subprocess.run(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env)
     return done, (tmp_path / "stdout").read_text()
 
 
 def test_a_returned_code_ends_the_process_after_the_exit_handlers_and_before_the_teardown(tmp_path: Path) -> None:
     done, stdout = run(tmp_path, "75")
     assert done.returncode == 75
-    assert stdout == "buffered line\n"
+    assert stdout == "buffered line\nC's buffered line\n"
     assert (tmp_path / "exit-handler").read_text() == "ran"
     assert not (tmp_path / "teardown").exists()
 
@@ -66,7 +68,7 @@ def test_a_process_that_raised_tears_down_as_usual(tmp_path: Path) -> None:
     done, stdout = run(tmp_path, "raise")
     assert done.returncode == 1
     assert "RuntimeError: the run crashed" in done.stderr
-    assert stdout == "buffered line\n"
+    assert stdout == "buffered line\nC's buffered line\n"
     assert (tmp_path / "exit-handler").read_text() == "ran"
     assert (tmp_path / "teardown").read_text() == "ran"
 
