@@ -8,10 +8,10 @@ noexcept destructor calls std::terminate. The rank then aborts ("terminate calle
 SIGABRT) after a finished run, and the launch reports the run as failed. torch does not join these threads (its
 destroy_process_group says as much), so qa_train does not let its ranks reach the teardown at all.
 
-`arm` registers the exit handler first, so that it runs last: the interpreter still joins its non-daemon threads
-and runs every other exit handler (logging's, multiprocessing's children, inductor's compile workers, the
-trackers'), then the handler flushes the standard streams (Python's and C's) and ends the process with the run's code. A process that
-raised instead of returning a code tears down as usual, with its traceback.
+`arm` registers the exit handler first, so that it runs last: the interpreter still joins its non-daemon threads and
+runs every other exit handler (logging's, multiprocessing's children, inductor's compile workers, the trackers'),
+then the handler flushes the standard streams (Python's and C's) and ends the process with the run's code. A process
+that raised instead of returning a code tears down as usual, with its traceback.
 """
 
 from __future__ import annotations
