@@ -29,6 +29,10 @@ VERBS: dict[str, tuple[str, str]] = {
 }
 
 
+# The verbs a launcher runs as ranks: their processes end without the interpreter's teardown (core/teardown.py).
+RANK_VERBS = ("train", "predict")
+
+
 def usage() -> str:
     width = max(map(len, VERBS))
     lines = [f"  {verb:<{width}}  {what}" for verb, (_, what) in VERBS.items()]
@@ -49,7 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     if verb not in VERBS:
         print(f"qa-train: error: unknown verb {verb!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    return entry_point(verb)(rest)
+    if verb not in RANK_VERBS:
+        return entry_point(verb)(rest)
+    from qa_train.core import teardown
+
+    teardown.arm()  # before the verb's imports register exit handlers of their own
+    return teardown.leave(entry_point(verb)(rest))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""--do_predict on two DDP processes, and `qa-train predict` on a file: one answer per question, the same answers
-whatever the world size, batch size or entry point (on a model whose padding logits beat every real token's)."""
+"""--do_predict on two DDP processes, and `qa-train predict` on a file, alone or on two processes: one answer per
+question, the same answers whatever the world size, batch size or entry point (on a model whose padding logits beat
+every real token's)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,17 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import DEMO_DEV, DEMO_TRAIN, PY, base_env, cpu_launch, high_padding_model, port, run_ok
+from conftest import (
+    DEMO_DEV,
+    DEMO_TRAIN,
+    PY,
+    base_env,
+    cpu_launch,
+    exit_probe_env,
+    high_padding_model,
+    port,
+    run_ok,
+)
 
 from qa_train.data.load import load_file
 
@@ -113,6 +124,21 @@ def test_answers_do_not_depend_on_world_size_or_entry_point(ddp_run: dict[str, P
             (e["text"], e["start"], e["end"]) for e in theirs[qid]
         ], qid
         assert [e["score"] for e in entries] == pytest.approx([e["score"] for e in theirs[qid]], abs=1e-4)
+
+
+def test_predict_on_two_processes_answers_as_one_and_leaves_its_group(ddp_run: dict[str, Path], tmp_path: Path) -> None:
+    """`qa-train predict` under a launcher (torchrun on CPU; `accelerate launch -m qa_train.cli predict` on GPUs):
+    the windows shared over two ranks, the DDP run's answers. Each rank leaves the process group before it exits
+    (no gloo thread left for the interpreter's teardown) and ends through qa_train's exit with 0."""
+    out, probes = tmp_path / "two", tmp_path / "exit"
+    env = {**base_env(tmp_path), "ACCELERATE_USE_CPU": "true", **exit_probe_env(probes)}
+    launch = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port(29712))]
+    flags = ["--test_file", str(ddp_run["test"]), "--max_seq_length", "192", "--doc_stride", "64"]
+    run_ok([*launch, "-m", "qa_train.cli", "predict", str(ddp_run["model"]), *flags, "--output_dir", str(out)], env)
+    two = json.loads((out / "predict_predictions.json").read_text())
+    assert two == json.loads((ddp_run["out"] / "predict_predictions.json").read_text())
+    ranks = sorted((json.loads(p.read_text()) for p in probes.glob("*.json")), key=lambda r: r["rank"])
+    assert [(r["rank"], r["gloo_threads"], r["os_exit"]) for r in ranks] == [("0", 0, 0), ("1", 0, 0)], ranks
 
 
 def test_predict_cli_answers_one_question_and_refuses_bad_input(ddp_run: dict[str, Path], tmp_path: Path) -> None:
