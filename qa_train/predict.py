@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             examples = command_line_question(args.question, args.context)
         predictor = Predictor(args.model_dir, data, rules, args.device, args.mixed_precision)
         answers = predictor.predict(examples)
-        predictor.accelerator.end_training()  # ranks under a launcher leave their process group together
+        predictor.accelerator.end_training()  # a rank under a launcher leaves its process group: no gloo thread at exit
     except (ConfigError, DataError) as err:
         print(f"qa-train predict: error: {err}", file=sys.stderr)
         return 2
