@@ -201,20 +201,20 @@ def _report_status(code: int) -> int:
 
 
 def entry(argv: list[str] | None = None) -> int:
-    """A rank's whole life: `python -m qa_train` (what launchers run) and `qa-train train`. Once it has returned,
-    the process exits with its code and without the interpreter's teardown (core/teardown.py): another program
-    calls main() instead."""
-    from qa_train.core import collector, teardown
+    """A rank's whole life: `python -m qa_train` (what launchers run) and `qa-train train`, each of which then ends
+    the process without the interpreter's teardown (core/teardown.py). Another program calls main() instead."""
+    from qa_train.core import collector
     from qa_train.core.preemption import catch_early_stop_signals
     from qa_train.observe import startup
 
-    teardown.arm()  # before any library registers an exit handler of its own
     startup.entered()  # this process's start is the run's: metrics.json's startup_process_s
     collector.pause()  # until the run is built (qa_train/core/collector.py)
     catch_early_stop_signals()  # before the seconds of imports and loading that precede the trainer's own handler
-    # Also spares the collection at exit, which walked every object left for memory the OS takes back anyway.
-    return teardown.leave(_report_status(main(argv)))
+    return _report_status(main(argv))
 
 
 if __name__ == "__main__":
-    sys.exit(entry())
+    from qa_train.core import teardown
+
+    teardown.arm()  # before any library registers an exit handler of its own, as qa_train.cli does for `train`
+    sys.exit(teardown.leave(entry()))

@@ -75,13 +75,15 @@ def test_a_process_that_raised_tears_down_as_usual(tmp_path: Path) -> None:
 
 def test_python_m_qa_train_ends_before_a_teardown_that_would_abort(tmp_path: Path) -> None:
     """The refusal of a missing --train_file returns its code before any library is imported: the cheapest whole
-    `python -m qa_train`. The same hook under a process without qa_train's exit shows the abort it escapes."""
+    `python -m qa_train`, and `qa-train train` (qa_train.cli, which arms the exit for it). The same hook under a
+    process without qa_train's exit shows the abort it escapes."""
     (tmp_path / "sitecustomize.py").write_text(SITE_HOOK)
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
     flags = ["--train_file", str(tmp_path / "missing.json"), "--output_dir", str(tmp_path / "out")]
-    done = subprocess.run([PY, "-m", "qa_train", *flags], env=env, capture_output=True, text=True)
-    assert done.returncode == 2, done.stderr
-    assert "missing.json' does not exist" in done.stderr
+    for command in (["qa_train"], ["qa_train.cli", "train"]):
+        done = subprocess.run([PY, "-m", *command, *flags], env=env, capture_output=True, text=True)
+        assert done.returncode == 2, (command, done.stderr)
+        assert "missing.json' does not exist" in done.stderr
 
     done = subprocess.run([PY, "-c", "pass"], env=env, capture_output=True, text=True)
     assert done.returncode == -signal.SIGABRT
