@@ -129,6 +129,9 @@ def base_env(tmp_path: Path) -> dict[str, str]:
             # Where `make install` built them and qa_train's ranks load them (op_builds.prepare): the probes that
             # run DeepSpeed without qa_train would otherwise rebuild them in torch's default folder.
             "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR") or str(environment_build_root()),
+            # The tests' own torchrun launches (not through qa_train's agent, which names it itself) would leave a
+            # /tmp/torchelastic_* folder each: about 70 a run of the suite.
+            "PET_LOG_DIR": os.devnull,
         }
     )
     env.pop("WANDB_API_KEY", None)

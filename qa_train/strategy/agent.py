@@ -15,10 +15,15 @@ ranks were preempted (75). Here the failure is one line, and the
 exit code is that of the rank torch names as the root cause (the first seen failed; with no error files, seen
 at a poll of whole seconds), 128 + N for a rank killed by signal N. An agent stopped by a signal itself (the
 launcher's stop before any rank exists) says so in one line and exits 128 + N, where torchrun raised a traceback.
+
+A launch that names no log folder, tee or redirect gets `--log_dir /dev/null`: torchrun's default is a new
+/tmp/torchelastic_* folder per launch that nobody removes (see `without_log_folder`); `--echo` shows the command
+without it, as a user would type it.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING
@@ -87,6 +92,24 @@ def _config_refusal(path: str | None) -> str | None:
     return None
 
 
+def without_log_folder(which: str, args: list[str]) -> list[str]:
+    """`args` with `--log_dir /dev/null` first where the launch asks for no log files of its own (no log folder, tee
+    or redirect, in flags or, for torchrun, PET_* variables); otherwise `args` as they are."""
+    # torchrun's default log folder is a new mkdtemp per launch, never removed. Without tee or redirect it holds
+    # only empty rank folders and @record's error files, which qa_train's ranks never write, so /dev/null (torch's
+    # "no log files") loses nothing. The launchers' own parsers read the flags as the launch will.
+    if which == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        parsed = get_args_parser().parse_args(args)
+    else:
+        from accelerate.commands.launch import launch_command_parser
+
+        parsed = launch_command_parser().parse_args(args)
+    asked = parsed.log_dir is not None or parsed.tee != "0" or getattr(parsed, "redirects", "0") != "0"
+    return args if asked else ["--log_dir", os.devnull, *args]
+
+
 def _start(which: str, args: list[str]) -> None:
     """torchrun or accelerate launch, in this process, to their end."""
     if which == "torchrun":
@@ -125,7 +148,7 @@ def main(argv: list[str]) -> int:
     if echo is not None:
         print(f"+ {echo}", file=sys.stderr, flush=True)
     try:
-        _start(which, args)
+        _start(which, without_log_folder(which, args))
     except ChildFailedError as err:
         line, code = summary(err)
     except SignalException as err:  # torchrun's own SIGTERM/SIGINT handler, once it has stopped its ranks

@@ -4,6 +4,7 @@ evaluation included, are tests/integration/test_strategies.py's reference run.)"
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -233,6 +234,8 @@ def test_world_size_guard_refuses_a_split_launch(tmp_path: Path, env: dict[str, 
             "2",
             "--main_process_port",
             str(port(29612)),
+            "--log_dir",  # accelerate hands torchrun its own None over the suite's PET_LOG_DIR
+            os.devnull,
             "-m",
             "qa_train",
             *tiny_flags(out, "--max_train_steps", "5"),

@@ -284,6 +284,11 @@ sys.exit(int(os.environ["HOW"]) if rank == 1 or os.environ.get("WORLD_SIZE", "1"
 """
 
 
+def without_log_dir(env: dict[str, str]) -> dict[str, str]:
+    """`env` without the suite's PET_LOG_DIR, so that a launch's log folder is the agent's choice."""
+    return {name: value for name, value in env.items() if name != "PET_LOG_DIR"}
+
+
 @pytest.mark.parametrize(
     ("how", "code", "said"),
     [
@@ -299,9 +304,12 @@ sys.exit(int(os.environ["HOW"]) if rank == 1 or os.environ.get("WORLD_SIZE", "1"
 )
 def test_the_agent_exits_with_the_failed_ranks_code_in_one_line(tmp_path: Path, how: str, code: int, said: str) -> None:
     """torchrun's ChildFailedError was a 35-line traceback and exit 1: on a machine without rank 0 (which the
-    launcher's status file cannot speak for) a preempted rank's 75 became 1, and SLURM saw a failure."""
+    launcher's status file cannot speak for) a preempted rank's 75 became 1, and SLURM saw a failure. No log folder
+    is left in the temp folder (torchrun's default made one per launch), and the failed rank is named without one."""
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     proc = subprocess.run(
         [
             PY,
@@ -315,7 +323,7 @@ def test_the_agent_exits_with_the_failed_ranks_code_in_one_line(tmp_path: Path, 
             str(script),
         ],
         cwd=ROOT,
-        env={**base_env(tmp_path), "HOW": how},
+        env={**without_log_dir(base_env(tmp_path)), "HOW": how, "TMPDIR": str(temp)},
         capture_output=True,
         text=True,
         timeout=120,
@@ -323,6 +331,7 @@ def test_the_agent_exits_with_the_failed_ranks_code_in_one_line(tmp_path: Path, 
     assert proc.returncode == code, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "rank 1 says why" in proc.stderr
     assert f"qa-train launch: {said}\n" in proc.stderr
+    assert list(temp.iterdir()) == []
 
 
 def test_an_agent_told_to_stop_says_so_in_one_line(tmp_path: Path) -> None:

@@ -149,8 +149,10 @@ def test_the_agent_says_the_command_once_the_config_passed(
     assert launch.main(argv) == 0
     [(which, args)] = started
     assert which == "torchrun" and args[-4:] == ["-m", "qa_train", "--x", "1"] and "--echo" not in args
+    # The command as a user would run it; the agent adds only its log folder (agent.without_log_folder).
+    assert args[:2] == ["--log_dir", os.devnull]
     [line] = capsys.readouterr().err.splitlines()
-    assert line == f"+ {sys.executable} -m torch.distributed.run {' '.join(args)}"
+    assert line == f"+ {sys.executable} -m torch.distributed.run {' '.join(args[2:])}"
 
 
 def test_the_agent_refuses_a_bad_config_before_accelerate_launch(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -54,6 +54,61 @@ def test_a_rank_that_only_saw_its_peer_leave_is_not_the_root_cause_in_the_same_s
     assert root_cause(killed)[0] == 1
 
 
+TORCHRUN_ARGS = ["--nproc_per_node", "2", "-m", "qa_train", "--tee", "3"]  # the last two are qa_train's, not torchrun's
+ACCELERATE_ARGS = ["--config_file", "ddp.yaml", "--num_processes", "2", "-m", "qa_train", "--log_dir", "x"]
+
+
+@pytest.mark.parametrize(("which", "args"), [("torchrun", TORCHRUN_ARGS), ("accelerate", ACCELERATE_ARGS)])
+def test_a_launch_that_asks_for_no_log_files_gets_no_log_folder(
+    which: str, args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchrun made a /tmp/torchelastic_* folder per launch and never removed it: the test suite alone left
+    hundreds. The agent names /dev/null, and each launcher hands it to torchrun's log specs as it reads flags."""
+    import os
+
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils.launch import _filter_args
+    from torch.distributed.run import get_args_parser
+
+    from qa_train.strategy.agent import without_log_folder
+
+    for name in ("PET_LOG_DIR", "PET_TEE", "PET_REDIRECTS"):
+        monkeypatch.delenv(name, raising=False)
+    given = without_log_folder(which, args)
+    assert given == ["--log_dir", os.devnull, *args]
+    if which == "torchrun":
+        assert get_args_parser().parse_args(given).log_dir == os.devnull
+    else:  # accelerate's multi-GPU launcher passes its namespace to torchrun through _filter_args
+        parsed = launch_command_parser().parse_args(given)
+        assert _filter_args(parsed, get_args_parser(), ["x.py"]).log_dir == os.devnull
+
+
+@pytest.mark.parametrize(
+    ("which", "asked", "env"),
+    [
+        ("torchrun", ["--log-dir", "/var/log/elastic"], {}),
+        ("torchrun", ["--tee=3"], {}),
+        ("torchrun", ["-r", "3"], {}),
+        ("torchrun", ["--redir", "3"], {}),  # argparse's abbreviation of --redirects, as torchrun reads it
+        ("torchrun", [], {"PET_LOG_DIR": "/var/log/elastic"}),
+        ("torchrun", [], {"PET_TEE": "3"}),
+        ("accelerate", ["--log_dir", "/var/log/elastic"], {}),
+        ("accelerate", ["-t", "3"], {}),
+    ],
+)
+def test_a_launch_that_asks_for_log_files_keeps_torchruns_folder(
+    which: str, asked: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qa_train.strategy.agent import without_log_folder
+
+    for name in ("PET_LOG_DIR", "PET_TEE", "PET_REDIRECTS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = [*asked, *(TORCHRUN_ARGS if which == "torchrun" else ACCELERATE_ARGS)]
+    assert without_log_folder(which, args) == args
+
+
 def test_loader_workers_forked_by_a_rank_are_not_ranks() -> None:
     """A DataLoader worker is forked by its rank and carries the rank's `-m qa_train`: the launcher counted
     "asked 6 rank(s)" for two ranks with two workers each."""
