@@ -58,10 +58,17 @@ TORCHRUN_ARGS = ["--nproc_per_node", "2", "-m", "qa_train", "--tee", "3"]  # the
 ACCELERATE_ARGS = ["--config_file", "ddp.yaml", "--num_processes", "2", "-m", "qa_train", "--log_dir", "x"]
 
 
+@pytest.fixture
+def no_log_variables(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No torchrun PET_* variable that asks for log files (the suite's base_env sets PET_LOG_DIR for its launches)."""
+    for name in ("PET_LOG_DIR", "PET_TEE", "PET_REDIRECTS"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
 @pytest.mark.parametrize(("which", "args"), [("torchrun", TORCHRUN_ARGS), ("accelerate", ACCELERATE_ARGS)])
-def test_a_launch_that_asks_for_no_log_files_gets_no_log_folder(
-    which: str, args: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("no_log_variables")
+def test_a_launch_that_asks_for_no_log_files_gets_no_log_folder(which: str, args: list[str]) -> None:
     """torchrun made a /tmp/torchelastic_* folder per launch and never removed it: the test suite alone left
     hundreds. The agent names /dev/null, and each launcher hands it to torchrun's log specs as it reads flags."""
     import os
@@ -72,8 +79,6 @@ def test_a_launch_that_asks_for_no_log_files_gets_no_log_folder(
 
     from qa_train.strategy.agent import without_log_folder
 
-    for name in ("PET_LOG_DIR", "PET_TEE", "PET_REDIRECTS"):
-        monkeypatch.delenv(name, raising=False)
     given = without_log_folder(which, args)
     assert given == ["--log_dir", os.devnull, *args]
     if which == "torchrun":
@@ -97,14 +102,12 @@ def test_a_launch_that_asks_for_no_log_files_gets_no_log_folder(
     ],
 )
 def test_a_launch_that_asks_for_log_files_keeps_torchruns_folder(
-    which: str, asked: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    which: str, asked: list[str], env: dict[str, str], no_log_variables: pytest.MonkeyPatch
 ) -> None:
     from qa_train.strategy.agent import without_log_folder
 
-    for name in ("PET_LOG_DIR", "PET_TEE", "PET_REDIRECTS"):
-        monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
-        monkeypatch.setenv(name, value)
+        no_log_variables.setenv(name, value)
     args = [*asked, *(TORCHRUN_ARGS if which == "torchrun" else ACCELERATE_ARGS)]
     assert without_log_folder(which, args) == args
 
