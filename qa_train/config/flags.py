@@ -233,9 +233,11 @@ def read_args_file(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any
     """A JSON or YAML object of {flag: value}, as Trainer's HfArgumentParser reads one; each value checked as its
     flag's would be on the command line, and every fault one ConfigError line naming the file and the key."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"arguments file {path}: cannot be read ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"arguments file {path}: not UTF-8 text (byte {err.start}); save it as UTF-8") from None
     try:
         if path.suffix == ".json":
             doc = json.loads(text)

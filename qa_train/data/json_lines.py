@@ -28,5 +28,5 @@ def json_lines(path: Path, text: str) -> Iterator[tuple[str, Any]]:
                 yield f"line {lineno}", json.loads(line)
             except json.JSONDecodeError as err:
                 raise DataError(f"{path}: line {lineno}: not valid JSON: {err.msg} at column {err.colno}") from None
-            except RecursionError as err:  # nested too deeply
+            except (ValueError, RecursionError) as err:  # an integer of over 4,300 digits; nested too deeply
                 raise DataError(f"{path}: line {lineno}: not valid JSON: {err}") from None

@@ -1,7 +1,7 @@
 """SQuAD examples from the hub or from local files, validated record by record.
 
 Local files may be the official nested SQuAD JSON (`data[].paragraphs[].qas[]`) or flat records
-(`id, title, context, question, answers{text, answer_start}`) as JSON lines, the hub's layout.
+(`id, title, context, question, answers{text, answer_start}`) as JSON lines, the hub's layout (layouts.py).
 Every fault is one DataError line naming the file, the record's place (`data[a].paragraphs[p].qas[q]`,
 `line N` of JSON lines, `record i` of a list) with its id when it has one, and the problem.
 
@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import codecs
 import hashlib
-import json
 import logging
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from qa_train.data.hub import HubDataset, open_split
-from qa_train.data.json_lines import json_lines
+from qa_train.data.layouts import Located, file_records
 
 # DataError and AnswerRule are imported from here by the rest of qa_train; records.py only checks.
-from qa_train.data.records import AnswerRule, DataError, check_record, json_kind, place, shown_id
+from qa_train.data.records import AnswerRule, DataError, check_record, shown_id
 
 
 @dataclass
@@ -74,9 +72,6 @@ class Examples:
 
 log = logging.getLogger("qa_train")
 
-# Where a record sits, for messages: `data[a].paragraphs[p].qas[q]`, `line N` or `record i`.
-Located = tuple[str, Any]
-
 # What compressed files start with: they are refused by name rather than as "not UTF-8".
 _COMPRESSED = (
     (b"\x1f\x8b", "gzip", "gunzip"),
@@ -104,95 +99,6 @@ def _decode(path: Path, raw: bytes) -> str:
             f"{path}: not UTF-8 text: byte {offset} (line {line}) is 0x{raw[offset]:02x} "
             f"({err.reason}); save the file as UTF-8"
         ) from None
-
-
-def _list_at(path: Path, where: str, value: Any, of: str) -> list:
-    if not isinstance(value, list):
-        raise DataError(f"{path}: {where} must be a list of {of}, found {json_kind(value)}")
-    return value
-
-
-def _flatten_qa(path: Path, loc: str, qa: Any, title: Any, context: Any) -> Any:
-    """One nested question as a flat record; a qa that is not an object is left for check_record to name."""
-    if not isinstance(qa, dict):
-        return qa
-    answers = qa.get("answers")
-    if answers is None and "answers" not in qa:  # a question to predict; check_record decides if that is allowed
-        return {"id": qa.get("id"), "title": title, "context": context, "question": qa.get("question")}
-    if not isinstance(answers, list):
-        raise DataError(f"{path}: {place(loc, qa)}: 'answers' must be a list, found {json_kind(answers)}")
-    for k, x in enumerate(answers):
-        if not isinstance(x, dict):
-            raise DataError(
-                f"{path}: {place(loc, qa)}: answers[{k}] must be an object with 'text' and "
-                f"'answer_start', found {json_kind(x)}"
-            )
-    flat = {
-        "id": qa.get("id"),
-        "title": title,
-        "context": context,
-        "question": qa.get("question"),
-        "answers": {"text": [x.get("text") for x in answers], "answer_start": [x.get("answer_start") for x in answers]},
-    }
-    if "is_impossible" in qa:  # SQuAD v2.0's own flag, checked against the answers in _check_impossible
-        flat["is_impossible"] = qa["is_impossible"]
-    return flat
-
-
-def _article_records(path: Path, base: str, article: dict[str, Any]) -> Iterator[Located]:
-    """The questions of one nested SQuAD article, as flat records."""
-    for p, para in enumerate(_list_at(path, f"{base}.paragraphs", article["paragraphs"], "paragraphs")):
-        where = f"{base}.paragraphs[{p}]"
-        if not isinstance(para, dict):
-            raise DataError(f"{path}: {where} must be an object with 'context' and 'qas', found {json_kind(para)}")
-        for key in ("context", "qas"):
-            if key not in para:
-                raise DataError(f"{path}: {where} lacks '{key}'")
-        for q, qa in enumerate(_list_at(path, f"{where}.qas", para["qas"], "questions")):
-            loc = f"{where}.qas[{q}]"
-            yield loc, _flatten_qa(path, loc, qa, article.get("title", ""), para["context"])
-
-
-def _not_an_article(item: Any) -> str:
-    if isinstance(item, dict):
-        return "lacks 'paragraphs' (the articles before it are nested SQuAD)"
-    return f"must be an article (an object with 'paragraphs'), found {json_kind(item)}"
-
-
-def _flat_records(path: Path, text: str) -> Iterator[Located]:
-    """Located flat records from nested SQuAD JSON, a JSON list/`{"data": [flat]}`, or JSON lines."""
-    if not text.strip():
-        raise DataError(f"{path}: the file is empty")
-    one_per_line = False
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        if err.msg != "Extra data":
-            raise DataError(f"{path}: not valid JSON: {err}") from None
-        one_per_line = True
-    except RecursionError as err:
-        raise DataError(f"{path}: not valid JSON: {err}") from None
-    if one_per_line:
-        yield from json_lines(path, text)
-        return
-    if isinstance(doc, dict) and "data" not in doc and "question" in doc:
-        yield "line 1", doc  # JSON lines holding a single record
-        return
-    wrapped = isinstance(doc, dict) and "data" in doc
-    if wrapped:
-        doc = _list_at(path, "'data'", doc["data"], "articles or records")
-    if not isinstance(doc, list):
-        raise DataError(
-            f"{path}: expected SQuAD JSON with a 'data' list, JSON lines, or a list of records; found {json_kind(doc)}"
-        )
-    nested = bool(doc) and isinstance(doc[0], dict) and "paragraphs" in doc[0]
-    for a, article in enumerate(doc):
-        if isinstance(article, dict) and "paragraphs" in article:
-            yield from _article_records(path, f"data[{a}]" if wrapped else f"[{a}]", article)
-        elif nested:  # read as a flat record, an article without paragraphs would be blamed for its 'id'
-            raise DataError(f"{path}: {'data' if wrapped else ''}[{a}] {_not_an_article(article)}")
-        else:
-            yield (f"data[{a}]" if wrapped else f"record {a}"), article  # a flat record
 
 
 def build_examples(records: Iterable[Located], where: str, rule: AnswerRule) -> Examples:
@@ -244,7 +150,7 @@ def _read(path: Path) -> bytes:
 def load_file(path: str | Path, rule: AnswerRule = "required") -> Examples:
     path = Path(path)
     raw = _read(path)
-    examples = build_examples(_flat_records(path, _decode(path, raw)), str(path), rule)
+    examples = build_examples(file_records(path, _decode(path, raw)), str(path), rule)
     examples.fingerprint = hashlib.sha256(raw).hexdigest()[:16]  # of the bytes as stored, BOM and all
     if examples.normalised:  # windows cached before records were read as NFC are not these
         examples.fingerprint += "+nfc"

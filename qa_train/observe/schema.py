@@ -214,7 +214,9 @@ class RunMetrics(TrainFigures, Scores):
         if not path.is_file():
             raise MetricsFileError(f"{run_dir}: no metrics.json (did the run finish?)")
         try:
-            payload = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as err:
+            raise MetricsFileError(f"{run_dir}: metrics.json cannot be read: {err.strerror or err}") from None
+        except (ValueError, RecursionError) as err:  # not UTF-8, not JSON, or JSON no parser can hold
             raise MetricsFileError(f"{run_dir}: metrics.json is not valid JSON: {err}") from None
         return cls.from_json(payload, str(run_dir))

@@ -9,9 +9,8 @@ import json
 import lzma
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
-from qa_train.data.json_lines import json_lines
+from qa_train.data.layouts import located_records, read_json
 
 # The SQuAD files are often kept compressed (dev-v1.1.json.xz): read as they are, not refused as "not UTF-8".
 _COMPRESSED: tuple[tuple[bytes, str, Callable[[bytes], bytes]], ...] = (
@@ -32,7 +31,7 @@ def read_text(path: Path) -> str:
                 raise ValueError(f"{path}: a damaged {kind} file ({err})") from None
             break
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")  # a leading BOM is not data, as training reads it
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
 
@@ -40,8 +39,8 @@ def read_text(path: Path) -> str:
 def _read_json(path: Path) -> object:
     try:
         return json.loads(read_text(path))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON: {err}") from err
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, an integer of over 4,300 digits, deep nesting
+        raise ValueError(f"{path}: not valid JSON: {err}") from None
 
 
 def _answer_texts(path: Path, qid: str, texts: object) -> list[str]:
@@ -65,31 +64,8 @@ def _add(path: Path, refs: dict[str, list[str]], qid: object, texts: list[str]) 
     refs[qid] = texts
 
 
-def _nested_references(path: Path, dataset: Any) -> dict[str, list[str]]:
-    """Official layout: data -> paragraphs -> qas -> answers[{"text", ...}]; `dataset` is parsed JSON of any
-    shape (a wrong one is a KeyError or TypeError, reported below)."""
-    refs: dict[str, list[str]] = {}
-    where = "data"
-    try:
-        for i, article in enumerate(dataset):
-            where = f"data[{i}]"
-            for j, paragraph in enumerate(article["paragraphs"]):
-                where = f"data[{i}].paragraphs[{j}]"
-                for k, qa in enumerate(paragraph["qas"]):
-                    where = f"data[{i}].paragraphs[{j}].qas[{k}]"
-                    answers = qa["answers"]
-                    texts = [a["text"] for a in answers] if isinstance(answers, list) else answers
-                    _add(path, refs, qa["id"], _answer_texts(path, qa["id"], texts))
-    except (KeyError, TypeError) as err:
-        raise ValueError(
-            f"{path}: malformed SQuAD JSON near {where} ({type(err).__name__}: {err}); expected "
-            '{"data": [{"paragraphs": [{"qas": [{"id", "answers": [{"text"}]}]}]}]}'
-        ) from err
-    return refs
-
-
 def _flat_references(path: Path, records: Iterable[tuple[str, object]]) -> dict[str, list[str]]:
-    """Flat hub layout, (place, record) pairs: {"id", "answers": {"text": [...]}}."""
+    """(place, record) pairs of flat records: {"id", "answers": {"text": [...]}}."""
     refs: dict[str, list[str]] = {}
     for where, record in records:
         if not isinstance(record, dict) or "id" not in record or "answers" not in record:
@@ -101,47 +77,16 @@ def _flat_references(path: Path, records: Iterable[tuple[str, object]]) -> dict[
     return refs
 
 
-def _is_flat(records: object) -> bool:
-    """A list of flat records (as training also reads them), not of nested articles."""
-    return (
-        isinstance(records, list)
-        and bool(records)
-        and isinstance(records[0], dict)
-        and ("paragraphs" not in records[0])
-    )
-
-
 def read_references(path: Path) -> tuple[dict[str, list[str]], str | None]:
-    """(id -> gold answer texts, the file's "version") from official SQuAD JSON, flat records (a JSON list,
-    `{"data": [...]}` or JSON lines) as training reads them."""
+    """(id -> gold answer texts, the file's "version") from any file training reads (qa_train.data.layouts):
+    official SQuAD JSON, a JSON list of flat records, `{"data": [...]}` or JSON lines."""
     text = read_text(path)
-    try:
-        whole = json.loads(text)
-    except json.JSONDecodeError:
-        whole = None  # not a single document: try one record per line
-    version = None
-    if isinstance(whole, dict) and "data" in whole:
-        data = whole["data"]
-        refs = (
-            _flat_references(path, ((f"data[{i}]", r) for i, r in enumerate(data)))
-            if _is_flat(data)
-            else _nested_references(path, data)
-        )
-        version = str(whole["version"]) if "version" in whole else None
-    elif _is_flat(whole):  # a JSON list of flat records
-        refs = _flat_references(path, ((f"record {i}", r) for i, r in enumerate(whole)))
-    elif whole is not None and "\n" in text.strip():
-        # One multi-line JSON document that is not SQuAD-shaped; reading it
-        # line by line would only report a confusing "line 1: not valid JSON".
-        raise ValueError(
-            f"{path}: JSON document without a top-level 'data' list; "
-            "expected official SQuAD JSON, a list of records, or one record per line"
-        )
-    else:
-        refs = _flat_references(path, json_lines(path, text))  # as training reads them
+    whole = read_json(path, text)
+    refs = _flat_references(path, located_records(path, text, whole))
     if not refs:
         raise ValueError(f"{path}: contains no questions")
-    return refs, version
+    version = whole.get("version") if isinstance(whole, dict) else None
+    return refs, (None if version is None else str(version))
 
 
 def load_references(path: str | Path, allow_empty: bool = False) -> dict[str, list[str]]:

@@ -4,7 +4,9 @@ Scores from this module are meant to be comparable with published SQuAD
 numbers, so the metric definitions follow the official v1.1 evaluation exactly:
 
 * answers are compared after normalisation (lower-case, drop punctuation, drop
-  the articles "a", "an", "the", collapse whitespace);
+  the articles "a", "an", "the", collapse whitespace), which here begins with
+  Unicode NFC, as training reads its records: the official script scores 'José'
+  precomposed against decomposed as a miss;
 * F1 is computed over the bags of whitespace tokens of the normalised strings;
 * each question takes the best score over its gold answers;
 * a question without a prediction scores 0 and still counts in the total.

@@ -356,11 +356,14 @@ def test_an_arguments_file_comes_first_and_the_command_line_overrides_it(tmp_pat
         ('{"mixed_precision": "fp8"}', "mixed_precision: 'fp8' is not one of auto, no, fp16, bf16"),
         ('["--learning_rate", "1e-4"]', "must hold an object of flag: value, found list"),
         ('{"learning_rate": 1e-4,}', "not valid JSON"),
+        (b'\xff\xfe{"learning_rate": 1e-4}', "not UTF-8 text (byte 0)"),  # escaped as a traceback
     ],
 )
-def test_a_bad_arguments_file_is_one_line_naming_the_file_and_key(content: str, says: str, tmp_path: Path) -> None:
+def test_a_bad_arguments_file_is_one_line_naming_the_file_and_key(
+    content: str | bytes, says: str, tmp_path: Path
+) -> None:
     path = tmp_path / "args.json"
-    path.write_text(content)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(ConfigError, match=re.escape(says)) as err:
         parse_args([str(path)])
     assert str(err.value).startswith(f"arguments file {path}: ") and "\n" not in str(err.value)

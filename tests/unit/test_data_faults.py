@@ -50,6 +50,7 @@ def refused(path: Path, match: str) -> str:
     return message
 
 
+PRETTY = json.dumps(nested_with(), indent=2)
 MALFORMED = {
     "paragraphs not a list": (
         json.dumps(nested_with(para=5)),
@@ -101,6 +102,33 @@ MALFORMED = {
         r"record 1: question f2: 'title' must be a string, found a number",
     ),
     "nested too deeply": ("[" * 100_000, r"not valid JSON: maximum recursion depth exceeded"),
+    # A ValueError that is not a JSONDecodeError: it escaped as a traceback.
+    "an integer of 5,000 digits": (
+        json.dumps(nested_with(qas=[{**GOOD_QA, "answers": [{"text": "1871", "answer_start": "@"}]}])).replace(
+            '"@"', "1" * 5000
+        ),
+        r"not valid JSON: Exceeds the limit \(4300 digits\)",
+    ),
+    "an integer of 5,000 digits in JSON lines": (
+        lines(FLAT)
+        + json.dumps({**FLAT, "id": "f2", "answers": {"text": ["1871"], "answer_start": ["@"]}}).replace(
+            '"@"', "1" * 5000
+        ),
+        r"line 2: not valid JSON: Exceeds the limit \(4300 digits\)",
+    ),
+    # What follows a whole document is named where it is, not read as line 1 of JSON lines.
+    "a stray brace after a pretty-printed file": (
+        PRETTY + "\n}\n",
+        rf"not valid JSON: Extra data: line {PRETTY.count(chr(10)) + 2} column 1",
+    ),
+    "a stray brace after a one-line file": (
+        json.dumps(nested_with()) + "\n}\n",
+        r"not valid JSON: Extra data: line 2 column 1",
+    ),
+    "two files joined": (
+        PRETTY * 2,
+        rf"not valid JSON: Extra data: line {PRETTY.count(chr(10)) + 1} column 2",
+    ),
 }
 
 
@@ -364,7 +392,11 @@ def test_an_article_without_paragraphs_is_named_as_an_article(tmp_path: Path) ->
     doc["data"].append({"title": "Second"})
     path = tmp_path / "d.json"
     path.write_text(json.dumps(doc))
-    refused(path, r"d\.json: data\[1\] lacks 'paragraphs' \(the articles before it are nested SQuAD\)$")
+    refused(path, r"d\.json: data\[1\] lacks 'paragraphs' \(data\[0\] is a nested SQuAD article\)$")
+    # The first article too: it was read as a flat record, as if the file were a list of them.
+    doc["data"].reverse()
+    path.write_text(json.dumps(doc))
+    refused(path, r"d\.json: data\[0\] lacks 'paragraphs' \(data\[1\] is a nested SQuAD article\)$")
 
 
 def test_an_answer_in_another_unicode_form_says_so(tmp_path: Path) -> None:

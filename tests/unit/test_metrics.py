@@ -192,9 +192,10 @@ def test_schema_reads_what_it_writes_and_names_what_is_missing(tmp_path) -> None
     assert RunMetrics.from_json({**payload, "from_a_newer_version": 1}) == m
     with pytest.raises(MetricsFileError, match="some/run: metrics.json lacks strategy"):
         RunMetrics.from_json({"world_size": 1, "train_samples_per_second": 1.0}, "some/run")
-    (tmp_path / "metrics.json").write_text("{broken")
-    with pytest.raises(MetricsFileError, match="not valid JSON"):
-        RunMetrics.read(tmp_path)
+    for torn in (b"{broken", b"\xff\xfe{}", b"[" * 100_000):  # not UTF-8 and deep nesting escaped as tracebacks
+        (tmp_path / "metrics.json").write_bytes(torn)
+        with pytest.raises(MetricsFileError, match="metrics.json is not valid JSON"):
+            RunMetrics.read(tmp_path)
 
 
 def test_every_schema_field_is_documented() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -160,7 +161,7 @@ def test_load_references_malformed_nested_names_file_and_location(tmp_path: Path
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(broken), encoding="utf-8")
     where = r"data\[0\]\.paragraphs\[0\]\.qas\[1\]"
-    with pytest.raises(ValueError, match=rf"broken\.json: malformed SQuAD JSON near {where}"):
+    with pytest.raises(ValueError, match=rf"broken\.json: {where}: expected an object with 'id' and 'answers'$"):
         load_references(path)
 
 
@@ -174,11 +175,57 @@ def test_flat_records_read_as_training_reads_them_and_other_documents_are_refuse
         assert load_references(path) == expected
     path = tmp_path / "other.json"
     path.write_text(json.dumps({"questions": FLAT}, indent=2), encoding="utf-8")
-    with pytest.raises(ValueError, match=r"other\.json: JSON document without a top-level 'data' list"):
+    with pytest.raises(ValueError, match=r"other\.json: expected SQuAD JSON with a 'data' list, JSON lines, or a list"):
         load_references(path)
     path.write_text(json.dumps([{"id": "q1", "answers": ["Paris"]}]), encoding="utf-8")
     with pytest.raises(ValueError, match=r"other\.json: record 0: 'answers' must be an object with a 'text' list"):
         load_references(path)
+
+
+def test_the_scorer_reads_every_file_training_reads(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """One reader for both (qa_train.data.layouts): a dev file with a BOM, or a JSON list of nested articles, was
+    evaluated on by training and then refused by the scorer meant to reproduce the run's figures."""
+    from qa_train.squad import scoring
+
+    expected = load_references(DEMO_DEV)
+    predictions = tmp_path / "predictions.json"
+    predictions.write_text(json.dumps({qid: golds[0] for qid, golds in expected.items()}))
+    articles = json.loads(DEMO_DEV.read_text())["data"]
+    for name, raw in (
+        ("bom.json", b"\xef\xbb\xbf" + DEMO_DEV.read_bytes()),
+        ("articles.json", json.dumps(articles).encode()),
+    ):
+        path = tmp_path / name
+        path.write_bytes(raw)
+        assert len(load_file(path)) == len(expected)
+        assert load_references(path) == expected
+        assert scoring.main([str(path), str(predictions)]) == 0
+        assert json.loads(capsys.readouterr().out) == {"exact_match": 100.0, "f1": 100.0}
+
+
+@pytest.mark.parametrize(
+    ("which", "text", "match"),
+    [
+        ("dev", "[" * 100_000 + "]" * 100_000, "not valid JSON: maximum recursion depth exceeded"),
+        ("predictions", '{"q1": ' + "[" * 100_000 + "]" * 100_000 + "}", "not valid JSON: maximum recursion depth"),
+        ("predictions", '{"q1": ' + "1" * 5000 + "}", r"not valid JSON: Exceeds the limit \(4300 digits\)"),
+    ],
+)
+def test_json_no_parser_can_hold_is_refused_in_one_line_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture, which: str, text: str, match: str
+) -> None:
+    """Deep nesting and a 5,000-digit integer are ValueError and RecursionError, not JSONDecodeError: they
+    escaped as tracebacks, or as a line without the file's name."""
+    from qa_train.squad import scoring
+
+    files = {"dev": DEMO_DEV, "predictions": tmp_path / "predictions.json"}
+    files["predictions"].write_text("{}")
+    files[which] = tmp_path / f"{which}.json"
+    files[which].write_text(text)
+    assert scoring.main([str(files["dev"]), str(files["predictions"])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"qa-train score: error: {files[which]}: ") and err.count("\n") == 1, err
+    assert re.search(match, err), err
 
 
 def test_load_references_rejects_duplicate_ids_and_empty_answers(tmp_path: Path) -> None:
