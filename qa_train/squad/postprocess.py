@@ -202,8 +202,10 @@ def _nbest(
     offsets: np.ndarray,
     questions: Questions,
     n_best_size: int,
+    text_span: bool = False,
 ) -> dict[str, list[dict]]:
-    """Up to n_best_size valid candidates per example, best first, same tie order as the answer."""
+    """Up to n_best_size valid candidates per example, best first, same tie order as the answer; with `text_span`
+    one more, the best candidate with text, when none of those has any (SQuAD v2.0's null competes with it)."""
     starts, ends, scores = candidates
     feature_example_index, example_ids, contexts = (
         questions.feature_example_index, questions.example_ids, questions.contexts,
@@ -231,12 +233,21 @@ def _nbest(
         i = ex[lo]
         context = contexts[i]
         top = slice(lo, min(hi, lo + n_best_size))
-        nbest[example_ids[i]] = [
+        entries = [
             {"text": context[a:b], "score": sc, "start_logit": sl, "end_logit": el, "start": a, "end": b}
             for a, b, sc, sl, el in zip(
                 char_start[top], char_end[top], cand_scores[top], start_logit[top], end_logit[top]
             )
         ]
+        if text_span and not any(e["text"] for e in entries):
+            j = next((j for j in range(top.stop, hi) if char_start[j] < char_end[j]), None)
+            if j is not None:
+                a, b = char_start[j], char_end[j]
+                entries.append(
+                    {"text": context[a:b], "score": cand_scores[j], "start_logit": start_logit[j],
+                     "end_logit": end_logit[j], "start": a, "end": b}
+                )  # fmt: skip
+        nbest[example_ids[i]] = entries
     return nbest
 
 
@@ -302,7 +313,8 @@ def postprocess_predictions(
         predictions[ids[i]] = contexts[i][a:b]
     if not return_nbest:
         return predictions
-    return predictions, _nbest(candidates, (start_logits, end_logits), offsets, questions, rules.n_best_size)
+    v2 = rules.null_score_diff_threshold is not None
+    return predictions, _nbest(candidates, (start_logits, end_logits), offsets, questions, rules.n_best_size, v2)
 
 
 def _null_answers(start_logits: np.ndarray, end_logits: np.ndarray, questions: Questions) -> list[dict | None]:
@@ -363,9 +375,9 @@ def answer_questions(
         if null is None:  # no window at all: nothing to say but ""
             odds[qid], predictions[qid] = NO_SPAN_ODDS, ""
             continue
-        # The null competes with the best span that has text among all the spans, not only among those left
-        # in the n-best once the null joins it: with n_best_size 1 a null above the best span would push it
-        # out, and the answer and odds would then depend on n_best_size.
+        # The null competes with the best span that has text among all the candidates (_nbest adds it when
+        # the n_best_size best have none), not only among those left in the n-best once the null joins it:
+        # with n_best_size 1 a null above the best span would push it out.
         best = next((c for c in nbest[qid] if c["text"]), None)
         # As utils_qa: the null joins the spans (after those of equal score: the sort is stable) and
         # stays in the list even when n_best_size spans beat it; so does the best span with text, which

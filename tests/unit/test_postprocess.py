@@ -322,6 +322,21 @@ def test_v2_without_a_span_that_has_text_answers_the_null() -> None:
     assert answers.predictions == {"q": ""} and answers.null_odds == {"q": NO_SPAN_ODDS}
 
 
+def test_v2_finds_the_span_with_text_below_n_best_size_empty_ones() -> None:
+    """Three zero-width tokens after "Bowl" make six empty spans (16-20) above the best with text, "Bowl" to the
+    first of them (11): with n_best_size 4 none of the four listed had text, and the question answered "" with
+    odds no threshold could reach, though its candidates held "Bowl"."""
+    offsets = np.full((1, 8, 2), -1, dtype=np.int32)
+    offsets[0, 2:7] = [(0, 5), (6, 10), (10, 10), (10, 10), (10, 10)]
+    start, end = np.full((1, 8), -10.0), np.full((1, 8), -10.0)
+    start[0, 3:7] = end[0, 3:7] = [1, 10, 9, 8]
+    start[0, 0] = end[0, 0] = 3
+    for n_best_size in (4, 20):
+        answers = _v2(start, end, offsets, [0], null_score_diff_threshold=0.0, n_best_size=n_best_size)
+        assert answers.predictions == {"q": "Bowl"} and answers.null_odds == {"q": 6.0 - 11.0}
+    assert [e["text"] for e in answers.nbest["q"]][:7] == [""] * 6 + ["Bowl"]
+
+
 def test_v1_answers_the_best_span_even_when_empty() -> None:
     start, end, offsets = _zero_width_window()
     answers = answer_questions(start, end, offsets, Questions(np.zeros(1, dtype=np.int64), ["q"], [CONTEXT]))
