@@ -212,21 +212,6 @@ class Trainer:
         self.host_memory = HostMemory(trim=not self.on_cuda)
         self.device_memory = DeviceMemory(self.accelerator.device)
         self._build_inputs(splits)
-        # Only now, with every record read and every window built (the tokenizer refuses some texts), may
-        # --overwrite_output_dir cost the old run.
-        cleared = clear_previous_run(out, self.is_main)
-        if cleared.removed:
-            log.info(
-                "--overwrite_output_dir: removed the previous run's %s from %s",
-                ", ".join(cleared.removed),
-                self.output_dir,
-            )
-        if cleared.kept:
-            log.warning(
-                "--overwrite_output_dir: kept %s in %s: not provably qa_train's own",
-                ", ".join(cleared.kept),
-                self.output_dir,
-            )
         self._build_model()
         self.state = self._resume()
         self.first_step = self.state.completed_steps
@@ -279,7 +264,11 @@ class Trainer:
         # The checkpoint is checked against this run before anything is loaded; converted weights go in here,
         # before compile and prepare, so every strategy shards them as it would a fresh model's.
         self.now = self._contract()
-        self.resuming = resume.before_prepare(accelerator, self.request, self.now, model, optimizer_order(model))
+        found = resume.checked(accelerator, self.request, self.now)
+        # Only now, with every record read, every window built (the tokenizer refuses some texts), the model
+        # loaded and the checkpoint to continue checked, may --overwrite_output_dir cost the old run.
+        self._clear_previous_run()
+        self.resuming = resume.before_prepare(accelerator, self.request, found, model, optimizer_order(model))
         if args.system.gradient_checkpointing:  # before compile and prepare, which wrap the layers it marks
             enable_checkpointing(model)
         self.graph_widths = 0  # CUDA graphs per padded width: how many widths, known to inductor after step one
@@ -309,6 +298,21 @@ class Trainer:
         deepspeed_json.reconcile_with_flags(self.accelerator, self.args, self.mixed_precision)
         sharded.fit_fsdp_wrap(self.accelerator, model)
         self.model, self.eval_dl = build.prepare_for_evaluation(self.accelerator, model, self.eval_dl)
+
+    def _clear_previous_run(self) -> None:
+        cleared = clear_previous_run(self.args.output, self.is_main)
+        if cleared.removed:
+            log.info(
+                "--overwrite_output_dir: removed the previous run's %s from %s",
+                ", ".join(cleared.removed),
+                self.output_dir,
+            )
+        if cleared.kept:
+            log.warning(
+                "--overwrite_output_dir: kept %s in %s: not provably qa_train's own",
+                ", ".join(cleared.kept),
+                self.output_dir,
+            )
 
     def _contract(self) -> TrainerState:
         """A fresh state carrying what this run is and how it is sized: what a checkpoint must agree with."""

@@ -1,8 +1,8 @@
 """The output-dir contract, checked before any data or model work: never write over a run by accident.
 
 As in transformers: a directory that holds a run is refused unless `--overwrite_output_dir` (which
-removes that run's files, once the new run's flags, model config and data have passed their checks) or
-`--resume_from_checkpoint` (which continues it).
+removes that run's files, once the new run's flags, data, model and the checkpoint it resumes have passed their
+checks) or `--resume_from_checkpoint` (which continues it).
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def _inside(path: Path, folder: Path) -> bool:
 def claim(output: OutputArgs, lock: bool = False) -> DirLock | None:
     """Refuse an occupied or unwritable output_dir, or with `lock` (the run's first process) one that another run
     holds; returns the held lock. Nothing is removed here: --overwrite_output_dir's clearing waits for
-    `clear_previous_run`, after the data has been read, so a refused record cannot cost the old run."""
+    `clear_previous_run`, after the data is read, the model loaded and the resume checked, so a refused record or
+    checkpoint cannot cost the old run."""
     out = Path(output.output_dir)
     check_writable(out)
     held = hold(out) if lock else None  # before the contents are read: a live run may be writing them
@@ -110,8 +111,13 @@ def _check_occupied(output: OutputArgs) -> None:
                 f"--output_dir {out}: {name}/ holds what qa_train did not write ({_listed(out, foreign)}), and a "
                 f"run replaces that folder whole; move it, or choose another --output_dir"
             )
+    if "metrics.json" in found and owned(out / "metrics.json").keep:  # a name many tools write
+        raise ConfigError(
+            f"--output_dir {out}: metrics.json is not qa_train's (it names no qa_train_version), and a run writes "
+            "its own there; move it, or choose another --output_dir"
+        )
     resume = output.resume_from_checkpoint
-    # With --overwrite_output_dir, a run the resume would not continue goes (`replaces`) once the data is read.
+    # With --overwrite_output_dir, a run the resume would not continue goes (`replaces`) once all is checked.
     if found and not output.overwrite_output_dir and not continues(output, found):
         if resume is None:
             raise ConfigError(

@@ -16,8 +16,9 @@ from pathlib import Path
 
 # strategy/checkpoint.py's names (this floor may not import it; a test keeps them equal).
 MANIFEST, STATE_FILE = "manifest.json", "trainer_state.json"
-# Its transient folders: one being written (saving.save_checkpoint) or deleted (checkpoint.delete_folder).
-TRANSIENT_CHECKPOINT = re.compile(r"^\.(tmp|deleting)-step_\d+$")
+# Its transient folders: one being written (saving.save_checkpoint), deleted (checkpoint.delete_folder) or
+# converted for another strategy (checkpoint.convert).
+TRANSIENT_CHECKPOINT = re.compile(r"^\.(tmp|deleting|portable)-step_\d+$")
 # What an export writes (strategy/saving.py: save_pretrained's config and weights, the tokenizer's files) and
 # --save_best's best.json.
 EXPORT_FILES = re.compile(
@@ -132,15 +133,22 @@ def _points_into(link: Path, folder: Path) -> bool:
 
 
 def _tensorboard(folder: Path) -> Owned:
-    """The TensorBoard tracker's event files, which hold qa_train's config as hyper-parameters (observe/trackers.py;
-    accelerate's own tracker wrote them to hparams.yml beside them, still recognised)."""
+    """The TensorBoard tracker's event files, each holding qa_train's config as hyper-parameters
+    (observe/trackers.py), or beside an hparams.yml that does (accelerate's own tracker wrote them there, still
+    recognised); another experiment's event files in the same folder stay."""
     files = [p for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()]
+    marked = {p for p in files if not p.is_symlink() and p.name == "hparams.yml" and _mentions(p, RUN_MARK)}
     ours = [
         p
         for p in files
-        if not p.is_symlink() and (p.name == "hparams.yml" or p.name.startswith("events.out.tfevents."))
+        if p in marked
+        or (
+            not p.is_symlink()
+            and p.name.startswith("events.out.tfevents.")
+            and (p.parent / "hparams.yml" in marked or _mentions(p, RUN_MARK))
+        )
     ]
-    if not any(_mentions(p, RUN_MARK) for p in ours):
+    if not ours:
         return Owned(keep=[folder])
     return Owned(remove=ours, keep=[p for p in files if p not in ours])
 

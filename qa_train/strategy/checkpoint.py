@@ -488,10 +488,13 @@ def run_id_of(path: Path) -> str | None:
 
 
 def move_aside(path: Path, suffix: str) -> Path:
-    """Rename step_N to step_N.<suffix> (no longer a step folder: neither `latest` nor rotation sees it),
-    replacing an earlier one of that name."""
+    """Rename step_N to step_N.<suffix> (no longer a step folder: neither `latest` nor rotation sees it), or
+    step_N.<suffix>-2, -3, ... beside an earlier one of that name, which is set aside too, never replaced."""
     aside = path.with_name(f"{path.name}.{suffix}")
-    delete_folder(aside)
+    n = 1
+    while aside.exists() or aside.is_symlink():
+        n += 1
+        aside = path.with_name(f"{path.name}.{suffix}-{n}")
     path.rename(aside)
     return aside
 

@@ -38,6 +38,15 @@ def convert(path: Path, shapes: dict[str, tuple[int, ...]], out: Path) -> float:
     t0 = time.perf_counter()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
+    try:
+        _write(path, shapes, out)
+    except BaseException:  # no model-sized half of a conversion left behind
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return time.perf_counter() - t0
+
+
+def _write(path: Path, shapes: dict[str, tuple[int, ...]], out: Path) -> None:
     names = list(shapes)
     reader = _reader(path, names)
     step = reader.step()
@@ -52,7 +61,6 @@ def convert(path: Path, shapes: dict[str, tuple[int, ...]], out: Path) -> float:
         save_file(tensors, out / f"{kind}.safetensors")
         del tensors
     (out / META).write_text(json.dumps({"format": FORMAT, "step": step, "source": str(path)}))
-    return time.perf_counter() - t0
 
 
 def _shaped(tensor: torch.Tensor, shape: tuple[int, ...] | None) -> torch.Tensor:
@@ -212,7 +220,8 @@ class TorchFiles:
                 return load_file(self.path / "model.safetensors")
             return torch.load(self.path / "pytorch_model_fsdp.bin", map_location="cpu", mmap=True, weights_only=True)
         state = self.optimizer["state"]
-        return {self.names[k] if isinstance(k, int) else k: entry[kind] for k, entry in state.items()}
+        # A parameter without this moment is left out, and named by `convert` (it was a KeyError).
+        return {self.names[k] if isinstance(k, int) else k: entry[kind] for k, entry in state.items() if kind in entry}
 
     def step(self) -> int:
         return first_step(entry.get("step") for entry in self.optimizer["state"].values())

@@ -11,6 +11,8 @@ global batch: the accumulation is refitted before anything is built (`refit_accu
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,7 +40,7 @@ class Resume:
     saved: TrainerState
     now: TrainerState
     portable: Path | None = None  # its converted folder; None: the library loads the checkpoint itself
-    reason: str | None = None  # why it was converted
+    reason: str | None = None  # why it must be converted; None: the library loads it as it is
 
 
 @dataclass
@@ -75,12 +77,9 @@ def refit_accumulation(request: Request, per_device: int, accumulation: int, wor
     )
 
 
-def before_prepare(
-    accelerator, request: Request, now: TrainerState, model, shapes: dict[str, tuple[int, ...]]
-) -> Resume | None:
-    """The checkpoint to continue, checked before anything is loaded; converted (and its weights loaded into the
-    unprepared `model`) where the library cannot load it itself. `shapes`: the parameters' whole shapes, in the
-    optimizer's order."""
+def checked(accelerator, request: Request, now: TrainerState) -> Resume | None:
+    """The checkpoint to continue, its contents and its contract checked against this run, nothing loaded: what
+    may refuse a resume does so here, before --overwrite_output_dir clears anything."""
     path = checkpoint.agreed_resume(accelerator, request.spec, request.output_dir)
     if path is None:
         root = checkpoint.checkpoint_root(request.output_dir)
@@ -89,12 +88,30 @@ def before_prepare(
         return None
     saved = checkpoint.read_state(path)
     checkpoint.check_contract(accelerator, path, saved, now, request.allow_global_batch_change)
-    reason = checkpoint.conversion_reason(saved, now)
-    if reason is None:
-        return Resume(path, saved, now)
-    folder = checkpoint.convert(accelerator, path, shapes, request.output_dir)
-    checkpoint.agreed(accelerator, path, lambda: portable.load_weights(model, folder), doing="converted")
-    return Resume(path, saved, now, folder, reason)
+    return Resume(path, saved, now, reason=checkpoint.conversion_reason(saved, now))
+
+
+def before_prepare(
+    accelerator, request: Request, found: Resume | None, model, shapes: dict[str, tuple[int, ...]]
+) -> Resume | None:
+    """The `checked` checkpoint converted (and its weights loaded into the unprepared `model`) where the library
+    cannot load it itself. `shapes`: the parameters' whole shapes, in the optimizer's order."""
+    if found is None or found.reason is None:
+        return found
+    folder = checkpoint.convert(accelerator, found.path, shapes, request.output_dir)
+    with _discarded_on_refusal(accelerator, folder):
+        checkpoint.agreed(accelerator, found.path, lambda: portable.load_weights(model, folder), doing="converted")
+    return replace(found, portable=folder)
+
+
+@contextmanager
+def _discarded_on_refusal(accelerator, folder: Path) -> Iterator[None]:
+    """The portable folder goes with a refused load too: `agreed` refuses on every rank at once, so all meet here."""
+    try:
+        yield
+    except checkpoint.CheckpointError:
+        checkpoint.discard(accelerator, folder)
+        raise
 
 
 def after_prepare(accelerator, resume: Resume, model, optimizer, updates_per_epoch: int) -> TrainerState:
@@ -104,7 +121,8 @@ def after_prepare(accelerator, resume: Resume, model, optimizer, updates_per_epo
     else:
         folder = resume.portable
         load = lambda: portable.load_optimizer(accelerator, model, optimizer, folder)  # noqa: E731
-        checkpoint.agreed(accelerator, resume.path, load, doing="converted")
+        with _discarded_on_refusal(accelerator, folder):
+            checkpoint.agreed(accelerator, resume.path, load, doing="converted")
         checkpoint.discard(accelerator, folder)
         state = replace(resume.saved, **resume.now.contract())
         if accelerator.is_main_process:
@@ -114,6 +132,9 @@ def after_prepare(accelerator, resume: Resume, model, optimizer, updates_per_epo
                 resume.path,
                 resume.reason,
             )
+    # accelerate restores its micro-batch count with the checkpoint, counted in the checkpoint's accumulation;
+    # `accumulate` updates when it is a multiple of this run's, and a resume begins at an update.
+    accelerator.step = 0
     position = continue_at(resume.saved, resume.now, updates_per_epoch)
     if position.note and accelerator.is_main_process:
         log.warning("resuming from %s: %s", resume.path, position.note)

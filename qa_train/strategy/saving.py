@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -81,8 +82,8 @@ def _fresh(tmp: Path) -> None:
 
 def _complete(tmp: Path, final: Path, state: TrainerState, output_dir: str | Path, keep: int | None) -> None:
     (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
+    _write_manifest(tmp)  # last of the files: only now is the folder complete
     _share_like_umask(tmp)  # safetensors writes the model 0600, where the rest follows the umask
-    _write_manifest(tmp)  # last: only now is the folder complete
     _replace(tmp, final, state.run_id)
     log.info("checkpoint saved: %s", final)
     try:
@@ -237,13 +238,17 @@ def _write_export(unwrapped, state_dict: dict, tokenizer, tmp: Path) -> None:
 
 
 def _share_like_umask(folder: Path) -> None:
-    """Files as the umask allows (usually group- and world-readable): some writers create them 0600,
-    and an exported model is meant to be read by others on a shared file system."""
+    """Files and folders as the umask allows (usually group- and world-readable): some writers create files 0600,
+    and an exported model is meant to be read by others on a shared file system. Never writable by others, even
+    under umask 000: a checkpoint is unpickled on resume, and one that others could write is refused then
+    (checkpoint.untrusted)."""
     umask = os.umask(0)
     os.umask(umask)
-    for f in folder.rglob("*"):
-        if f.is_file():
-            try:
-                f.chmod(0o666 & ~umask)
-            except OSError:  # a file system that keeps its own modes (some network mounts): nothing lost
-                pass
+    mask = umask | stat.S_IWOTH
+    for f in (folder, *folder.rglob("*")):
+        if f.is_symlink():
+            continue
+        try:
+            f.chmod((0o777 if f.is_dir() else 0o666) & ~mask)
+        except OSError:  # a file system that keeps its own modes (some network mounts): nothing lost
+            pass

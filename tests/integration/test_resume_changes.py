@@ -130,3 +130,31 @@ def test_a_mid_epoch_resume_on_reordered_training_data_is_refused(refused_resume
         "resume with the checkpoint's training data and windowing (--train_file, --max_train_samples, "
         "--max_seq_length, --doc_stride, the tokenizer)"
     )
+
+
+def test_overwrite_keeps_the_old_run_when_the_resume_is_refused(refused_resume, tmp_path: Path) -> None:
+    """--overwrite_output_dir cleared the old run before the checkpoint was checked, and the refusal then left an
+    empty folder: the old run is now cleared only once the resume is known to go ahead."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "metrics.json").write_text(json.dumps({"qa_train_version": "0.1.0", "f1": 88.0}))
+    (old / "train_log.jsonl").write_text('{"step": 1}\n')
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_00000001"
+    code, line = refused_resume(
+        "--output_dir", str(old), "--overwrite_output_dir", "--resume_from_checkpoint", str(checkpoint),
+        "--per_device_train_batch_size", "4",
+    )  # fmt: skip
+    assert code == 2 and "its global batch is 8, this run's is 4" in line
+    assert json.loads((old / "metrics.json").read_text())["f1"] == 88.0 and (old / "train_log.jsonl").exists()
+
+
+def test_a_resume_under_another_split_of_the_batch_updates_at_whole_batches(tmp_path: Path) -> None:
+    """A checkpoint at step 1 of 8 x 1 continued as 4 x 2: accelerate restored its micro-batch count (1) with the
+    checkpoint, so the first update came after one micro-batch of 4 and every later one was off by one."""
+    out = tmp_path / "run"
+    run(parse_args(tiny_flags(out, "--max_train_steps", "1", "--checkpointing_steps", "1", "--no_eval")))
+    flags = tiny_flags(out, "--max_train_steps", "3", "--checkpointing_steps", "1", "--no_eval")
+    flags += ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2"]
+    run(parse_args([*flags, "--resume_from_checkpoint", "latest"]))
+    positions = [read_state(out / "checkpoints" / f"step_{s:08d}").batches_in_epoch for s in (2, 3)]
+    assert positions == [4, 6]  # 8 windows a step, in micro-batches of 4

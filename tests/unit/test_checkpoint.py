@@ -9,6 +9,7 @@ import os
 import pickle
 import re
 import shutil
+import stat
 import zlib
 from dataclasses import asdict
 from pathlib import Path
@@ -844,6 +845,33 @@ def test_resuming_an_earlier_checkpoint_sets_the_later_ones_aside(tmp_path: Path
     assert names(complete_checkpoints(tmp_path)) == ["step_00000010", "step_00000015"]
     assert resolve_resume("latest", tmp_path).name == "step_00000015"
     assert ckpt.set_aside_later(tmp_path / "elsewhere" / "step_00000001", tmp_path) == []
+
+
+def test_setting_aside_again_never_replaces_what_was_set_aside(tmp_path: Path) -> None:
+    """A second resume from the same step abandons a second continuation: the first, set aside as
+    step_N.abandoned with whatever was put in it, was deleted to make room for it."""
+    paths = [
+        save_checkpoint(FakeAccelerator(), tmp_path, contract(completed_steps=s, run_id=RUN), keep=None) for s in (2, 4)
+    ]
+    [first] = ckpt.set_aside_later(paths[0], tmp_path)
+    (first / "MARK").write_text("a user's note")
+    save_checkpoint(FakeAccelerator(), tmp_path, contract(completed_steps=4, run_id=RUN), keep=None)
+    [second] = ckpt.set_aside_later(paths[0], tmp_path)
+    assert (first.name, second.name) == ("step_00000004.abandoned", "step_00000004.abandoned-2")
+    assert (first / "MARK").read_text() == "a user's note" and ckpt.verify(second) is None
+
+
+def test_a_checkpoint_is_never_writable_by_others_whatever_the_umask(tmp_path: Path) -> None:
+    """Under umask 000 a run wrote its checkpoints world-writable, and its own resume then refused them as
+    possibly planted (they are unpickled)."""
+    old = os.umask(0)
+    try:
+        path = save_checkpoint(FakeAccelerator(), tmp_path, contract(run_id=RUN), keep=None)
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(path).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in (path, *path.rglob("*"))}
+    assert modes == {".": 0o775, "model.safetensors": 0o664, "manifest.json": 0o664, STATE_FILE: 0o664}
+    assert ckpt.untrusted(path) is None and resolve_resume("latest", tmp_path) == path
 
 
 def test_load_refuses_a_broken_contract_before_loading_anything(tmp_path: Path) -> None:

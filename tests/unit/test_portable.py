@@ -139,3 +139,10 @@ def test_a_checkpoint_without_every_moment_or_of_another_model_is_refused_in_one
         portable.convert(checkpoint, optimizer_order(model), tmp_path / "portable")
     with pytest.raises(portable.PortableError, match="neither accelerate's, FSDP's nor DeepSpeed's"):
         portable.convert(tmp_path, [], tmp_path / "other")
+    # Refused after the weights were written: the model-sized half of a conversion stayed behind.
+    saved = optimizer.state_dict()
+    del saved["state"][3]["exp_avg"]
+    checkpoint = _accelerate_files(tmp_path / "step_00000002", model, saved)
+    with pytest.raises(portable.PortableError, match="no exp_avg for"):
+        portable.convert(checkpoint, optimizer_order(model), tmp_path / "portable")
+    assert not (tmp_path / "portable").exists() and not (tmp_path / "other").exists()

@@ -87,7 +87,7 @@ def test_resume_continues_its_own_run_only(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="holds another run"):
         claim(OutputArgs(output_dir=str(out), resume_from_checkpoint=str(elsewhere)))
     (tmp_path / "done").mkdir()
-    (tmp_path / "done" / "metrics.json").write_text("{}")
+    (tmp_path / "done" / "metrics.json").write_text(json.dumps({"qa_train_version": "0.1.0"}))
     with pytest.raises(ConfigError, match="without checkpoints"):
         claim(OutputArgs(output_dir=str(tmp_path / "done"), resume_from_checkpoint="latest"))
 
@@ -168,6 +168,49 @@ def test_overwrite_removes_only_what_is_provably_qa_trains_and_names_the_rest(tm
         "tensorboard/events.out.tfevents.1.host",
         "wandb/run-20240101_0-zz99/logs/debug.log",
     ]
+
+
+def test_overwrite_removes_only_the_event_files_of_qa_trains_own_tensorboard_runs(tmp_path: Path) -> None:
+    """One marked event file made every event file under tensorboard/ qa_train's, another experiment's too."""
+    out = finished_run(tmp_path / "out")
+    board = out / "tensorboard"
+    (board / "legacy").mkdir(parents=True)
+    (board / "other").mkdir()
+    (board / "events.out.tfevents.1.host.1.0").write_bytes(b"hparams: {'qa_train_version': '0.1.0'}")
+    (board / "legacy" / "hparams.yml").write_text("qa_train_version: 0.1.0\n")  # accelerate's own tracker
+    (board / "legacy" / "events.out.tfevents.2.host.1.0").write_bytes(b"scalars only")
+    (board / "other" / "events.out.tfevents.3.host.1.0").write_bytes(b"another experiment's scalars")
+    args = OutputArgs(output_dir=str(out), overwrite_output_dir=True)
+    claim(args)
+    cleared = clear_previous_run(args, is_main=True)
+    assert "tensorboard" in cleared.removed and cleared.kept == ["tensorboard/other/events.out.tfevents.3.host.1.0"]
+    assert sorted(p.relative_to(board).as_posix() for p in board.rglob("*") if p.is_file()) == [
+        "other/events.out.tfevents.3.host.1.0"
+    ]
+
+
+@pytest.mark.parametrize("flags", [{"overwrite_output_dir": True}, {"resume_from_checkpoint": "latest"}])
+def test_a_metrics_json_qa_train_did_not_write_is_refused_not_written_over(flags: dict, tmp_path: Path) -> None:
+    """It was "kept" by --overwrite_output_dir, said so, and then replaced by the run's own."""
+    out = finished_run(tmp_path / "out")
+    (out / "metrics.json").write_text('{"accuracy": 0.93}')
+    with pytest.raises(ConfigError) as refused:
+        claim(OutputArgs(output_dir=str(out), **flags))
+    assert str(refused.value) == (
+        f"--output_dir {out}: metrics.json is not qa_train's (it names no qa_train_version), and a run writes its "
+        "own there; move it, or choose another --output_dir"
+    )
+    assert (out / "metrics.json").read_text() == '{"accuracy": 0.93}'
+
+
+def test_a_conversion_left_by_a_killed_resume_goes_with_overwrite(tmp_path: Path) -> None:
+    out = finished_run(tmp_path / "out")
+    (out / "checkpoints" / ".portable-step_00000002").mkdir()
+    (out / "checkpoints" / ".portable-step_00000002" / "weights.safetensors").write_bytes(b"half")
+    args = OutputArgs(output_dir=str(out), overwrite_output_dir=True)
+    claim(args)
+    assert clear_previous_run(args, is_main=True).kept == []
+    assert not (out / "checkpoints" / ".portable-step_00000002").exists()
 
 
 @pytest.mark.parametrize("with_export", [True, False])
