@@ -108,6 +108,7 @@ def predict_logits(
         for batch in dataloader:
             feature_index = batch.pop("feature_index")
             batch.pop("num_tokens")
+            batch.pop("num_windows", None)
             batch.pop("start_positions", None)
             batch.pop("end_positions", None)
             try:

@@ -517,12 +517,13 @@ class Trainer:
 
     def _micro_step(self, batch: dict[str, torch.Tensor]) -> None:
         real, padded = batch.pop("num_tokens")
+        samples = int(batch.pop("num_windows"))  # a Python int: the collator's, never moved to the device
         batch.pop("feature_index")
         weights, starts, ends = batch.pop("real"), batch.pop("start_positions"), batch.pop("end_positions")
         accelerator, max_norm = self.accelerator, self.args.optim.max_grad_norm
         with accelerator.accumulate(self.model):
             self._open_watched_step()
-            losses = window_losses(self.model(**batch), starts, ends)
+            losses = window_losses(self.model(**batch), starts, ends, batch["attention_mask"])
             loss = (losses * weights).sum() * self._step_weight()
             accelerator.backward(loss)
             if accelerator.sync_gradients:
@@ -534,7 +535,7 @@ class Trainer:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.state.batches_in_epoch += 1
-        samples, width = batch["input_ids"].shape
+        width = batch["input_ids"].shape[1]
         self._metrics.micro_batch(
             loss, BatchCount(samples, real, padded, self._metrics.cost.batch_flops(padded, width))
         )

@@ -67,7 +67,7 @@ class Collator:
         reduce-overhead)."""
         return 1 if self.pad_to_max_length else -(-self.max_length // self.multiple)
 
-    def __call__(self, items: list[dict]) -> dict[str, torch.Tensor | tuple[int, int]]:
+    def __call__(self, items: list[dict]) -> dict[str, torch.Tensor | tuple[int, int] | int]:
         lengths = np.fromiter((len(x["input_ids"]) for x in items), dtype=np.int64, count=len(items))
         width = self.width(int(lengths.max()))
         ids = np.full((len(items), width), self.pad_token_id, dtype=np.int64)
@@ -76,13 +76,16 @@ class Collator:
             ids[row, : lengths[row]] = x["input_ids"]
             types[row, : lengths[row]] = x["token_type_ids"]
         mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
-        batch: dict[str, torch.Tensor | tuple[int, int]] = {
+        # The windows that only pad an epoch's last step (weight 0) are work done, not samples trained.
+        real = np.fromiter((x.get("real", True) for x in items), dtype=bool, count=len(items))
+        batch: dict[str, torch.Tensor | tuple[int, int] | int] = {
             "input_ids": torch.from_numpy(ids),
             "attention_mask": torch.from_numpy(mask),
             "feature_index": torch.tensor([x["feature_index"] for x in items], dtype=torch.long),
             # Python ints, not a tensor: the prepared loader moves every tensor to the device, and reading
             # one back there would wait for the whole queued step, every micro-batch.
-            "num_tokens": (int(lengths.sum()), len(items) * width),
+            "num_tokens": (int(lengths[real].sum()), len(items) * width),  # (real windows' tokens, all padded)
+            "num_windows": int(real.sum()),
         }
         if self.token_types:
             batch["token_type_ids"] = torch.from_numpy(types)

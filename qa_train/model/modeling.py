@@ -347,15 +347,21 @@ def check_positions(config, tokenizer, max_seq_length: int, doc_stride: int | No
         question_room(PairTemplate.from_tokenizer(tokenizer), max_seq_length, doc_stride)
 
 
-def window_losses(outputs, starts, ends):
+def window_losses(outputs, starts, ends, attention_mask):
     """Each window's span loss, as transformers' question-answering heads average it over a batch: the cross-entropy
     of the start and of the end position, halved; a position outside the window (qa_train's windows have none: an
-    answer outside is labelled at CLS) counts 0."""
+    answer outside is labelled at CLS) counts 0.
+
+    Unlike those heads, padding is no candidate position: with rows padded to the longest window of a micro-batch,
+    the softmax over pad columns made a window's loss, and its gradient, depend on which windows shared its
+    micro-batch, so on the world size and accumulation a global batch was split into."""
     import torch.nn.functional as F
 
     outside = outputs.start_logits.size(1)
+    padding = attention_mask == 0
 
     def entropy(logits, positions):
+        logits = logits.masked_fill(padding, float("-inf"))
         return F.cross_entropy(logits, positions.clamp(0, outside), ignore_index=outside, reduction="none")
 
     return (entropy(outputs.start_logits, starts) + entropy(outputs.end_logits, ends)) / 2

@@ -12,6 +12,7 @@ from qa_train.data.batching import Collator, LengthGroupedSampler, WindowDataset
 from qa_train.data.features import featurize
 from qa_train.data.load import load_file
 from qa_train.data.loaders import collator
+from qa_train.model.modeling import window_losses
 
 
 def _features(max_len: int = 384):
@@ -84,6 +85,29 @@ def test_dynamic_padding_keeps_logits() -> None:
         n = int(feats.lengths[row])
         assert torch.allclose(a.start_logits[row, :n], b.start_logits[row, :n], atol=1e-4)
         assert torch.allclose(a.end_logits[row, :n], b.end_logits[row, :n], atol=1e-4)
+
+
+def test_a_windows_loss_and_gradient_do_not_depend_on_its_padding() -> None:
+    """The softmax of the loss ran over pad columns too, so a window's loss and its gradient changed with the width
+    of its micro-batch: with dynamic padding, with how a global batch was split over ranks and accumulation."""
+    tok, feats = _features()
+    torch.manual_seed(0)
+    model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(TINY), attn_implementation="sdpa")
+    model.eval()  # no dropout: the same windows must give the same numbers
+    ds = WindowDataset(feats, with_labels=True)
+    items = [ds[i] for i in range(8)]
+    keys = ("input_ids", "token_type_ids", "attention_mask")
+
+    def loss_and_grad(padded: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        model.zero_grad()
+        out = model(**{k: padded[k] for k in keys})
+        losses = window_losses(out, padded["start_positions"], padded["end_positions"], padded["attention_mask"])
+        losses.sum().backward()
+        return losses.detach(), model.qa_outputs.weight.grad.clone()
+
+    short = loss_and_grad(Collator(tok.pad_token_id, 384, pad_to_max_length=False)(items))
+    full = loss_and_grad(Collator(tok.pad_token_id, 384, pad_to_max_length=True)(items))
+    assert torch.allclose(short[0], full[0], atol=1e-5) and torch.allclose(short[1], full[1], atol=1e-5)
 
 
 def test_length_grouped_sampler_is_a_seeded_permutation() -> None:
@@ -166,6 +190,11 @@ def test_a_pad_window_is_a_marked_copy() -> None:
     assert (pad["input_ids"] == window["input_ids"]).all()
     batch = Collator(tok.pad_token_id, 384, False)([window, pad])
     assert batch["real"].tolist() == [1.0, 0.0]
+    # Trained with no weight, so no sample or token of the throughput: it was counted as one.
+    assert batch["num_windows"] == 1 and batch["num_tokens"] == (
+        len(window["input_ids"]),
+        2 * batch["input_ids"].shape[1],
+    )
 
 
 def test_the_shuffle_is_the_one_earlier_checkpoints_were_written_with() -> None:
