@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
-import re
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from qa_train.config.parser import OneLineParser
 from qa_train.config.settings import DEMO_DEFAULTS, GROUPS, ConfigError, TrainArgs
 
 
@@ -123,17 +124,9 @@ def _unexpected(token: str) -> str:
     return f"unexpected value {token!r}"
 
 
-class _Parser(argparse.ArgumentParser):
-    """One line per refusal, naming the flag (argparse would print its 50-line usage first)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # argparse (before Python 3.13) takes `-1e-3` for a flag, so `--null_score_diff_threshold -1e-3` was refused
-        # with "expected one argument". No flag here starts with a digit: anything like -1, -.5 or -1e-3 is a value.
-        self._negative_number_matcher = re.compile(r"^-\.?\d")
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+class _Parser(OneLineParser):
+    """One line per refusal, naming the flag (argparse would print its 50-line usage first); every unknown flag
+    with where to go instead."""
 
     def parse_args(self, args=None, namespace=None):
         values, rest = self.parse_known_args(args, namespace)
@@ -195,7 +188,8 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
     values.update(given)
     del values["offline_demo"]
     if values["run_name"] is None:
-        values["run_name"] = os.environ.get("QA_TRAIN_RUN_NAME") or Path(values["output_dir"]).name
+        # The folder's own name, also for "." (whose Path name is "")
+        values["run_name"] = os.environ.get("QA_TRAIN_RUN_NAME") or Path(os.path.abspath(values["output_dir"])).name
     return TrainArgs.from_flags(values)
 
 
@@ -218,14 +212,34 @@ def _given(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any]:
     return {k: v for k, v in vars(namespace).items() if v is not _UNSET}
 
 
+# The demo's settings that only training reads (refused under --do_train false), and those that only evaluation does.
+DEMO_TRAINING_ONLY = {
+    "train_file",
+    "per_device_train_batch_size",
+    "learning_rate",
+    "weight_decay",
+    "warmup_ratio",
+    "num_train_epochs",
+    "logging_steps",
+    "eval_on_start",
+    "eval_strategy",
+}
+DEMO_EVALUATION_ONLY = {"validation_file", "eval_on_start", "eval_strategy"}
+
+
 def demo_defaults(given: dict[str, Any]) -> dict[str, Any]:
     """--offline_demo's settings under what was given: a model named leaves the demo's config and tokenizer out (its
-    own are used), and --do_train false leaves out what only training reads."""
+    own are used), a dataset named the demo's files (its splits are read: the demo's files would silently take their
+    place), --do_train false what only training reads, and --no_eval what only evaluation reads."""
     left_out: set[str] = set()
     if given.get("model_name_or_path"):
         left_out |= {"config_name", "tokenizer_name"}
+    if given.get("dataset_name"):
+        left_out |= {"train_file", "validation_file"}
     if given.get("do_train") is False:
-        left_out |= {"train_file", "eval_on_start", "eval_strategy"}
+        left_out |= DEMO_TRAINING_ONLY
+    if given.get("do_eval") is False:
+        left_out |= DEMO_EVALUATION_ONLY - ({"validation_file"} if given.get("eval_on_start") else set())
     return {k: v for k, v in DEMO_DEFAULTS.items() if k not in left_out}
 
 
@@ -271,6 +285,12 @@ def _file_value(action: argparse.Action, value: Any, where: str) -> Any:
         return (not flag) if isinstance(action, argparse._StoreFalseAction) else flag
     if isinstance(action, _CommaJoin) and isinstance(value, list):
         value = ",".join(map(str, value))
+    # A name or path must be text (a whole number, YAML's reading of `checkpointing_steps: 500`, is its digits):
+    # str() would make a list or true a folder named "['a']" or "True".
+    if action.type is str and value is not None and (isinstance(value, bool) or not isinstance(value, str | int)):
+        raise ConfigError(f"{where}: expected a string, got {type(value).__name__} {value!r}")
+    if action.type is int and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: expected a whole number, got {value!r}")  # int() raises OverflowError on inf
     if value is None or isinstance(value, bool) and action.type is not str:
         if value is None and action.default is None:
             return None

@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import math
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,10 @@ LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+# How answers are read from the logits, by evaluation and --do_predict alike.
+ANSWER_FLAGS = ("n_best_size", "max_answer_length", "null_score_diff_threshold")
+
+
 class ConfigError(ValueError):
     """A flag value that can never work; raised before any model or data is loaded."""
 
@@ -77,6 +82,25 @@ def _not_negative(group: object, *names: str) -> None:
     for name in names:
         value = getattr(group, name)
         _require(value is None or value >= 0, name, f"must not be negative, got {value}")
+
+
+def _named(group: object, *names: str) -> None:
+    """What an unset shell variable gives (`--dataset_name "$DATA"`): "" is no name, and as a path it is the working
+    directory, so a run would quietly fall back to a default or read and write where it was started."""
+    for name in names:
+        value = getattr(group, name)
+        _require(
+            value is None or bool(value.strip()),
+            name,
+            "is empty (an unset shell variable?); give a name or path, or drop the flag",
+        )
+
+
+def _changed(group: object, name: str) -> bool:
+    """Whether a flag was set: its value is not its default (the flags carry no other trace of being typed, and one
+    given at its default changes nothing)."""
+    found = next(f for f in dataclasses.fields(group) if f.name == name)  # type: ignore[arg-type]
+    return getattr(group, name) != found.default
 
 
 def _finite(group: object, *names: str) -> None:
@@ -176,6 +200,7 @@ class ModelArgs:
     )
 
     def __post_init__(self) -> None:
+        _named(self, "model_name_or_path", "config_name", "tokenizer_name", "cache_dir", "token")
         _require(self.model_revision != "", "model_revision", "is empty (the default is main)")
         _require(
             self.attn_implementation in ("auto", "sdpa", "eager"),
@@ -273,6 +298,7 @@ class DataArgs:
     )
 
     def __post_init__(self) -> None:
+        _named(self, "dataset_name", "dataset_config_name", "train_file", "validation_file", "test_file")
         _positive(
             self, "max_seq_length", "pad_to_multiple_of", "per_device_train_batch_size", "per_device_eval_batch_size"
         )
@@ -439,11 +465,8 @@ class EvalArgs:
             "save_best",
             "needs evaluations during training to choose from: add --eval_strategy steps or epoch",
         )
-        _require(
-            self.null_score_diff_threshold == self.null_score_diff_threshold,
-            "null_score_diff_threshold",
-            "must be a number, got nan",
-        )
+        # nan never compares true, and an infinite margin decides every question alike (always or never "").
+        _finite(self, "null_score_diff_threshold")
 
     @property
     def needs_eval_data(self) -> bool:
@@ -536,6 +559,14 @@ class OutputArgs:
     )
 
     def __post_init__(self) -> None:
+        # What an unset shell variable gives: Path("") is the working directory, whose final/ and checkpoints/ a run
+        # would write into (and --overwrite_output_dir clear).
+        _require(
+            bool(self.output_dir.strip()),
+            "output_dir",
+            "is empty (an unset shell variable?); name the run's folder, e.g. --output_dir runs/my-run",
+        )
+        _named(self, "resume_from_checkpoint", "logging_dir", "run_name", "wandb_project")
         _check_interval(self.logging_steps, "logging_steps")
         _not_negative(self, "progress_interval_s")
         names = self._report_names
@@ -588,8 +619,9 @@ class OutputArgs:
         if self.wandb_project is None:
             self.wandb_project = os.environ.get("WANDB_PROJECT") or "qa-train"
         if self.checkpointing_steps is not None and self.checkpointing_steps != "epoch":
+            # ASCII digits only: str.isdigit takes "²" (int() then fails) and "١٢" (int() reads 12).
             _require(
-                self.checkpointing_steps.isdigit() and int(self.checkpointing_steps) > 0,
+                re.fullmatch("[0-9]+", self.checkpointing_steps) is not None and int(self.checkpointing_steps) > 0,
                 "checkpointing_steps",
                 f"{self.checkpointing_steps!r} is neither a positive number of steps nor 'epoch'",
             )
@@ -599,13 +631,6 @@ class OutputArgs:
                 "resume_from_checkpoint",
                 f"{self.resume_from_checkpoint!r} is not a checkpoint directory",
             )
-        # What an unset shell variable gives: Path("") is the working directory, whose final/ and checkpoints/ a run
-        # would write into (and --overwrite_output_dir clear).
-        _require(
-            bool(self.output_dir.strip()),
-            "output_dir",
-            "is empty (an unset shell variable?); name the run's folder, e.g. --output_dir runs/my-run",
-        )
         _require(not Path(self.output_dir).is_file(), "output_dir", f"{self.output_dir!r} is a file")
 
     @property
@@ -790,8 +815,15 @@ class TrainArgs:
         needs_eval, training = self.eval.needs_eval_data, self.eval.do_train
         if not training:
             self._check_evaluation_only()
+        self._check_unread()
         if d.dataset_name is None and d.train_file is None and d.validation_file is None and (training or needs_eval):
             d.dataset_name = "squad_v2" if d.version_2_with_negative else "squad"
+        # After the implicit squad above, which takes the config: here no hub dataset is read at all.
+        _require(
+            d.dataset_config_name is None or d.dataset_name is not None,
+            "dataset_config_name",
+            "is a config of --dataset_name, and this run reads only local files: add --dataset_name, or drop it",
+        )
         # A local file and an implicit hub split would mix sources silently (and need the network).
         _require(
             d.dataset_name is not None or d.train_file is not None or not training,
@@ -811,6 +843,34 @@ class TrainArgs:
         )
         _require(d.test_file is None or self.eval.do_predict, "test_file", "is only read with --do_predict")
 
+    def _check_unread(self) -> None:
+        """As --test_file without --do_predict: a flag that nothing in this run reads is refused, not ignored."""
+        d, e = self.data, self.eval
+        _require(
+            not _changed(e, "null_score_diff_threshold") or d.version_2_with_negative,
+            "null_score_diff_threshold",
+            "only decides SQuAD v2.0's empty answers: add --version_2_with_negative, or drop it",
+        )
+        if not e.needs_eval_data:
+            for flag, given in (
+                ("validation_file", d.validation_file is not None),
+                ("max_eval_samples", d.max_eval_samples is not None),
+            ):
+                _require(not given, flag, "is only read to evaluate, and --no_eval evaluates nothing: drop it")
+        if not (e.needs_eval_data or e.do_predict):  # both batch the windows and read answers from the logits
+            for group, flag in ((d, "per_device_eval_batch_size"), *((e, n) for n in ANSWER_FLAGS)):
+                _require(
+                    not _changed(group, flag),
+                    flag,
+                    "is only read to evaluate or to answer --test_file, and --no_eval without --do_predict does "
+                    "neither: drop it",
+                )
+        _require(
+            d.max_predict_samples is None or e.do_predict,
+            "max_predict_samples",
+            "truncates --test_file's questions, which are only read with --do_predict",
+        )
+
     def _check_evaluation_only(self) -> None:
         """--do_train false: a flag that only training reads would do nothing, so it is refused, not ignored."""
         _require(
@@ -823,7 +883,6 @@ class TrainArgs:
         training_only = {
             "train_file": d.train_file is not None,
             "max_train_samples": d.max_train_samples is not None,
-            "max_train_steps": self.optim.max_train_steps is not None,
             "eval_on_start": e.eval_on_start,
             "eval_strategy": e.eval_strategy != "no",
             "save_best": e.save_best,
@@ -832,6 +891,14 @@ class TrainArgs:
             "wandb_log_model": o.wandb_log_model,
             "gradient_checkpointing": self.system.gradient_checkpointing,
         }
+        # Flags whose default is a value: given when not at it. Every optimizer and schedule flag is training's.
+        defaulted = [
+            (self.optim, [f.name for f in dataclasses.fields(self.optim)]),
+            (d, ["per_device_train_batch_size", "group_by_length"]),
+            (o, ["allow_global_batch_change", "save_final_model", "logging_steps"]),
+            (self.system, ["throughput_warmup_steps"]),
+        ]
+        training_only |= {name: _changed(group, name) for group, names in defaulted for name in names}
         given = [f"--{name}" for name, on in training_only.items() if on]
         _require(
             not given,

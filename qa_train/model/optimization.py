@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qa_train.config.settings import OptimArgs, TrainArgs
+from qa_train.config.settings import ConfigError, OptimArgs, TrainArgs
 from qa_train.strategy import deepspeed_json, sharded
 
 
@@ -31,6 +31,13 @@ def step_plan(optim: OptimArgs, batches_per_epoch: int) -> StepPlan:
     total = (
         optim.max_train_steps if optim.max_train_steps is not None else math.ceil(optim.num_train_epochs * per_epoch)
     )
+    # The total is known only once the data is featurised: a warm-up longer than the run never reaches the peak
+    # learning rate, and the schedule would decay from a peak it never had.
+    if optim.num_warmup_steps > total:
+        raise ConfigError(
+            f"--num_warmup_steps: {optim.num_warmup_steps} is more than the run's {total} optimizer steps: lower it, "
+            "or give --warmup_ratio (a share of all steps) instead"
+        )
     warmup = optim.num_warmup_steps or math.ceil(optim.warmup_ratio * total)
     return StepPlan(per_epoch, total, math.ceil(total / per_epoch) if total else 0, warmup)
 

@@ -59,12 +59,17 @@ def gpu_cmd(config: str, out: Path, *flags: str) -> list[str]:
 
 
 def tiny_gpu_flags(out: Path, steps: int, *extra: str) -> list[str]:
-    return [
-        *tiny_flags(
-            out, "--max_train_steps", str(steps), "--logging_steps", "1", "--mixed_precision", "bf16", "--disable_tqdm"
-        ),
+    return tiny_flags(
+        out,
+        "--max_train_steps",
+        str(steps),
+        "--logging_steps",
+        "1",
+        "--mixed_precision",
+        "bf16",
+        "--disable_tqdm",
         *extra,
-    ]
+    )
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -66,8 +66,8 @@ def test_a_divergence_at_the_last_step_names_the_steps_learning_rate_and_only_us
     """It said "learning rate 0" at the last step (the scheduler's next value), and advised --max_grad_norm 1.0
     (the default) and bf16 instead of fp16 on an fp32 CPU run (issue 38, case 16). Step 1 at lr 1e30 makes the
     weights huge; step 2's loss is NaN, at the linear schedule's 1e30 x 1/2."""
-    flags = tiny_flags(here, "--max_train_steps", "2", "--learning_rate", "1e30", "--logging_steps", "1")
-    assert entry.main([*flags, "--no_eval", "--disable_tqdm"]) == 3
+    flags = tiny_flags(here, "--max_train_steps", "2", "--learning_rate", "1e30", "--logging_steps", "1", "--no_eval")
+    assert entry.main([*flags, "--disable_tqdm"]) == 3
     [line] = error_lines(capsys.readouterr().err)
     assert line == (
         "qa_train: error: training diverged at step 2: loss is nan (learning rate 5e+29); nothing was exported and "

@@ -175,7 +175,8 @@ def test_bool_flags_parse_both_ways() -> None:
 def test_negative_values_in_any_float_spelling_are_values_not_flags() -> None:
     """argparse before Python 3.13 took `-1e-3` for a flag and refused it with "expected one argument"."""
     for text, value in [("-1e-3", -1e-3), ("-4.38", -4.38), ("-.5", -0.5), ("-2", -2.0)]:
-        assert parse_args(["--null_score_diff_threshold", text]).eval.null_score_diff_threshold == value
+        args = parse_args(["--version_2_with_negative", "--null_score_diff_threshold", text])
+        assert args.eval.null_score_diff_threshold == value
 
 
 def test_every_flag_lives_in_exactly_one_group_and_round_trips() -> None:
@@ -504,3 +505,174 @@ def test_the_log_level_sets_qa_trains_and_the_libraries_loggers_on_the_main_proc
         setup_logging(True, bars=False)
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+NAMES = (
+    "dataset_name",
+    "dataset_config_name",
+    "train_file",
+    "validation_file",
+    "test_file",
+    "model_name_or_path",
+    "config_name",
+    "tokenizer_name",
+    "cache_dir",
+    "token",
+    "resume_from_checkpoint",
+    "logging_dir",
+    "run_name",
+    "wandb_project",
+)
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+@pytest.mark.parametrize("flag", NAMES)
+def test_an_empty_name_or_path_is_refused_as_an_unset_variable(flag: str, value: str) -> None:
+    """`--dataset_name "$DATA"` with DATA unset: "" crashed, fell back to bert-base-uncased, or named the working
+    directory ("." for --resume_from_checkpoint), instead of saying which flag was empty."""
+    with pytest.raises(ConfigError) as err:
+        parse_args([f"--{flag}", value])
+    assert str(err.value).startswith(f"--{flag}: is empty (an unset shell variable?); ") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["²", "١٢", "0", "+3", " 3", "3.0"])
+def test_checkpointing_steps_are_ascii_digits_or_epoch(value: str) -> None:
+    """str.isdigit took "²" (then int() crashed) and Arabic-Indic "١٢" (run as 12)."""
+    with pytest.raises(ConfigError, match=f"^--checkpointing_steps: {re.escape(repr(value))} is neither a positive"):
+        parse_args(["--checkpointing_steps", value])
+    assert parse_args(["--checkpointing_steps", "12"]).output.checkpoint_every == 12
+    assert parse_args(["--checkpointing_steps", "epoch"]).output.checkpoint_every == "epoch"
+
+
+TRAIN = ["--train_file", str(DEMO_DEV)]
+NO_EVAL = [*TRAIN, "--no_eval"]
+NEITHER = "is only read to evaluate or to answer --test_file, and --no_eval without --do_predict does neither: drop it"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            [*NO_EVAL, "--validation_file", str(DEMO_DEV)],
+            "--validation_file: is only read to evaluate, and --no_eval evaluates nothing: drop it",
+        ),
+        (
+            [*NO_EVAL, "--max_eval_samples", "5"],
+            "--max_eval_samples: is only read to evaluate, and --no_eval evaluates nothing: drop it",
+        ),
+        ([*NO_EVAL, "--per_device_eval_batch_size", "8"], f"--per_device_eval_batch_size: {NEITHER}"),
+        ([*NO_EVAL, "--n_best_size", "5"], f"--n_best_size: {NEITHER}"),
+        ([*NO_EVAL, "--max_answer_length", "10"], f"--max_answer_length: {NEITHER}"),
+        (
+            [*NO_EVAL, "--version_2_with_negative", "--null_score_diff_threshold", "1"],
+            f"--null_score_diff_threshold: {NEITHER}",
+        ),
+        (
+            ["--max_predict_samples", "3"],
+            "--max_predict_samples: truncates --test_file's questions, which are only read with --do_predict",
+        ),
+        (
+            ["--dataset_config_name", "x", *TRAIN, "--validation_file", str(DEMO_DEV)],
+            "--dataset_config_name: is a config of --dataset_name, and this run reads only local files: "
+            "add --dataset_name, or drop it",
+        ),
+        (
+            ["--null_score_diff_threshold", "1"],
+            "--null_score_diff_threshold: only decides SQuAD v2.0's empty answers: add --version_2_with_negative, "
+            "or drop it",
+        ),
+        (
+            ["--version_2_with_negative", "--null_score_diff_threshold", "-inf"],
+            "--null_score_diff_threshold: must be a finite number, got -inf",
+        ),
+    ],
+)
+def test_a_flag_no_part_of_the_run_reads_is_refused_saying_why(argv: list[str], says: str) -> None:
+    """Accepted and silently ignored before (as --test_file without --do_predict is not)."""
+    with pytest.raises(ConfigError) as err:
+        parse_args(argv)
+    assert str(err.value) == says
+
+
+def test_flags_read_by_prediction_or_a_first_evaluation_are_taken_under_no_eval() -> None:
+    predicting = [*NO_EVAL, "--do_predict", "--test_file", str(DEMO_DEV), "--max_predict_samples", "3"]
+    args = parse_args(
+        [*predicting, "--n_best_size", "5", "--max_answer_length", "10", "--per_device_eval_batch_size", "8"]
+    )
+    assert (args.eval.n_best_size, args.data.per_device_eval_batch_size, args.data.max_predict_samples) == (5, 8, 3)
+    first = parse_args([*NO_EVAL, "--eval_on_start", "--validation_file", str(DEMO_DEV), "--max_eval_samples", "5"])
+    assert first.data.max_eval_samples == 5
+    assert parse_args(["--dataset_config_name", "plain_text"]).data.dataset_name == "squad", "the implicit squad's"
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--num_train_epochs", "3"],
+        ["--learning_rate", "1e-4"],
+        ["--weight_decay", "0.01"],
+        ["--optim", "adamw_torch"],
+        ["--adam_beta1", "0.8"],
+        ["--adam_beta2", "0.99"],
+        ["--adam_epsilon", "1e-6"],
+        ["--lr_scheduler_type", "cosine"],
+        ["--num_warmup_steps", "10"],
+        ["--warmup_ratio", "0.1"],
+        ["--gradient_accumulation_steps", "2"],
+        ["--max_grad_norm", "0.5"],
+        ["--per_device_train_batch_size", "4"],
+        ["--group_by_length"],
+        ["--save_final_model", "false"],
+        ["--allow_global_batch_change"],
+        ["--logging_steps", "5"],
+        ["--throughput_warmup_steps", "0"],
+    ],
+)
+def test_do_train_false_refuses_every_flag_only_training_reads(flag: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_args(["--do_train", "false", "--model_name_or_path", "m", "--validation_file", str(DEMO_DEV), *flag])
+    assert str(err.value) == (
+        f"--do_train: false trains nothing, so {flag[0]} would do nothing (nor is a model exported): drop it"
+    )
+
+
+def test_offline_demo_gives_way_to_a_named_dataset_and_to_no_eval() -> None:
+    """A named dataset's splits were silently replaced by the demo's files; --no_eval was refused for the demo's
+    --eval_strategy, which the user never typed."""
+    named = parse_args(["--offline_demo", "--dataset_name", "squad"])
+    assert (named.data.dataset_name, named.data.train_file, named.data.validation_file) == ("squad", None, None)
+    assert named.model.config_name is not None, "the demo's model still"
+    quiet = parse_args(["--offline_demo", "--no_eval"])
+    assert (quiet.eval.eval_strategy, quiet.eval.eval_on_start, quiet.data.validation_file) == ("no", False, None)
+    assert quiet.data.train_file is not None
+    first = parse_args(["--offline_demo", "--no_eval", "--eval_on_start"])
+    assert first.data.validation_file is not None, "a first evaluation reads the demo's dev set"
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("args.json", '{"max_train_steps": Infinity}', "max_train_steps: expected a whole number, got inf"),
+        ("args.json", '{"seed": 1e400}', "seed: expected a whole number, got inf"),
+        ("args.json", '{"seed": NaN}', "seed: expected a whole number, got nan"),
+        ("args.yaml", "max_train_steps: .inf\n", "max_train_steps: expected a whole number, got inf"),
+        ("args.json", '{"output_dir": ["a"]}', "output_dir: expected a string, got list ['a']"),
+        ("args.json", '{"output_dir": true}', "output_dir: expected a string, got bool True"),
+        ("args.yaml", "dataset_name: {a: 1}\n", "dataset_name: expected a string, got dict {'a': 1}"),
+    ],
+)
+def test_an_arguments_file_value_of_the_wrong_type_is_refused_naming_the_key(
+    name: str, content: str, says: str, tmp_path: Path
+) -> None:
+    """OverflowError tracebacks before, or a folder named "['a']" or "True"."""
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ConfigError) as err:
+        parse_args([str(path)])
+    assert str(err.value) == f"arguments file {path}: {says}"
+
+
+def test_an_arguments_file_takes_a_whole_number_for_checkpointing_steps(tmp_path: Path) -> None:
+    path = tmp_path / "args.yaml"
+    path.write_text("checkpointing_steps: 500\n")  # YAML reads it as a number
+    assert parse_args([str(path)]).output.checkpoint_every == 500

@@ -133,3 +133,36 @@ def test_trust_remote_code_builds_the_models_own_class(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^--config_name .*custom: cannot load it \(ValueError: .*trust_remote_code"):
         with loading("--config_name", str(folder)):
             load_model_config(untrusted)
+
+
+def test_a_warm_up_longer_than_the_run_is_refused_naming_both_numbers() -> None:
+    from qa_train.model.optimization import step_plan
+
+    optim = parse_args(["--num_warmup_steps", "50", "--max_train_steps", "10"]).optim
+    with pytest.raises(ConfigError) as err:
+        step_plan(optim, batches_per_epoch=4)
+    assert str(err.value) == (
+        "--num_warmup_steps: 50 is more than the run's 10 optimizer steps: lower it, or give --warmup_ratio "
+        "(a share of all steps) instead"
+    )
+    assert step_plan(parse_args(["--num_warmup_steps", "10", "--max_train_steps", "10"]).optim, 4).warmup_steps == 10
+
+
+def test_the_warm_up_refusal_is_one_line_and_exit_2_from_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], in_process: None
+) -> None:
+    """Raised once the data is featurised (the total depends on it), inside run(): main() must still say it in one
+    line and exit 2, as a flag refused up front."""
+    from conftest import error_lines, tiny_flags
+
+    from qa_train import __main__ as entry
+    from qa_train import run as run_module
+    from qa_train.model.optimization import step_plan
+
+    monkeypatch.setattr(run_module, "run", lambda args, splits: step_plan(args.optim, batches_per_epoch=2))
+    flags = tiny_flags(tmp_path / "out", "--no_eval", "--num_warmup_steps", "9", "--max_train_steps", "3")
+    assert entry.main(flags) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        "qa_train: error: --num_warmup_steps: 9 is more than the run's 3 optimizer steps: lower it, or give "
+        "--warmup_ratio (a share of all steps) instead"
+    ]
