@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
 
 from qa_train.config.outputdir import unwritable
+from qa_train.config.parser import OneLineParser
 from qa_train.config.settings import ConfigError, DataArgs, ModelArgs
 from qa_train.data.load import DataError, Examples, build_examples, load_file
 from qa_train.model.modeling import loading, local_path
@@ -203,7 +205,7 @@ def answer(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="qa-train predict", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("model_dir", help="an exported model (a run's final/) or a hub QA model")
@@ -224,8 +226,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--null_score_diff_threshold",
         type=float,
-        default=0.0,
-        help='v2.0: answer "" when the null score beats the best span by more than this',
+        default=None,  # None: not given (0.0), so that one given without --version_2_with_negative is refused
+        help='v2.0: answer "" when the null score beats the best span by more than this (default 0.0)',
     )
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA when available, else CPU")
     p.add_argument(
@@ -241,6 +243,15 @@ def _settings(args: argparse.Namespace) -> tuple[DataArgs, SpanRules]:
     """The window and answer settings, validated as training validates them (ConfigError names the flag)."""
     if (args.test_file is None) == (args.question is None or args.context is None):
         raise ConfigError("give either --question and --context, or --test_file")
+    # As training refuses them: a flag that could do nothing here is refused, not ignored.
+    if args.max_predict_samples is not None and args.test_file is None:
+        raise ConfigError("--max_predict_samples: truncates --test_file's questions, and -q/-c ask one: drop it")
+    threshold = args.null_score_diff_threshold
+    if threshold is not None and not args.version_2_with_negative:
+        raise ConfigError(
+            "--null_score_diff_threshold: only decides SQuAD v2.0's empty answers: add --version_2_with_negative, "
+            "or drop it"
+        )
     data = DataArgs(
         dataset_name=None,
         test_file=args.test_file,
@@ -252,10 +263,12 @@ def _settings(args: argparse.Namespace) -> tuple[DataArgs, SpanRules]:
     for flag in ("n_best_size", "max_answer_length"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag}: must be positive, got {getattr(args, flag)}")
-    # As training refuses it: every comparison with nan is false, so the null answer could never win.
-    if args.null_score_diff_threshold != args.null_score_diff_threshold:
-        raise ConfigError("--null_score_diff_threshold: must be a number, got nan")
-    threshold = args.null_score_diff_threshold if args.version_2_with_negative else None
+    # As training refuses them: every comparison with nan is false, and an infinite margin decides every question
+    # alike (always or never the empty answer).
+    if threshold is not None and not math.isfinite(threshold):
+        raise ConfigError(f"--null_score_diff_threshold: must be a finite number, got {threshold}")
+    if args.version_2_with_negative:
+        threshold = 0.0 if threshold is None else threshold
     return data, SpanRules(args.n_best_size, args.max_answer_length, threshold)
 
 

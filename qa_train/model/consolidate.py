@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from qa_train.config.parser import OneLineParser
 from qa_train.config.settings import ConfigError
 from qa_train.core.errors import one_line
 from qa_train.model.modeling import model_shape
@@ -164,7 +165,7 @@ def consolidate(arg: Path, out: Path, config_name: str | None, tokenizer_name: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="qa-train consolidate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("checkpoint", type=Path, help="a checkpoint (OUTPUT_DIR/checkpoints/step_N) or an output dir")

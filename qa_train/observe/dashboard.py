@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from qa_train.config.parser import OneLineParser
 from qa_train.observe.recorder import read_step_log
 
 PANELS = (("train/loss", "training loss"), ("eval/f1", "evaluation"), ("throughput/samples_per_second", "samples/s"))
@@ -54,7 +55,7 @@ def history_figure(series: dict[str, list[tuple[int, float]]], title: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="qa-train dashboard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("run_dir", type=Path)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import string
 import sys
@@ -39,6 +40,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from qa_train.config.parser import OneLineParser
 from qa_train.squad.files import load_na_probs, load_predictions, read_references
 
 _PUNCTUATION = frozenset(string.punctuation)
@@ -221,7 +223,7 @@ def score_v2(
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="qa-train score",
         description="Evaluation for SQuAD v1.1 and v2.0 (the official scripts' semantics). v2.0 when the file "
         "says version v2.0, has unanswerable questions, or --na-prob-file is given.",
@@ -261,7 +263,12 @@ def _refusal(err: OSError | ValueError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    # As training and predict refuse a non-finite --null_score_diff_threshold: nan never compares true, and an
+    # infinite threshold answers every question alike.
+    if not math.isfinite(args.na_prob_thresh):
+        parser.error(f"--na-prob-thresh: must be a finite number, got {args.na_prob_thresh}")
     try:
         references, version = read_references(Path(args.dataset_file))
         predictions = load_predictions(args.prediction_file)

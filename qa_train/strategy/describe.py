@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from qa_train.config.parser import OneLineParser
 from qa_train.strategy import checkpoint, portable
 from qa_train.strategy.train_state import TrainerState, kept_accumulation, processes
 
@@ -336,7 +337,7 @@ def quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="qa-train describe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("checkpoint", type=Path, help="a checkpoint (OUTPUT_DIR/checkpoints/step_N) or an output dir")

@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
 
 import yaml
 
+from qa_train.config.parser import OneLineParser
 from qa_train.core.errors import one_line
 from qa_train.core.preemption import RUN_STARTED_ENV
 from qa_train.strategy.checks import cpu_threads
@@ -196,6 +199,11 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     if refusal:
         raise LaunchConfigError(f"{opts.config_file}: {refusal}")
     ip, port = main_process(cfg, opts)
+    if port == 0 and machines > 1:
+        raise LaunchConfigError(
+            "--main_process_port 0 picks a free port on each machine apart, where the other machines could not find "
+            "rank 0's: give every machine the same port"
+        )
     if opts.cpu:  # DeepSpeed otherwise guesses its accelerator, and warns once per rank that it chose the CPU
         env.setdefault("DS_ACCELERATOR", "cpu")
         # torchrun gives several ranks 1 thread each whatever the cores, accelerate launch without its own --cpu every
@@ -217,6 +225,8 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     env.pop("ACCELERATE_USE_FSDP", None)  # one left in the shell would turn this DDP run into FSDP on CPU
     if procs == 1 and machines == 1:
         return [sys.executable, "-m", "qa_train", *train_args], env  # no process group, so no port
+    if port == 0:  # accelerate launch picks a free port for 0; torchrun would hand its ranks port 0 and wait forever
+        port = free_port()
     cmd = [
         sys.executable,
         "-m",
@@ -233,6 +243,13 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
         str(port),
     ]
     return cmd + ["-m", "qa_train", *train_args], env
+
+
+def free_port() -> int:
+    """A port free on this machine now, as accelerate's get_free_port finds one."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
 
 
 def main_process(cfg: dict, opts: argparse.Namespace) -> tuple[str, int]:
@@ -260,9 +277,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         own, train_args = argv[:cut], argv[cut + 1 :]
     else:
         own, train_args = argv, []
-    p = argparse.ArgumentParser(
-        prog="qa-train launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = OneLineParser(prog="qa-train launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config_file", required=True, help="An accelerate YAML from accelerate_configs/.")
     p.add_argument("--cpu", action="store_true", help="Run on CPU processes (default when no GPU is visible).")
     p.add_argument("--num_processes", type=int, default=None, help="Processes in total (all machines).")
@@ -289,7 +304,21 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     p.add_argument("--dry_run", action="store_true", help="Print the command instead of running it.")
     opts, extra = p.parse_known_args(own)
+    problem = check_options(opts)
+    if problem:
+        p.error(problem)
     return opts, extra + train_args
+
+
+def check_options(opts: argparse.Namespace) -> str | None:
+    """The first of launch's own flags that cannot work, as one line, or None."""
+    port = opts.main_process_port
+    # 0 is accelerate's "pick a free port" (build_command does the same for torchrun, which would wait on port 0).
+    if port is not None and not 0 <= port <= 65535:
+        return f"--main_process_port: must be a port from 1 to 65535 (or 0: any free one), got {port}"
+    if not (math.isfinite(opts.stop_grace_s) and opts.stop_grace_s >= 0):  # nan passes `< 0`; inf never kills
+        return f"--stop_grace_s: must be a finite number of seconds, 0 or more, got {opts.stop_grace_s:g}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,8 @@ batch by the process count. Runs go one at a time through `qa-train launch` (so 
 has the machine to itself), each into OUTPUT_DIR/<config>-p<N>-r<k> with its log in launch.log there.
 A failed run is reported and the others still run; the exit status is 1 if any failed. Ctrl-C stops
 the run in progress and reports the ones before it (exit 130). Without model/data flags after `--`, the
-bundled tiny BERT and demo data are used. The report (OUTPUT_DIR/report) covers this command's runs (a
+bundled tiny BERT and demo data are used; `--max_train_steps`, `--output_dir`, `--run_name` and
+`--overwrite_output_dir` after `--` are refused, as the bench sets them for every run. The report (OUTPUT_DIR/report) covers this command's runs (a
 failed one as its point's `+ N failed`) and gives each point's median and min-max over its repeats, and
 speed-up and efficiency against the same config's smallest point with a throughput; under the table, one
 warning line for each comparison that rests on a single repeat or on a run that other processes slowed (each
@@ -25,6 +26,7 @@ folders of the points it runs and leaves the others.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import subprocess
@@ -35,6 +37,7 @@ from typing import IO
 
 import psutil
 
+from qa_train.config.parser import OneLineParser
 from qa_train.config.settings import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
 from qa_train.strategy import launch, supervise
 from qa_train.strategy.checks import cpu_threads
@@ -42,6 +45,7 @@ from qa_train.studies import report, report_data, slurm_sweep
 from qa_train.studies.sweep import SCALINGS, Point, SweepError, flag_value, strong_scaling, with_repeats
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "accelerate_configs"
+NO_EVALUATION = "--no_eval without --eval_on_start"
 # (flags that replace it, default flags): a default model or dataset is dropped as a whole as soon
 # as the user names any model or dataset flag, so `-- --model_name_or_path bert-base-uncased` is enough.
 DEFAULT_GROUPS: list[tuple[set[str], list[str]]] = [
@@ -49,10 +53,13 @@ DEFAULT_GROUPS: list[tuple[set[str], list[str]]] = [
         {"model_name_or_path", "config_name", "tokenizer_name"},
         ["--config_name", str(DEMO_MODEL_DIR), "--tokenizer_name", str(DEMO_MODEL_DIR)],
     ),
+    ({"dataset_name", "dataset_config_name", "train_file", "validation_file"}, ["--train_file", str(DEMO_TRAIN_FILE)]),
+    # Evaluation's own, dropped too where the runs evaluate nothing (training refuses flags nothing reads).
     (
-        {"dataset_name", "dataset_config_name", "train_file", "validation_file"},
-        ["--train_file", str(DEMO_TRAIN_FILE), "--validation_file", str(DEMO_VALIDATION_FILE)],
+        {"dataset_name", "dataset_config_name", "train_file", "validation_file", NO_EVALUATION},
+        ["--validation_file", str(DEMO_VALIDATION_FILE)],
     ),
+    ({"per_device_eval_batch_size", NO_EVALUATION}, ["--per_device_eval_batch_size", "32"]),
 ]
 # Sized like tests/conftest.py's tiny_flags; later flags win, so anything after `--` overrides these.
 DEFAULT_FLAGS = [
@@ -62,8 +69,6 @@ DEFAULT_FLAGS = [
     "64",
     "--per_device_train_batch_size",
     "8",
-    "--per_device_eval_batch_size",
-    "32",
     "--learning_rate",
     "1e-3",
     "--save_final_model",
@@ -94,6 +99,8 @@ def available_configs() -> list[str]:
 
 def model_and_data_defaults(user_flags: list[str]) -> list[str]:
     given = {f[2:].split("=")[0] for f in user_flags if f.startswith("--")}
+    if "no_eval" in given and "eval_on_start" not in given:
+        given.add(NO_EVALUATION)
     return [flag for names, defaults in DEFAULT_GROUPS if not given & names for flag in defaults]
 
 
@@ -266,9 +273,7 @@ def describe_failure(outcome: Outcome) -> str:
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     cut = argv.index("--") if "--" in argv else len(argv)
-    p = argparse.ArgumentParser(
-        prog="qa-train bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = OneLineParser(prog="qa-train bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--configs",
         nargs="+",
@@ -310,10 +315,30 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--wandb", action="store_true", help="Also log the report to W&B.")
     slurm_sweep.add_arguments(p)
     opts = p.parse_args(slurm_sweep.attach_sbatch_args(argv[:cut]))
-    problem = check_options(opts)
+    train_flags = argv[cut + 1 :]
+    problem = check_options(opts) or owned_flag(train_flags)
     if problem:
         p.error(problem)
-    return opts, argv[cut + 1 :]
+    return opts, train_flags
+
+
+# The training flags each run gets from the bench, after the user's (so a user's would be silently overridden):
+# the bench flag that sets each, or why it is the bench's.
+OWNED_FLAGS = {
+    "max_train_steps": "use qa-train bench --max_train_steps (before --)",
+    "output_dir": "each run writes to a folder of qa-train bench --output_dir (before --)",
+    "run_name": "the bench names each run after its config and process count",
+    "overwrite_output_dir": "the bench always replaces its own run folders",
+}
+
+
+def owned_flag(train_flags: list[str]) -> str | None:
+    """A flag after `--` that the bench sets for every run itself, as one line, or None."""
+    for token in train_flags:
+        name = token[2:].split("=", 1)[0].replace("-", "_") if token.startswith("--") else ""
+        if name in OWNED_FLAGS:
+            return f"--{name} after --: the bench sets it for every run; {OWNED_FLAGS[name]}"
+    return None
 
 
 def check_options(opts: argparse.Namespace) -> str | None:
@@ -326,8 +351,12 @@ def check_options(opts: argparse.Namespace) -> str | None:
         return f"--max_train_steps must be positive, got {opts.max_train_steps}"
     if opts.repeats < 1:
         return f"--repeats must be at least 1, got {opts.repeats}"
-    if opts.timeout_s <= 0:
-        return f"--timeout_s must be positive, got {opts.timeout_s:g}"
+    if not (math.isfinite(opts.timeout_s) and opts.timeout_s > 0):  # nan passes `<= 0`, and inf never fires
+        return f"--timeout_s must be a positive finite number of seconds, got {opts.timeout_s:g}"
+    if not opts.output_dir.strip():  # Path("") is the working directory, where every run folder would land
+        return (
+            "--output_dir: is empty (an unset shell variable?); name the bench's folder, e.g. --output_dir runs/bench"
+        )
     if any(n < 1 for n in opts.num_processes or []):
         return f"--num_processes: every count must be at least 1, got {opts.num_processes}"
     if opts.global_batch_size is not None and (opts.scaling != "strong" or opts.global_batch_size < 1):

@@ -8,6 +8,7 @@ import math
 import sys
 from dataclasses import asdict
 
+from qa_train.config.parser import OneLineParser
 from qa_train.model.modeling import position_limit
 from qa_train.studies.memory_model import Setup
 from qa_train.studies.planner import (
@@ -25,9 +26,7 @@ from qa_train.studies.report_data import ReportError
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="qa-train plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = OneLineParser(prog="qa-train plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--model_name_or_path", default=None, help=f"A local model folder, a cached name, or {', '.join(BUILTIN)}."
     )

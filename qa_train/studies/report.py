@@ -20,6 +20,7 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
+from qa_train.config.parser import OneLineParser
 from qa_train.observe.recorder import atomic_write_text
 from qa_train.studies.report_data import (
     Group,
@@ -300,9 +301,7 @@ def build_report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="qa-train report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = OneLineParser(prog="qa-train report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dirs", nargs="+", help="Run directories (with metrics.json) or their parent.")
     # --output_dir as bench, predict and consolidate name a folder they write; --output, the earlier name, still works.
     p.add_argument(
@@ -318,11 +317,14 @@ def main(argv: list[str] | None = None) -> int:
         help="Config or run name for the vs-baseline column (default: the first 1-process point).",
     )
     p.add_argument("--wandb", action="store_true", help="Also log the table and plots to W&B.")
-    p.add_argument("--wandb_project", default="qa-train")
+    p.add_argument("--wandb_project", default=None, help="The W&B project of --wandb (default: qa-train).")
     opts = p.parse_args(argv)
+    problem = check_options(opts)
+    if problem:
+        p.error(problem)
     try:
         groups, paths = build_report(
-            opts.run_dirs, opts.output, opts.baseline, opts.wandb_project if opts.wandb else None
+            opts.run_dirs, opts.output, opts.baseline, (opts.wandb_project or "qa-train") if opts.wandb else None
         )
     except ReportError as err:
         print(f"qa-train report: error: {err}", file=sys.stderr)
@@ -331,6 +333,16 @@ def main(argv: list[str] | None = None) -> int:
     print_warnings(paths)
     print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
     return 0
+
+
+def check_options(opts: argparse.Namespace) -> str | None:
+    """The first flag that cannot work, as one line, or None."""
+    # What an unset shell variable gives: Path("") is the working directory, which the report would fill.
+    if not opts.output.strip():
+        return "--output_dir: is empty (an unset shell variable?); name the report's folder, e.g. --output_dir report"
+    if opts.wandb_project is not None and not opts.wandb:
+        return "--wandb_project: names the W&B project of --wandb, which is not given: add --wandb, or drop it"
+    return None
 
 
 def print_warnings(paths: dict[str, Path]) -> None:

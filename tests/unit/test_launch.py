@@ -588,6 +588,15 @@ def test_port_zero_is_passed_through() -> None:
     assert flag(cmd, "--main_process_port") == "0"
 
 
+def test_port_zero_is_a_free_port_under_torchrun_too_and_refused_across_machines() -> None:
+    """torchrun hands its ranks port 0 as it is, and they wait forever; accelerate picks a free one for 0. On
+    several machines each would pick its own."""
+    cmd, _ = build(MULTI_GPU, "--cpu", "--num_processes", "2", "--main_process_port", "0")
+    assert cmd[2] == "torch.distributed.run" and 0 < int(flag(cmd, "--master_port") or 0) <= 65535
+    with pytest.raises(LaunchConfigError, match="^--main_process_port 0 picks a free port on each machine apart"):
+        build(MULTI_GPU, "--num_processes", "4", "--num_machines", "2", "--main_process_port", "0")
+
+
 @pytest.mark.parametrize("config", ["ddp", "zero2"])
 def test_slurm_cpu_node_command(config: str) -> None:
     """The command slurm/train.sbatch's CPU path runs on node 1 of 2: the job's port and first host on it."""

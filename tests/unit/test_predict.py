@@ -241,7 +241,7 @@ def test_a_nan_null_threshold_is_refused_as_training_refuses_it(capsys: pytest.C
         ],
         capsys,
     )
-    assert message == "--null_score_diff_threshold: must be a number, got nan"
+    assert message == "--null_score_diff_threshold: must be a finite number, got nan"
 
 
 class _Answering:

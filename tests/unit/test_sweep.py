@@ -97,7 +97,7 @@ def test_an_unknown_config_is_refused_input(tmp_path: Path, capsys: pytest.Captu
     ("argv", "message"),
     [
         (["--repeats", "0"], "--repeats must be at least 1, got 0"),
-        (["--timeout_s", "0"], "--timeout_s must be positive, got 0"),
+        (["--timeout_s", "0"], "--timeout_s must be a positive finite number of seconds, got 0"),
         (["--num_processes", "2", "0"], "--num_processes: every count must be at least 1"),
         (["--global_batch_size", "16"], "--global_batch_size 16: only with --scaling strong"),
         (["--nodes", "1", "2"], "--nodes, --procs_per_node and --sbatch_args are for --slurm sweeps"),
