@@ -77,8 +77,6 @@ def train(run: tuple, out: Path) -> Path:
         str(TINY),
         "--train_file",
         str(DEMO / "train.json"),
-        "--validation_file",
-        str(DEMO / "dev.json"),
         "--max_seq_length",
         str(seq),
         "--doc_stride",

@@ -62,10 +62,10 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 export QA_TRAIN_CACHE=${QA_TRAIN_CACHE:-/tmp/qa_train_cache}
 
 # A dry run shrinks every run (the flags go last, so they win) and runs on CPU.
-small=() bench_small=() cpu=() strategy_steps=60 ablation_steps=100 ablation_repeats=${ABLATION_REPEATS:-2}
+small=() small_eval=() bench_small=() cpu=() strategy_steps=60 ablation_steps=100 ablation_repeats=${ABLATION_REPEATS:-2}
 if [[ ${DRY:-0} == 1 ]]; then
-  small=(--max_train_samples 300 --max_eval_samples 40 --max_train_steps 3 --per_device_train_batch_size 4
-         --per_device_eval_batch_size 8)
+  small=(--max_train_samples 300 --max_train_steps 3 --per_device_train_batch_size 4)
+  small_eval=(--max_eval_samples 40 --per_device_eval_batch_size 8)  # only where the run evaluates: --no_eval refuses them
   bench_small=(--max_train_samples 300 --per_device_train_batch_size 2 --max_seq_length 128 --doc_stride 32
                --throughput_warmup_steps 0)
   cpu=(--cpu) strategy_steps=2 ablation_steps=2 ablation_repeats=1
@@ -125,7 +125,7 @@ part_strategies() {
   $PY -m qa_train.cli bench "${cpu[@]}" --configs ${STRATEGIES:-single ddp fsdp zero1 zero2 zero3 zero2_offload zero3_offload} \
     --timeout_s 240 --num_processes 1 --max_train_steps $strategy_steps --repeats "${STRATEGY_REPEATS:-1}" \
     --output_dir "$RUNS/strategies" -- \
-    --config_name $BASE --tokenizer_name $MINILM --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" \
+    --config_name $BASE --tokenizer_name $MINILM --train_file "$DATA/train.json" \
     --max_train_samples 3000 --no_eval --max_seq_length 384 --doc_stride 128 --pad_to_max_length \
     --per_device_train_batch_size 32 --learning_rate 3e-5 --mixed_precision bf16 --throughput_warmup_steps 20 \
     "${bench_small[@]}" 2>&1 | tail -n 30 || true
@@ -293,7 +293,7 @@ part_ablation() {  # ~11 min with two repeats: a 540 s deadline leaves the last 
   # nothing; repeats, interleaved, since single runs of identical work lay far apart (docs/benchmarks/2026-11-26-gpu-h200.md).
   $PY -m qa_train.cli bench "${cpu[@]}" --ablation --timeout_s 180 --max_train_steps $ablation_steps \
     --repeats $ablation_repeats --output_dir "$RUNS/ablation" -- \
-    --config_name $BASE --tokenizer_name $MINILM --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" \
+    --config_name $BASE --tokenizer_name $MINILM --train_file "$DATA/train.json" \
     --max_train_samples 20000 --no_eval --max_seq_length 384 --doc_stride 128 --per_device_train_batch_size 32 \
     --learning_rate 3e-5 --throughput_warmup_steps 20 "${bench_small[@]}" 2>&1 | tail -n 30 || true
   cp "$RUNS/ablation/report/report.md" "$OUT_DIR/ablation-report.md" 2>/dev/null || true
@@ -309,7 +309,8 @@ part_accuracy() {
   $PY -m qa_train.cli launch "${cpu[@]}" --config_file accelerate_configs/single.yaml -- --model_name_or_path $MINILM \
     --train_file "$DATA/train.json" --validation_file "$DATA/dev.json" "${ACC_HP[@]}" --max_grad_norm 0 \
     --mixed_precision bf16 --eval_strategy epoch --report_to tensorboard --logging_steps 100 --disable_tqdm \
-    --per_device_eval_batch_size 64 --overwrite_output_dir --output_dir "$RUNS/minilm" "${small[@]}" 2>&1 | tail -n 8
+    --per_device_eval_batch_size 64 --overwrite_output_dir --output_dir "$RUNS/minilm" "${small[@]}" "${small_eval[@]}" \
+    2>&1 | tail -n 8
   summary "$RUNS/minilm" | tee -a "$OUT_DIR/accuracy.txt"
   cp "$RUNS/minilm/metrics.json" "$OUT_DIR/minilm-metrics.json"
   cp "$RUNS/minilm/train_log.jsonl" "$OUT_DIR/minilm-train_log.jsonl"
