@@ -58,7 +58,13 @@ def write_config(folder: Path, **sizes: object) -> Path:
 def tiny_flags(output_dir: Path, *extra: str) -> list[str]:
     """A short real run of the bundled tiny BERT on the bundled demo data; with --no_eval (and no --eval_on_start)
     without the evaluation's file and batch size, which nothing would read (training refuses them)."""
-    evaluates = "--no_eval" not in extra or "--eval_on_start" in extra
+    evaluates = True  # the last of --no_eval and --do_eval X decides, as on the command line
+    for flag, value in zip(extra, [*extra[1:], ""]):
+        if flag == "--no_eval":
+            evaluates = False
+        elif flag == "--do_eval":
+            evaluates = value.lower() in ("true", "1", "yes")
+    evaluates |= "--eval_on_start" in extra
     return [
         "--config_name",
         str(TINY),

@@ -366,7 +366,9 @@ def test_preemption_exits_75_and_the_resumed_run_logs_each_step_once(tmp_path: P
 
     # Resume from step 2 (as after a crash past its checkpoint): step 3 is trained and logged again, once.
     resumed = run_ok(
-        [*cmd, "--resume_from_checkpoint", str(out / "checkpoints" / "step_00000002"), "--eval_on_start"], env
+        [*cmd, "--resume_from_checkpoint", str(out / "checkpoints" / "step_00000002"), "--eval_on_start"]
+        + ["--validation_file", str(DEMO_DEV)],  # tiny_flags leaves it out under --no_eval
+        env,
     )
     assert steps_in(out) == [1, 2, 3, 4, 5, 6]
     evals = [
