@@ -14,8 +14,8 @@ has the machine to itself), each into OUTPUT_DIR/<config>-p<N>-r<k> with its log
 A failed run is reported and the others still run; the exit status is 1 if any failed. Ctrl-C stops
 the run in progress and reports the ones before it (exit 130). Without model/data flags after `--`, the
 bundled tiny BERT and demo data are used; `--max_train_steps`, `--output_dir`, `--run_name` and
-`--overwrite_output_dir` after `--` are refused, as the bench sets them for every run. The report (OUTPUT_DIR/report) covers this command's runs (a
-failed one as its point's `+ N failed`) and gives each point's median and min-max over its repeats, and
+`--overwrite_output_dir` after `--` are refused, as the bench sets them for every run. The report
+(OUTPUT_DIR/report) covers this command's runs (a failed one as its point's `+ N failed`) and gives each point's median and min-max over its repeats, and
 speed-up and efficiency against the same config's smallest point with a throughput; under the table, one
 warning line for each comparison that rests on a single repeat or on a run that other processes slowed (each
 run's metrics.json records the machine's load). Every run logs to W&B (offline without credentials) in one
