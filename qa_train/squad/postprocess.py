@@ -227,26 +227,25 @@ def _nbest(
     end_logit = logits[1][feat, e_pos].tolist()
     cand_scores = cand_scores[order].tolist()
     nbest: dict[str, list[dict]] = {qid: [] for qid in example_ids}
+
     # Building ~200k dicts dominates here; one list comprehension per example
     # is about 1.4x faster than appending candidate by candidate.
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        i = ex[lo]
-        context = contexts[i]
-        top = slice(lo, min(hi, lo + n_best_size))
-        entries = [
+    def listed(context: str, rows: slice) -> list[dict]:
+        return [
             {"text": context[a:b], "score": sc, "start_logit": sl, "end_logit": el, "start": a, "end": b}
             for a, b, sc, sl, el in zip(
-                char_start[top], char_end[top], cand_scores[top], start_logit[top], end_logit[top]
+                char_start[rows], char_end[rows], cand_scores[rows], start_logit[rows], end_logit[rows]
             )
         ]
+
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        i = ex[lo]
+        top = slice(lo, min(hi, lo + n_best_size))
+        entries = listed(contexts[i], top)
         if text_span and not any(e["text"] for e in entries):
             j = next((j for j in range(top.stop, hi) if char_start[j] < char_end[j]), None)
             if j is not None:
-                a, b = char_start[j], char_end[j]
-                entries.append(
-                    {"text": context[a:b], "score": cand_scores[j], "start_logit": start_logit[j],
-                     "end_logit": end_logit[j], "start": a, "end": b}
-                )  # fmt: skip
+                entries += listed(contexts[i], slice(j, j + 1))
         nbest[example_ids[i]] = entries
     return nbest
 

@@ -29,6 +29,7 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import yaml
@@ -245,11 +246,14 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     return cmd + ["-m", "qa_train", *train_args], env
 
 
-def free_port() -> int:
-    """A port free on this machine now, as accelerate's get_free_port finds one."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+def free_port(taken: Collection[int] = ()) -> int:
+    """A port free on this machine now (the kernel's pick, as accelerate's own for port 0), and not in `taken`."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in taken:
+            return port
 
 
 def main_process(cfg: dict, opts: argparse.Namespace) -> tuple[str, int]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -165,16 +164,6 @@ def recompute_refusal(train_flags: list[str]) -> str | None:
         return checkpointing_unsupported(load_shape_config(model, config_name))
     except (PlanError, ConfigError):
         return None
-
-
-def free_port(taken: set[int]) -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in taken:
-            taken.add(port)
-            return port
 
 
 def run_one(point: Point, opts: argparse.Namespace, train_flags: list[str], port: int) -> Outcome:
@@ -428,7 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: list[Outcome] = []
     try:
         for point in plans:
-            outcomes.append(run_one(point, opts, train_flags, free_port(ports)))
+            port = launch.free_port(ports)  # each run its own
+            ports.add(port)
+            outcomes.append(run_one(point, opts, train_flags, port))
     except KeyboardInterrupt:  # the run in progress is killed (_run_logged); the finished ones are still reported
         print(
             f"\n[bench] interrupted during run {len(outcomes) + 1} of {len(plans)}; reporting the runs before it",

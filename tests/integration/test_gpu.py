@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from strategy_runs import STEPS, launch_cmd, step_log
 from test_strategies import kill_after_checkpoint
 
-from qa_train.studies.bench import free_port
+from qa_train.strategy.launch import free_port
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CONFIGS = ["single", "ddp", "fsdp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
@@ -50,7 +50,7 @@ def gpu_cmd(config: str, out: Path, *flags: str) -> list[str]:
         "--num_processes",
         "1",
         "--main_process_port",
-        str(free_port(set())),
+        str(free_port()),
         "--",
         *flags,
         "--output_dir",
