@@ -42,8 +42,8 @@ SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
 CredType=cred/munge
-# A requeued job may start again only once its launch credential has expired: 120 s by default.
-AuthInfo=socket={dir}/munge.socket,cred_expire=10
+# A requeued job may start again only once its launch credential has expired: 120 s by default, 5 at least.
+AuthInfo=socket={dir}/munge.socket,cred_expire=5
 StateSaveLocation={dir}/state
 SlurmdSpoolDir={dir}/spool-%n
 SlurmctldPidFile={dir}/slurmctld.pid

@@ -7,7 +7,6 @@ with the variables a real cluster sets (SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NO
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
@@ -72,33 +71,6 @@ def test_no_sbatch_or_srun_creates_a_missing_output_folder(
     log = (tmp_path / "batch.out").read_text()
     assert proc.returncode == 0 and "srun: error: task 0 launch failed" in log and "srun exit 0" in log, log
     assert not (tmp_path / "nodir2").exists()
-
-
-def test_a_job_requeued_on_fewer_nodes_continues_with_the_same_global_batch(tmp_path: Path) -> None:
-    """Preempted on 2 nodes, the job comes back on 1 (`scontrol update JobId=... NumNodes=1` while it waits) with
-    its command unchanged: the run refits its accumulation to keep the global batch and continues its checkpoint."""
-    env = cluster_env(tmp_path, "7321", "ddp", 29761)
-    env.update(
-        {
-            "QA_TRAIN_TEST_HOLD_AT_STEP": "6",
-            "FAKE_SLURM_SIGNAL_WHEN": str(tmp_path / "out" / "HOLDING-rank0"),
-            "FAKE_SLURM_REQUEUE_NODES": "1",
-        }
-    )
-    code, log = sbatch(env, tmp_path / "batch.out", "--nodes", "2", "slurm/train.sbatch", *train_flags(10))
-    assert code == 0 and "2 nodes x 1 = 2 processes" in log and "1 nodes x 1 = 1 processes" in log, log
-    node0 = (tmp_path / "logs" / "node0.log").read_text()
-    assert "stop requested: checkpoint saved at step 6" in node0
-    checkpoint = tmp_path / "out" / "checkpoints" / "step_00000006"
-    assert (
-        f"resuming {checkpoint}, written by 2 processes, on 1: --gradient_accumulation_steps 1 -> 2 keeps its "
-        "global batch of 16" in node0
-    )
-    assert f"resumed from {checkpoint} at step 6 (epoch 0, batch 12)" in node0, "6 steps of 16 windows, 8 a batch"
-    m = read_metrics(tmp_path / "out")
-    assert (m["world_size"], m["train_steps"], m["global_batch_size"]) == (1, 10, 16)
-    steps = [json.loads(x)["step"] for x in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
-    assert sorted(set(steps)) == list(range(1, 11))
 
 
 def test_a_warning_signal_after_the_training_loop_does_not_requeue_the_finished_run(tmp_path: Path) -> None:

@@ -4,8 +4,7 @@ warning signal at a chosen moment. sbatch, srun and scontrol run a batch script 
 Each node is a process on loopback with the variables a real cluster sets. sbatch waits for the job, as
 `sbatch --wait` does, and honours `--signal=B:SIG@T` by sending SIG to the batch shell once the file
 FAKE_SLURM_SIGNAL_WHEN exists (standing in for "T seconds before the time limit": a test makes the run
-create it at a chosen step) and re-runs the script when it requeued itself, on FAKE_SLURM_REQUEUE_NODES nodes
-if set (what `scontrol update JobId=<id> NumNodes=N` does to the pending requeued job). Where both exist it behaves as
+create it at a chosen step) and re-runs the script when it requeued itself. Where both exist it behaves as
 SLURM 22.05 does: the batch output goes to --output (default slurm-%j.out in the submit directory), and
 neither sbatch nor srun creates a missing output folder.
 """
@@ -114,10 +113,6 @@ def sbatch(argv: list[str]) -> int:
     restarts = 0
     with out:
         while True:
-            if restarts and os.environ.get("FAKE_SLURM_REQUEUE_NODES"):
-                nodes = int(os.environ["FAKE_SLURM_REQUEUE_NODES"])
-                hosts = ",".join(f"127.0.0.{i + 1}" for i in range(nodes))
-                env.update(SLURM_NNODES=str(nodes), SLURM_JOB_NUM_NODES=str(nodes), SLURM_JOB_NODELIST=hosts)
             env["SLURM_RESTART_COUNT"] = str(restarts)
             (STATE / f"requeue-{job_id}").unlink(missing_ok=True)
             print(f"fake sbatch: job {job_id} start {restarts}", file=out, flush=True)
