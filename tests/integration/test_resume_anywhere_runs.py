@@ -71,8 +71,7 @@ def on_one(
     ("source", "config"),
     [
         ("fsdp", "fsdp"),
-        ("zero3_offload", "zero3_offload"),
-        ("zero2_offload", "zero2_offload"),
+        ("zero3_offload", "zero3_offload"),  # ZeRO-2 offload's CPU Adam loads a converted checkpoint below
         ("zero3", "zero3"),
         ("zero2", "zero2"),
         ("zero1", "zero1"),
@@ -119,7 +118,6 @@ def test_a_checkpoint_of_one_process_continues_on_two(
     [
         ("ddp", "zero3", 2),
         ("zero2", "fsdp", 2),
-        ("fsdp", "ddp", 2),
         ("zero3", "ddp", 1),
         # Offload's optimizer (DeepSpeed's CPU Adam) on either side of a conversion.
         ("zero3_offload", "zero1", 2),
