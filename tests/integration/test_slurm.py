@@ -1,7 +1,7 @@
-"""slurm/train.sbatch on the fake cluster of tests/fake_slurm, for what the real one of test_slurm_cluster.py cannot
-do on this machine: GPU nodes, and a warning signal at a chosen moment.
+"""slurm/train.sbatch on the fake cluster of tests/integration/fake_slurm, for what the real one of
+test_slurm_cluster.py cannot do on this machine: GPU nodes, and a warning signal at a chosen moment.
 
-tests/fake_slurm puts `sbatch`, `srun` and `scontrol` first on PATH; each "node" is a process
+tests/integration/fake_slurm puts `sbatch`, `srun` and `scontrol` first on PATH; each "node" is a process
 with the variables a real cluster sets (SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NODELIST, ...).
 """
 

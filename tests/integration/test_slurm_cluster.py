@@ -162,6 +162,9 @@ def test_the_schedulers_warning_signal_checkpoints_requeues_and_the_restart_resu
     # Pending, before its begin time (cred_expire, 5 s): while the first start completes, NumNodes would shrink that
     # allocation, not the restart's; and the restart would be warned in its turn under the old limit.
     wait_until("requeue", lambda: (j := job(env, job_id))["JobState"] == "PENDING" and int(j["Restarts"]) >= 1)
+    # NumNodes alone is accepted and changes nothing: the job keeps its two tasks, one per node (docs/slurm.md).
+    scontrol(env, "update", f"JobId={job_id}", "NumNodes=1")
+    assert [job(env, job_id)[k] for k in ("NumNodes", "NumTasks", "NumCPUs")] == ["2", "2", "64"]
     scontrol(env, "update", f"JobId={job_id}", "TimeLimit=10", "NumNodes=1", "NumTasks=1", "NumCPUs=32")
     info = ended(env, job_id, batch, logs / "node0.log")
     assert (info["JobState"], info["ExitCode"], info["Restarts"], info["NodeList"]) == (
