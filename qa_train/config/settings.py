@@ -788,6 +788,16 @@ class SystemArgs:
         """torch.compile's mode argument (None: its default)."""
         return None if self.torch_compile_mode in (None, "default") else self.torch_compile_mode
 
+    def compile_flags_given(self) -> dict[str, bool]:
+        """The --torch_compile* flags that were given (a mode, backend or --torch_compile_regional implies
+        --torch_compile, which is then not named itself)."""
+        implied = {
+            "torch_compile_mode": self.torch_compile_mode is not None,
+            "torch_compile_backend": self.torch_compile_backend is not None,
+            "torch_compile_regional": self.torch_compile_regional,
+        }
+        return {"torch_compile": self.torch_compile and not any(implied.values()), **implied}
+
 
 GROUPS: dict[str, type] = {
     "model": ModelArgs,
@@ -890,6 +900,9 @@ class TrainArgs:
             "resume_from_checkpoint": o.resume_from_checkpoint is not None,
             "wandb_log_model": o.wandb_log_model,
             "gradient_checkpointing": self.system.gradient_checkpointing,
+            # Evaluation and prediction run eagerly (evaluation.py) and the profiler traces training steps.
+            **self.system.compile_flags_given(),
+            "profile": self.system.profile,
         }
         # Flags whose default is a value: given when not at it. Every optimizer and schedule flag is training's.
         defaulted = [

@@ -626,6 +626,13 @@ def test_flags_read_by_prediction_or_a_first_evaluation_are_taken_under_no_eval(
         ["--allow_global_batch_change"],
         ["--logging_steps", "5"],
         ["--throughput_warmup_steps", "0"],
+        # Evaluation runs the model eagerly and the profiler traces training steps: these were taken and did
+        # nothing (an audit of docs/training.md's "every flag only training reads" claim, by running it).
+        ["--torch_compile"],
+        ["--torch_compile_mode", "max-autotune"],
+        ["--torch_compile_backend", "aot_eager"],
+        ["--torch_compile_regional"],
+        ["--profile"],
     ],
 )
 def test_do_train_false_refuses_every_flag_only_training_reads(flag: list[str]) -> None:
