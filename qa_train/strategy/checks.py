@@ -22,13 +22,17 @@ def check_world(accelerator) -> None:
 
     launcher = int(os.environ.get("WORLD_SIZE", "1"))
     seen = accelerator.num_processes
-    if launcher != seen or (launcher > 1 and accelerator.distributed_type == DistributedType.NO):
-        raise LaunchError(
-            f"the launcher started WORLD_SIZE={launcher} processes but this one sees a world of {seen} "
-            f"(distributed type {accelerator.distributed_type.value}): they would train separate models. "
-            "On a CPU-only machine use `qa-train launch --cpu --config_file ...` (torchrun with "
-            "ACCELERATE_USE_CPU=true for DDP, gloo for DeepSpeed and FSDP)."
-        )
+    if launcher != seen:
+        what = f"this one sees a world of {seen}"
+    elif launcher > 1 and accelerator.distributed_type == DistributedType.NO:
+        what = f"they run without a data-parallel strategy (accelerate's distributed type {DistributedType.NO.value})"
+    else:
+        return
+    raise LaunchError(
+        f"the launcher started WORLD_SIZE={launcher} processes but {what}: they would train separate models. "
+        "On a CPU-only machine use `qa-train launch --cpu --config_file ...` (torchrun with "
+        "ACCELERATE_USE_CPU=true for DDP, gloo for DeepSpeed and FSDP)."
+    )
 
 
 def check_recompute(accelerator, gradient_checkpointing: bool) -> None:

@@ -15,7 +15,7 @@ from conftest import ROOT
 from qa_train.config.flags import parse_args
 from qa_train.config.settings import ConfigError
 from qa_train.strategy.build import process_group_kwargs, resolve_mixed_precision
-from qa_train.strategy.checks import LaunchError, check_recompute
+from qa_train.strategy.checks import LaunchError, check_recompute, check_world
 from qa_train.strategy.deepspeed_json import reconcile_deepspeed, scheduler_steps_per_update, uses_deepspeed_optimizer
 from qa_train.strategy.faults import collective_fault
 from qa_train.strategy.sharded import num_parameters
@@ -173,6 +173,29 @@ def test_fsdp_activation_checkpointing_with_the_flag_is_refused_naming_both() ->
 )
 def test_one_recompute_alone_is_accepted(accelerator: SimpleNamespace, flag: bool) -> None:
     check_recompute(accelerator, gradient_checkpointing=flag)
+
+
+@pytest.mark.parametrize(
+    "seen,distributed_type,why",
+    [
+        (1, "NO", "this one sees a world of 1"),
+        # `accelerate launch --multi_gpu` without CUDA (accelerate 1.15): each rank sees the whole world, but no
+        # wrapper; the line said "started WORLD_SIZE=2 processes but this one sees a world of 2".
+        (2, "NO", "they run without a data-parallel strategy"),
+    ],
+)
+def test_a_launch_of_separate_models_is_refused_saying_which_way(
+    monkeypatch: pytest.MonkeyPatch, seen: int, distributed_type: str, why: str
+) -> None:
+    from accelerate.utils import DistributedType
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    accelerator = SimpleNamespace(num_processes=seen, distributed_type=DistributedType(distributed_type))
+    with pytest.raises(LaunchError) as err:
+        check_world(accelerator)
+    assert str(err.value).startswith(f"the launcher started WORLD_SIZE=2 processes but {why}")
+    assert "sees a world of 2" not in str(err.value)
+    check_world(SimpleNamespace(num_processes=2, distributed_type=DistributedType.MULTI_CPU))
 
 
 def test_schedule_steps_per_update_follow_who_steps_the_scheduler() -> None:
