@@ -25,6 +25,7 @@ from qa_train.config.outputdir import unwritable
 from qa_train.config.parser import OneLineParser
 from qa_train.config.settings import ConfigError, DataArgs, ModelArgs
 from qa_train.data.load import DataError, Examples, build_examples, load_file
+from qa_train.data.splits import unanswered_note
 from qa_train.model.modeling import loading, local_path
 from qa_train.squad.postprocess import Answers, SpanRules
 from qa_train.strategy.oom import OutOfMemory
@@ -157,18 +158,6 @@ def command_line_question(
     return build_examples([(given_as, {"id": "q", "question": question, "context": context})], source, "optional")
 
 
-def v2_note(examples: Examples, v2: bool) -> str | None:
-    """A labelled file where some questions have no answer is SQuAD v2.0 data: without --version_2_with_negative
-    each of them still gets a span, which the user may not expect."""
-    unanswered = sum(not texts for texts in examples.answer_texts)
-    if v2 or not 0 < unanswered < len(examples):
-        return None
-    return (
-        f"note: {examples.source}: {unanswered} of {len(examples)} questions have no answer (SQuAD v2.0 data?); "
-        'without --version_2_with_negative every question gets a span, never ""'
-    )
-
-
 def best_entry(answers: Answers, qid: str) -> dict:
     """{"answer", "score", "probability", "start", "end"} of the question's answer (start/end: characters);
     score None when no window held a valid span (the answer is then "")."""
@@ -293,9 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         return 7
     if answers is None:  # not the main process
         return 0
-    note = v2_note(examples, args.version_2_with_negative)
+    note = unanswered_note(examples, args.version_2_with_negative)
     if note:
-        print(note, file=sys.stderr)
+        print(f"note: {note}", file=sys.stderr)
     if args.output_dir:
         from qa_train.evaluation import write_answers
 

@@ -42,6 +42,20 @@ def shared_questions(train: Examples | None, evaluation: Examples | None, shown:
     ]
 
 
+def unanswered_note(examples: Examples | None, v2: bool) -> str | None:
+    """A labelled file of questions to answer where some have no answer is SQuAD v2.0 data: without
+    --version_2_with_negative each of them still gets a span, which the user may not expect."""
+    if examples is None or v2:
+        return None
+    unanswered = sum(not texts for texts in examples.answer_texts)
+    if not 0 < unanswered < len(examples):
+        return None
+    return (
+        f"{examples.source}: {unanswered} of {len(examples)} questions have no answer (SQuAD v2.0 data?); "
+        'without --version_2_with_negative every question gets a span, never ""'
+    )
+
+
 def load_splits(args: TrainArgs) -> Splits:
     """Every rank parses and validates on its own, before any process group exists: a bad record is
     refused by each rank in one line, and no rank is left waiting in a collective for one that failed."""
@@ -60,4 +74,5 @@ def load_splits(args: TrainArgs) -> Splits:
         if args.eval.do_predict and d.test_file is not None  # validated: --do_predict comes with --test_file
         else None
     )
-    return Splits(train, evaluation, test, shared_questions(train, evaluation))
+    note = unanswered_note(test, d.version_2_with_negative)  # --do_predict's file, as `qa-train predict` notes it
+    return Splits(train, evaluation, test, shared_questions(train, evaluation) + ([note] if note else []))

@@ -9,7 +9,9 @@ import pytest
 from conftest import DEMO_DEV, TINY, high_padding_model
 
 from qa_train import predict
+from qa_train.config.flags import parse_args
 from qa_train.data.load import Examples, load_file
+from qa_train.data.splits import load_splits, unanswered_note
 from qa_train.model.modeling import loading
 from qa_train.squad.postprocess import Answers
 
@@ -215,15 +217,27 @@ def test_v2_data_without_version_2_with_negative_gets_a_note() -> None:
     v2 = load_file(DEMO_DEV.parent.parent / "demo-v2" / "dev.json", "optional")
     unanswered = sum(not texts for texts in v2.answer_texts)
     assert 0 < unanswered < len(v2)
-    assert predict.v2_note(v2, v2=False) == (
-        f"note: {v2.source}: {unanswered} of {len(v2)} questions have no answer (SQuAD v2.0 data?); without "
+    assert unanswered_note(v2, v2=False) == (
+        f"{v2.source}: {unanswered} of {len(v2)} questions have no answer (SQuAD v2.0 data?); without "
         '--version_2_with_negative every question gets a span, never ""'
     )
-    assert predict.v2_note(v2, v2=True) is None
-    assert predict.v2_note(load_file(DEMO_DEV, "optional"), v2=False) is None  # v1.1: every question answered
+    assert unanswered_note(v2, v2=True) is None
+    assert unanswered_note(load_file(DEMO_DEV, "optional"), v2=False) is None  # v1.1: every question answered
     unlabelled = Examples("questions.jsonl")
     unlabelled.append("q1", "", "Some text.", "Who?", [], [])
-    assert predict.v2_note(unlabelled, v2=False) is None  # no answers at all: nothing to tell v1.1 from v2.0
+    assert unanswered_note(unlabelled, v2=False) is None  # no answers at all: nothing to tell v1.1 from v2.0
+
+
+def test_a_training_runs_do_predict_notes_v2_data_as_qa_train_predict_does() -> None:
+    """docs/training.md: such a --test_file gets a note; only `qa-train predict` gave it, --do_predict said
+    nothing (found running the doc's claims on CPU)."""
+    v2_dev = DEMO_DEV.parent.parent / "demo-v2" / "dev.json"
+    flags = ["--model_name_or_path", "m", "--do_train", "false", "--no_eval", "--do_predict"]
+    splits = load_splits(parse_args([*flags, "--test_file", str(v2_dev)]))
+    assert splits.warnings == [unanswered_note(splits.test, v2=False)]
+    assert splits.warnings[0] is not None
+    v2_splits = load_splits(parse_args([*flags, "--test_file", str(v2_dev), "--version_2_with_negative"]))
+    assert v2_splits.warnings == []
 
 
 def test_a_nan_null_threshold_is_refused_as_training_refuses_it(capsys: pytest.CaptureFixture[str]) -> None:
