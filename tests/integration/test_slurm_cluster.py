@@ -159,8 +159,8 @@ def test_the_schedulers_warning_signal_checkpoints_requeues_and_the_restart_resu
     batch = tmp_path / "batch.out"
     limits = ["--time", "2", "--signal", "B:USR1@85", "--output", str(batch)]
     job_id = sbatch(clone, env, "--nodes", "2", *limits, "slurm/train.sbatch", *train_flags(12))
-    # Pending, before its begin time (cred_expire, 5 s): while the first start completes, NumNodes would shrink that
-    # allocation, not the restart's; and the restart would be warned in its turn under the old limit.
+    # While it waits for its begin time (cred_expire, 5 s): the restart would be warned in its turn under the old
+    # limit, and would start on the old allocation.
     wait_until("requeue", lambda: (j := job(env, job_id))["JobState"] == "PENDING" and int(j["Restarts"]) >= 1)
     # NumNodes alone is accepted and changes nothing: the job keeps its two tasks, one per node (docs/slurm.md).
     scontrol(env, "update", f"JobId={job_id}", "NumNodes=1")
