@@ -20,10 +20,11 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from qa_train.config.outputdir import unwritable
 from qa_train.config.parser import OneLineParser
-from qa_train.config.settings import ConfigError, DataArgs, ModelArgs
+from qa_train.config.settings import ANSWERING_KEY, ConfigError, DataArgs, ModelArgs
 from qa_train.data.load import DataError, Examples, build_examples, load_file
 from qa_train.data.splits import unanswered_note
 from qa_train.model.modeling import loading, local_path
@@ -49,7 +50,7 @@ class Predictor:
         self,
         model_dir: str,
         data: DataArgs | None = None,
-        rules: SpanRules = SpanRules(),
+        rules: SpanRules | None = None,
         device: str = "auto",
         mixed_precision: str = "auto",
     ) -> None:
@@ -69,9 +70,13 @@ class Predictor:
             raise ConfigError(f"--device: {device!r} is not one of {', '.join(DEVICES)}")
         if device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA device is available (auto picks the CPU then)")
-        self.data = data or DataArgs(dataset_name=None)
-        self.rules = rules
         check_model_dir(model_dir)
+        # Unset: as the exported run answered (its recorded windows and span rules), as the command line does.
+        recorded = recorded_answering(model_dir) if data is None or rules is None else RECORDED
+        self.data = data or DataArgs(
+            dataset_name=None, max_seq_length=recorded["max_seq_length"], doc_stride=recorded["doc_stride"]
+        )
+        self.rules = rules or recorded_rules(recorded)
         model_args = ModelArgs(model_name_or_path=model_dir)
         with loading("MODEL_DIR", model_dir, "the model"):
             self.tokenizer = load_tokenizer(model_args)
@@ -181,14 +186,22 @@ def answer(
     model_dir: str,
     question: str,
     context: str,
-    max_seq_length: int = 384,
-    doc_stride: int = 128,
-    rules: SpanRules = SpanRules(),
+    max_seq_length: int | None = None,
+    doc_stride: int | None = None,
+    rules: SpanRules | None = None,
 ) -> dict | None:
     """One question: {"answer", "score", "probability", "start", "end"}; loads the model on every call
-    (use a Predictor for many questions). None on processes other than the main one, as Predictor.predict."""
+    (use a Predictor for many questions). None on processes other than the main one, as Predictor.predict. Unset
+    windows and rules: the exported run's (else 384/128 and SpanRules())."""
     examples = command_line_question(question, context, "<input>", "answer()")
-    data = DataArgs(dataset_name=None, max_seq_length=max_seq_length, doc_stride=doc_stride)
+    data = None
+    if max_seq_length is not None or doc_stride is not None:
+        recorded = recorded_answering(model_dir)
+        data = DataArgs(
+            dataset_name=None,
+            max_seq_length=recorded["max_seq_length"] if max_seq_length is None else max_seq_length,
+            doc_stride=recorded["doc_stride"] if doc_stride is None else doc_stride,
+        )
     answers = Predictor(model_dir, data, rules).predict(examples)
     return best_entry(answers, "q") if answers is not None else None
 
@@ -206,17 +219,24 @@ def _parser() -> argparse.ArgumentParser:
         help="write predict_predictions.json and predict_nbest_predictions.json here (default: print the predictions)",
     )
     p.add_argument("--max_predict_samples", type=int, help="answer only the first N questions of --test_file")
-    p.add_argument("--max_seq_length", type=int, default=384, help="tokens per window")
-    p.add_argument("--doc_stride", type=int, default=128, help="overlap between windows of a long context")
+    # Unset (None): the exported run's own (its config.json's ANSWERING_KEY), else the fallback in RECORDED.
+    p.add_argument("--max_seq_length", type=int, help="tokens per window (default: the run's, else 384)")
+    p.add_argument("--doc_stride", type=int, help="overlap between windows of a long context (the run's, else 128)")
     p.add_argument("--per_device_eval_batch_size", type=int, default=64, help="windows per forward pass")
-    p.add_argument("--n_best_size", type=int, default=20, help="start/end candidates per window and n-best size")
-    p.add_argument("--max_answer_length", type=int, default=30, help="longest answer in tokens")
-    p.add_argument("--version_2_with_negative", action="store_true", help='SQuAD v2.0: an answer may be ""')
+    p.add_argument(
+        "--n_best_size", type=int, help="start/end candidates per window and n-best size (the run's, else 20)"
+    )
+    p.add_argument("--max_answer_length", type=int, help="longest answer in tokens (the run's, else 30)")
+    p.add_argument(
+        "--version_2_with_negative",
+        action="store_true",
+        help='SQuAD v2.0: an answer may be "" (on for a model whose run trained so)',
+    )
     p.add_argument(
         "--null_score_diff_threshold",
         type=float,
-        default=None,  # None: not given (0.0), so that one given without --version_2_with_negative is refused
-        help='v2.0: answer "" when the null score beats the best span by more than this (default 0.0)',
+        default=None,  # None: not given, so that one given for a v1.1 model without --version_2_with_negative is refused
+        help='v2.0: answer "" when the null score beats the best span by more than this (the run\'s, else 0.0)',
     )
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA when available, else CPU")
     p.add_argument(
@@ -228,43 +248,92 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _settings(args: argparse.Namespace) -> tuple[DataArgs, SpanRules]:
-    """The window and answer settings, validated as training validates them (ConfigError names the flag)."""
+# What predict answers with where neither a flag nor the exported run says: training's defaults.
+RECORDED: dict[str, Any] = {
+    "max_seq_length": 384,
+    "doc_stride": 128,
+    "n_best_size": 20,
+    "max_answer_length": 30,
+    "version_2_with_negative": False,
+    "null_score_diff_threshold": None,
+}
+
+
+def recorded_answering(model_dir: str) -> dict[str, Any]:
+    """The windows and span rules the exported run evaluated with (its config.json's ANSWERING_KEY), checked, over
+    RECORDED; RECORDED alone for a model that records none (a hub model, an export from before the record)."""
+    path = Path(model_dir).expanduser() / "config.json"
+    if not path.is_file():
+        return dict(RECORDED)
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8")).get(ANSWERING_KEY)
+    except (ValueError, AttributeError):  # transformers says what is wrong with the config itself
+        return dict(RECORDED)
+    if saved is None:
+        return dict(RECORDED)
+    wrong = [key for key in RECORDED if isinstance(saved, dict) and key in saved and not _recordable(key, saved[key])]
+    if not isinstance(saved, dict) or wrong:
+        raise ConfigError(f"{path}: {ANSWERING_KEY} is not a qa_train export's record (at {', '.join(wrong) or 'it'})")
+    return {**RECORDED, **{key: saved[key] for key in RECORDED if key in saved}}
+
+
+def recorded_rules(recorded: dict[str, Any]) -> SpanRules:
+    """The span rules of `recorded` (a null threshold only for SQuAD v2.0, 0.0 where none was recorded)."""
+    threshold = float(recorded["null_score_diff_threshold"] or 0.0) if recorded["version_2_with_negative"] else None
+    return SpanRules(recorded["n_best_size"], recorded["max_answer_length"], threshold)
+
+
+def _recordable(key: str, value: object) -> bool:
+    if key == "version_2_with_negative":
+        return isinstance(value, bool)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if key == "null_score_diff_threshold":
+        return value is None or number
+    return number and isinstance(value, int)
+
+
+def _settings(args: argparse.Namespace, recorded: dict[str, Any]) -> tuple[DataArgs, SpanRules]:
+    """The window and answer settings: each flag given, else the exported run's (`recorded`); validated as training
+    validates them (ConfigError names the flag)."""
     if (args.test_file is None) == (args.question is None or args.context is None):
         raise ConfigError("give either --question and --context, or --test_file")
     # As training refuses them: a flag that could do nothing here is refused, not ignored.
     if args.max_predict_samples is not None and args.test_file is None:
         raise ConfigError("--max_predict_samples: truncates --test_file's questions, and -q/-c ask one: drop it")
+    v2 = args.version_2_with_negative or bool(recorded["version_2_with_negative"])
     threshold = args.null_score_diff_threshold
-    if threshold is not None and not args.version_2_with_negative:
+    if threshold is not None and not v2:
         raise ConfigError(
             "--null_score_diff_threshold: only decides SQuAD v2.0's empty answers: add --version_2_with_negative, "
             "or drop it"
         )
+    given = {flag: getattr(args, flag) for flag in ("max_seq_length", "doc_stride", "n_best_size", "max_answer_length")}
+    value = {flag: recorded[flag] if v is None else v for flag, v in given.items()}
     data = DataArgs(
         dataset_name=None,
         test_file=args.test_file,
-        max_seq_length=args.max_seq_length,
-        doc_stride=args.doc_stride,
+        max_seq_length=value["max_seq_length"],
+        doc_stride=value["doc_stride"],
         per_device_eval_batch_size=args.per_device_eval_batch_size,
         max_predict_samples=args.max_predict_samples,
     )
     for flag in ("n_best_size", "max_answer_length"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag}: must be positive, got {getattr(args, flag)}")
+        if value[flag] < 1:
+            raise ConfigError(f"--{flag}: must be positive, got {value[flag]}")
     # As training refuses them: every comparison with nan is false, and an infinite margin decides every question
     # alike (always or never the empty answer).
     if threshold is not None and not math.isfinite(threshold):
         raise ConfigError(f"--null_score_diff_threshold: must be a finite number, got {threshold}")
-    if args.version_2_with_negative:
-        threshold = 0.0 if threshold is None else threshold
-    return data, SpanRules(args.n_best_size, args.max_answer_length, threshold)
+    if v2:
+        saved = recorded["null_score_diff_threshold"] if recorded["version_2_with_negative"] else None
+        threshold = threshold if threshold is not None else float(saved or 0.0)
+    return data, SpanRules(value["n_best_size"], value["max_answer_length"], threshold)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        data, rules = _settings(args)
+        data, rules = _settings(args, recorded_answering(args.model_dir))
         if args.output_dir:
             check_output_dir(args.output_dir)
         if args.test_file:
@@ -282,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         return 7
     if answers is None:  # not the main process
         return 0
-    note = unanswered_note(examples, args.version_2_with_negative)
+    note = unanswered_note(examples, rules.null_score_diff_threshold is not None)
     if note:
         print(f"note: {note}", file=sys.stderr)
     if args.output_dir:

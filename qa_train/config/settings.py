@@ -940,6 +940,24 @@ class TrainArgs:
             for f in dataclasses.fields(group)
         }
 
+    def answering(self) -> dict[str, Any]:
+        """The windows and span rules this run reads answers with, as its export records them (ANSWERING_KEY)."""
+        d, e = self.data, self.eval
+        return {
+            "max_seq_length": d.max_seq_length,
+            "doc_stride": d.doc_stride,
+            "n_best_size": e.n_best_size,
+            "max_answer_length": e.max_answer_length,
+            "version_2_with_negative": d.version_2_with_negative,
+            "null_score_diff_threshold": e.null_score_diff_threshold if d.version_2_with_negative else None,
+        }
+
+
+# The key of an export's config.json that holds TrainArgs.answering(): `qa-train predict` takes those as its
+# defaults, so that it answers as the run's evaluation did. transformers records none of them (its QA pipeline's
+# 384/128 windows are not those of a run trained at 192/64).
+ANSWERING_KEY = "qa_train_answering"
+
 
 def _shown(f: dataclasses.Field, value: Any) -> Any:
     if f.metadata.get("secret"):

@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 
@@ -193,8 +193,9 @@ def _rotate(output_dir: str | Path, keep: int | None, run_id: str, just_written:
 # --- export ------------------------------------------------------------------------------------
 
 
-def export_final(accelerator, model, tokenizer, final: Path) -> Path:
-    """Full consolidated weights + tokenizer in `final` (output_dir/final or /best), loadable by from_pretrained.
+def export_final(accelerator, model, tokenizer, final: Path, recorded: Mapping[str, object] | None = None) -> Path:
+    """Full consolidated weights + tokenizer in `final` (output_dir/final or /best), loadable by from_pretrained;
+    `recorded`: entries added to its config.json (how the run reads answers).
 
     export_state_dict gathers ZeRO-3 partitions and FSDP shards (fp32 under every strategy); saving the
     unwrapped model without it would write placeholders under ZeRO-3.
@@ -206,7 +207,7 @@ def export_final(accelerator, model, tokenizer, final: Path) -> Path:
         assert state_dict is not None  # whole on the main process
         remove_entry(tmp)
         try:
-            _write_export(accelerator.unwrap_model(model), state_dict, tokenizer, tmp)
+            _write_export(accelerator.unwrap_model(model), state_dict, tokenizer, tmp, recorded or {})
             remove_entry(final)
             tmp.rename(final)
         except Exception as err:
@@ -222,13 +223,15 @@ def export_final(accelerator, model, tokenizer, final: Path) -> Path:
     return final
 
 
-def _write_export(unwrapped, state_dict: dict, tokenizer, tmp: Path) -> None:
+def _write_export(unwrapped, state_dict: dict, tokenizer, tmp: Path, recorded: Mapping[str, object]) -> None:
     # save_pretrained records the live model's dtype (DeepSpeed's 16-bit engine copy), not that of the weights
     # it writes (and empties state_dict as it does), and transformers 5 loads a model in the recorded dtype.
     written = next(str(t.dtype).removeprefix("torch.") for t in state_dict.values() if t.is_floating_point())
     unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
     config = copy.deepcopy(unwrapped.config)
     config.dtype = written
+    for key, value in recorded.items():
+        setattr(config, key, value)
     config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     # save_pretrained only logs (and writes nothing) when its target is not a folder.

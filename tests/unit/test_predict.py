@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import DEMO_DEV, TINY, high_padding_model
+from conftest import DEMO_DEV, TINY, high_padding_model, tiny_flags
 
 from qa_train import predict
 from qa_train.config.flags import parse_args
@@ -285,3 +285,66 @@ def test_answer_is_none_off_the_main_process_as_predict_is(monkeypatch: pytest.M
         "start": 0,
         "end": 0,
     }
+
+
+def test_an_export_records_how_its_run_answers_and_predict_answers_so(tmp_path: Path) -> None:
+    """`qa-train predict` defaulted to 384/128 windows whatever the run trained and evaluated with, so a model
+    trained at 96/64 answered 121 of the demo's 250 dev questions as its evaluation had (found running
+    docs/training.md's claims). The export records the run's windows and span rules in its config.json; predict
+    takes them unless a flag says otherwise."""
+    from transformers import AutoConfig, AutoTokenizer, BertForQuestionAnswering
+
+    from qa_train.config.settings import ANSWERING_KEY
+    from qa_train.strategy.saving import _write_export
+
+    train = [*tiny_flags(tmp_path / "run"), "--max_seq_length", "96", "--doc_stride", "32", "--n_best_size", "7"]
+    args = parse_args([*train, "--version_2_with_negative", "--null_score_diff_threshold", "1.5"])
+    model = BertForQuestionAnswering(AutoConfig.from_pretrained(TINY))
+    export = tmp_path / "final"
+    _write_export(
+        model, model.state_dict(), AutoTokenizer.from_pretrained(TINY), export, {ANSWERING_KEY: args.answering()}
+    )
+    recorded = predict.recorded_answering(str(export))
+    assert recorded == args.answering() == json.loads((export / "config.json").read_text())[ANSWERING_KEY]
+
+    def settings(*flags: str) -> tuple[object, ...]:
+        data, rules = predict._settings(
+            predict._parser().parse_args([str(export), "-q", "Who?", "-c", "Him.", *flags]), recorded
+        )
+        return (
+            data.max_seq_length,
+            data.doc_stride,
+            rules.n_best_size,
+            rules.max_answer_length,
+            rules.null_score_diff_threshold,
+        )
+
+    assert settings() == (96, 32, 7, 30, 1.5)
+    assert settings("--max_seq_length", "128", "--null_score_diff_threshold", "0") == (128, 32, 7, 30, 0.0)
+    # A model that records nothing (a hub model, an older export): training's defaults, v1.1.
+    assert predict.recorded_answering(str(TINY)) == predict.RECORDED
+    data, rules = predict._settings(
+        predict._parser().parse_args([str(TINY), "-q", "Who?", "-c", "Him."]), predict.RECORDED
+    )
+    assert (data.max_seq_length, data.doc_stride, rules.null_score_diff_threshold) == (384, 128, None)
+
+
+def test_a_damaged_answering_record_is_refused_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from qa_train.config.settings import ANSWERING_KEY
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (model / name).write_text((TINY / name).read_text())
+    config = json.loads((TINY / "config.json").read_text())
+    for record, at in (
+        ({"max_seq_length": "96"}, "max_seq_length"),
+        ({"version_2_with_negative": 1}, "version_2_with_negative"),
+        ([96], "it"),
+    ):
+        (model / "config.json").write_text(json.dumps({**config, ANSWERING_KEY: record}))
+        assert refused([str(model), "-q", "Who?", "-c", "Him."], capsys) == (
+            f"{model / 'config.json'}: {ANSWERING_KEY} is not a qa_train export's record (at {at})"
+        )
