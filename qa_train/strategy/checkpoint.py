@@ -322,14 +322,15 @@ def latest_usable(root: Path, warn: bool, contents: bool = False) -> Path | None
 
 
 def set_aside_later(path: Path, output_dir: str | Path) -> list[Path]:
-    """Resuming from `path` abandons the usable checkpoints after it in output_dir: left as step_N, `latest`
-    and rotation would prefer them to the resumed run's own. Renamed (main process), never deleted."""
+    """Resuming from `path` abandons the checkpoints after it in output_dir: left as step_N, `latest` and
+    rotation would prefer them to the resumed run's own, and the resumed run's save of the same step would replace
+    them (a damaged one too: it is this run's). Renamed (main process), never deleted."""
     step = _step_of(path)
     if step is None or path.parent.resolve() != checkpoint_root(output_dir).resolve():
         return []
     moved = []
     for later in step_folders(path.parent):
-        if (_step_of(later) or 0) > step and verify(later) is None:
+        if (_step_of(later) or 0) > step:
             moved.append(move_aside(later, "abandoned"))
     if moved:
         log.warning(

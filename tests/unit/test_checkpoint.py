@@ -847,6 +847,20 @@ def test_resuming_an_earlier_checkpoint_sets_the_later_ones_aside(tmp_path: Path
     assert ckpt.set_aside_later(tmp_path / "elsewhere" / "step_00000001", tmp_path) == []
 
 
+def test_resuming_sets_a_damaged_later_checkpoint_aside_too(tmp_path: Path) -> None:
+    """A later checkpoint that no longer verifies is still the abandoned continuation's, of this run: left as
+    step_N, the resumed run's own save of step N replaced it (found by resuming a real run past a truncated one)."""
+    paths = [
+        save_checkpoint(FakeAccelerator(), tmp_path, contract(completed_steps=s, run_id=RUN), keep=None)
+        for s in (2, 4, 6)
+    ]
+    truncate(paths[2] / "model.safetensors")
+    moved = ckpt.set_aside_later(paths[0], tmp_path)
+    assert [m.name for m in moved] == ["step_00000004.abandoned", "step_00000006.abandoned"]
+    save_checkpoint(FakeAccelerator(), tmp_path, contract(completed_steps=6, run_id=RUN), keep=None)
+    assert (tmp_path / "checkpoints" / "step_00000006.abandoned" / "model.safetensors").stat().st_size == 3
+
+
 def test_setting_aside_again_never_replaces_what_was_set_aside(tmp_path: Path) -> None:
     """A second resume from the same step abandons a second continuation: the first, set aside as
     step_N.abandoned with whatever was put in it, was deleted to make room for it."""
