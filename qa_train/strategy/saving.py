@@ -138,9 +138,11 @@ def _save_failure(final: Path, reason: str, err: BaseException, rank: int, faile
     who = f"rank {rank}{others}: " if world > 1 else ""
     kept = latest_usable(final.parent, warn=False)
     intact = f"the newest complete checkpoint, {kept}, is intact" if kept else "no earlier complete checkpoint exists"
+    # As __main__'s line for a full disk elsewhere: with nothing saved there is nothing to resume.
+    rerun = "--resume_from_checkpoint latest" if kept else "--overwrite_output_dir (no checkpoint was saved)"
     return (
         f"checkpoint {final} could not be saved: {who}{reason}; its partial folder is removed and {intact}; "
-        f"{_fix(err)}, then rerun with --resume_from_checkpoint latest"
+        f"{_fix(err)}, then rerun with {rerun}"
     )
 
 

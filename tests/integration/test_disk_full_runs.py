@@ -96,6 +96,7 @@ def test_a_real_write_failure_in_the_first_checkpoint_is_one_line_too(tmp_path: 
     [line] = error_lines(proc.stderr)
     assert f"checkpoint {out / 'checkpoints' / 'step_00000001'} could not be saved" in line
     assert "File too large" in line and "no earlier complete checkpoint exists" in line
+    assert line.endswith("then rerun with --overwrite_output_dir (no checkpoint was saved)")
     assert leftovers(out) == [] and checkpoint.complete_checkpoints(out) == []
 
 

@@ -65,6 +65,7 @@ def test_a_full_disk_while_writing_the_manifest_removes_the_partial_folder(tmp_p
     with pytest.raises(saving.CheckpointSaveError, match="no earlier complete checkpoint exists") as err:
         save(Rank(0, fails=False, other_fails=False), tmp_path)
     assert str(err.value).startswith(f"checkpoint {checkpoint.checkpoint_root(tmp_path) / 'step_00000002'} could")
+    assert str(err.value).endswith("free space, then rerun with --overwrite_output_dir (no checkpoint was saved)")
     assert list(checkpoint.checkpoint_root(tmp_path).iterdir()) == []
 
 
