@@ -719,7 +719,7 @@ class Trainer:
         return result
 
     def record(self, metrics: RunMetrics | None) -> None:
-        """metrics.json and the tracker's summary (main process), before the export that may still fail."""
+        """metrics.json and the tracker's summary (main process), after the export (run.py: the weights first)."""
         if metrics is not None:
             self.tracker.finish(metrics)
 

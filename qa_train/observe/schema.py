@@ -134,7 +134,8 @@ class RunMetrics(TrainFigures, Scores):
     """Wall seconds of the final evaluation; None without one."""
     total_runtime_s: float | None = None
     """Wall seconds from the run's start (its build included; the process's imports before it are
-    startup_process_s) to metrics.json (written before the export, so a failed export keeps it)."""
+    startup_process_s) to metrics.json (written after the export and the final evaluation; after a failed
+    export too)."""
     startup_s: float | None = None
     """Wall seconds until the run was built, ready to train or evaluate, on its slowest rank: from the launch's
     start where `qa-train launch` or slurm/train.sbatch stamped it, else from the process's start, else (main()

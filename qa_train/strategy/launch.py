@@ -14,9 +14,9 @@ node must not both take accelerate's default 29500.
 The launch runs as a child in a session of its own, so stop signals reach the ranks only through
 this launcher: SIGTERM, SIGUSR1 and Ctrl-C ask every rank to checkpoint and stop (qa_train's own
 handler), a second Ctrl-C or SIGTERM, or --stop_grace_s without an exit, kills them, and no rank
-outlives the launcher. Its exit code is the launch's: the main process's own code where torchrun would
-report only 1, and on another machine that of the rank torch names as the root cause (qa_train.strategy.agent, which
-also says that failure in one line instead of torchrun's traceback).
+outlives the launcher. Its exit code is the launch's: that of the rank torch names as the root cause, where
+torchrun would report only 1 (qa_train.strategy.agent, which also says that failure in one line instead of
+torchrun's traceback).
 """
 
 from __future__ import annotations
