@@ -115,8 +115,13 @@ class Tracker:
     def log_step(self, step: int, values: dict[str, float]) -> None:
         if not self.enabled:
             return
-        with self.step_log.open("a") as f:
-            f.write(json.dumps({"step": step, **values}) + "\n")
+        try:
+            with self.step_log.open("a") as f:
+                f.write(json.dumps({"step": step, **values}) + "\n")
+        except OSError as err:  # a full disk: write() and its flush name no file; the error line names it
+            if err.filename is not None:
+                raise
+            raise OSError(err.errno, err.strerror, str(self.step_log)) from err
         shown = tracker_keys(values)
         if step >= self.wandb_floor:
             self.accelerator.log(shown, step=step)

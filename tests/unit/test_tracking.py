@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import io
 import json
 import math
 import sys
@@ -504,6 +505,21 @@ def test_a_full_disk_while_writing_metrics_json_names_it_and_leaves_no_temporary
         Tracker(Stand([]), tmp_path).finish(metrics(mfu=None))
     assert err.value.errno == errno.ENOSPC and err.value.filename == str(tmp_path / "metrics.json")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_while_appending_to_the_step_log_names_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An append to train_log.jsonl that meets a full disk raises ENOSPC without a file name: the exit-5 line said
+    "No space left on device" alone (found by filling a real tmpfs while a tiny run logged every step)."""
+    tracker = recorder(tmp_path, [])
+
+    class Full(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "open", lambda self, *args, **kwargs: Full())
+    with pytest.raises(OSError) as err:
+        tracker.log_step(1, {"train/loss": 1.0})
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(tmp_path / "train_log.jsonl")
 
 
 def test_metrics_json_is_to_json_written_atomically(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
