@@ -27,3 +27,15 @@ def test_divergence_remedies_leave_out_what_the_run_already_does() -> None:
     assert divergence_remedies(0.0, "fp16") == (
         "a lower --learning_rate, more warm-up (--warmup_ratio 0.1), --max_grad_norm 1.0, or bf16 instead of fp16"
     )
+
+
+def test_the_hung_rank_line_faults_md_quotes_is_the_one_main_prints() -> None:
+    """faults.md quoted a rerun advice (--overwrite_output_dir) that _hung never gives: a featurisation hang
+    reproduced with SIGSTOP on rank 0 printed --resume_from_checkpoint latest."""
+    from pathlib import Path
+
+    from qa_train.__main__ import _hung
+
+    line = _hung(RuntimeError("timeout"), 1, 2)
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "faults.md").read_text().split())
+    assert line.removeprefix("rank 1: a collective") in doc
