@@ -7,6 +7,7 @@ checks) or `--resume_from_checkpoint` (which continues it).
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ RUN_FILES = (
 # would stop at its first logging step), the test hook's hold marks, and what an interrupted atomic write or export
 # left (recorder.atomic_write_text, saving.export_final). Cleared with the run they belong to.
 LEFTOVERS = (PREEMPT_FILE, "HOLDING-rank*", ".*.json.tmp", ".*.jsonl.tmp", ".tmp-final", ".tmp-best")
+STEP_FOLDER = re.compile(r"^step_\d+$")  # strategy.checkpoint.STEP_DIR, without importing torch before the claim
 # Folders the export replaces whole (saving.export_final, best.promote): a file of the user's there would go with them.
 REPLACED = ("final", "best")
 
@@ -143,8 +145,17 @@ def continues(output: OutputArgs, found: list[str]) -> bool:
     if resume is None:
         return False
     if resume == "latest":
-        return "checkpoints" in found
+        return "checkpoints" in found and _holds_checkpoints(Path(output.output_dir) / "checkpoints")
     return _inside(Path(resume), Path(output.output_dir))
+
+
+def _holds_checkpoints(root: Path) -> bool:
+    """Whether checkpoints/ holds a step_N folder (a damaged one too: `latest` warns about it and keeps it). A save
+    that failed before any succeeded leaves the folder empty: nothing there to continue."""
+    try:
+        return any(STEP_FOLDER.match(p.name) and p.is_dir() for p in root.iterdir())
+    except OSError:
+        return False
 
 
 def replaces(output: OutputArgs, found: list[str]) -> bool:

@@ -117,6 +117,21 @@ def test_overwrite_beside_a_resume_replaces_only_what_the_resume_does_not_contin
         assert clear_previous_run(args, is_main=True) == Cleared() and (out / "checkpoints" / "step_00000002").is_dir()
 
 
+def test_an_empty_checkpoints_folder_is_nothing_for_latest_to_continue(tmp_path: Path) -> None:
+    """A first save that failed (a full disk) leaves checkpoints/ empty. `latest` took that for this folder's run:
+    alone it started over on top of the old files, and beside --overwrite_output_dir it kept the old run's
+    predictions next to the new model (found with real runs)."""
+    out = finished_run(tmp_path / "out")
+    shutil.rmtree(out / "checkpoints" / "step_00000002")
+    (out / "eval_predictions.json").write_text("{}")
+    with pytest.raises(ConfigError, match="without checkpoints"):
+        claim(OutputArgs(output_dir=str(out), resume_from_checkpoint="latest"))
+    args = OutputArgs(output_dir=str(out), resume_from_checkpoint="latest", overwrite_output_dir=True)
+    claim(args)
+    assert "eval_predictions.json" in clear_previous_run(args, is_main=True).removed
+    assert sorted(p.name for p in out.iterdir() if p.name != "checkpoints") == ["notes.txt"]  # left empty
+
+
 def test_an_empty_output_dir_is_refused_and_the_working_directory_left_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
