@@ -611,6 +611,11 @@ class OutputArgs:
             "logging_dir",
             f"is TensorBoard's folder, which --report_to {self.report_to} leaves out: add tensorboard to --report_to",
         )
+        _require(
+            self.wandb_project is None or "wandb" in self.trackers,
+            "wandb_project",
+            f"is W&B's project, which --report_to {self.report_to} leaves out: add wandb to --report_to, or drop it",
+        )
         if "wandb" in self.trackers:  # as Trainer, the variables matter only where W&B runs
             for variable, values in (("WANDB_LOG_MODEL", WANDB_LOG_MODEL_VALUES), ("WANDB_WATCH", WANDB_WATCH_VALUES)):
                 value = os.environ.get(variable, "false").lower()

@@ -372,7 +372,9 @@ def sweep_plans(opts: argparse.Namespace, train_flags: list[str]) -> list[Point]
         points = slurm_sweep.node_points(strategy_plans(configs, [1], opts.cpu), opts.nodes or [1], opts.procs_per_node)
     else:
         points = strategy_plans(opts.configs or available_configs(), sorted(set(opts.num_processes)), opts.cpu)
-    if opts.scaling == "strong" and points:
+    if not points:  # every config skipped: a sweep of nothing is a refusal, not a failed run
+        raise SweepError(f"--configs {' '.join(opts.configs or [])}: nothing to run on CPU (each is skipped above)")
+    if opts.scaling == "strong":
         points, total = strong_scaling(points, train_flags, opts.global_batch_size)
         print(f"[bench] strong scaling: global batch {total} at every process count", flush=True)
     return with_repeats(points, opts.repeats)

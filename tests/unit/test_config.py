@@ -422,6 +422,10 @@ def test_offline_demo_evaluates_a_named_model_without_the_demos_training_setting
         ),
         (["--logging_dir", "tb"], "--logging_dir: is TensorBoard's folder, which --report_to wandb leaves out"),
         (["--model_revision", ""], "--model_revision: is empty"),
+        (
+            ["--report_to", "tensorboard", "--wandb_project", "p"],
+            "--wandb_project: is W&B's project, which --report_to tensorboard leaves out",
+        ),
     ],
 )
 def test_flags_that_would_do_nothing_say_why(argv: list[str], says: str) -> None:

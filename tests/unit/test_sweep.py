@@ -93,6 +93,26 @@ def test_an_unknown_config_is_refused_input(tmp_path: Path, capsys: pytest.Captu
     assert "(have: single, ddp," in err[0] and not out.exists()
 
 
+def test_a_sweep_whose_every_config_is_skipped_on_cpu_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It ran nothing, said "0 of 0 runs finished" and exited 1, the code of a failed run (found running
+    docs/comparing.md's claims on CPU)."""
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    fsdp = (bench.CONFIG_DIR / "fsdp.yaml").read_text()
+    (configs / "fsdp_offload.yaml").write_text(fsdp.replace("fsdp_offload_params: false", "fsdp_offload_params: true"))
+    monkeypatch.setattr(bench, "CONFIG_DIR", configs)
+    out = tmp_path / "bench"
+    assert bench.main(["--cpu", "--configs", "fsdp_offload", "--output_dir", str(out)]) == 2
+    said = capsys.readouterr()
+    assert said.out.startswith("skipping fsdp_offload on CPU: ")
+    assert said.err.strip().splitlines() == [
+        "qa-train bench: error: --configs fsdp_offload: nothing to run on CPU (each is skipped above)"
+    ]
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
