@@ -247,18 +247,21 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(
     out = old_run(finished, tmp_path)
     weights = out / "checkpoints" / "step_00000003" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    code, stdout, stderr = main_here(flags(out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), capsys)
-    logged = stdout + stderr
-    assert code == 0, logged[-3000:]
-    assert "step_00000003" in logged and "model.safetensors" in logged
-    assert f"resumed from {out / 'checkpoints' / 'step_00000002'}" in logged
-
     code, _, said = main_here(
         flags(tmp_path / "other", "--max_train_steps", "4", "--resume_from_checkpoint", str(weights.parent)), capsys
     )
     assert code == 2
     [line] = error_lines(said)
     assert str(weights.parent) in line and "model.safetensors" in line
+
+    code, stdout, stderr = main_here(flags(out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), capsys)
+    logged = stdout + stderr
+    assert code == 0, logged[-3000:]
+    assert "step_00000003" in logged and "model.safetensors" in logged
+    assert f"resumed from {out / 'checkpoints' / 'step_00000002'}" in logged
+    # The damaged later one is set aside, not deleted, and not replaced by the resumed run's own step 3.
+    aside = out / "checkpoints" / "step_00000003.abandoned" / "model.safetensors"
+    assert aside.stat().st_size == 1000
 
 
 @pytest.mark.usefixtures("in_process", "own_logging")
