@@ -271,9 +271,13 @@ def recorded_answering(model_dir: str) -> dict[str, Any]:
         return dict(RECORDED)
     if saved is None:
         return dict(RECORDED)
-    wrong = [key for key in RECORDED if isinstance(saved, dict) and key in saved and not _recordable(key, saved[key])]
-    if not isinstance(saved, dict) or wrong:
-        raise ConfigError(f"{path}: {ANSWERING_KEY} is not a qa_train export's record (at {', '.join(wrong) or 'it'})")
+    wrong = (
+        [key for key in RECORDED if key in saved and not _recordable(key, saved[key])]
+        if isinstance(saved, dict)
+        else ["it"]
+    )
+    if wrong:
+        raise ConfigError(f"{path}: {ANSWERING_KEY} is not a qa_train export's record (at {', '.join(wrong)})")
     return {**RECORDED, **{key: saved[key] for key in RECORDED if key in saved}}
 
 
@@ -307,8 +311,8 @@ def _settings(args: argparse.Namespace, recorded: dict[str, Any]) -> tuple[DataA
             "--null_score_diff_threshold: only decides SQuAD v2.0's empty answers: add --version_2_with_negative, "
             "or drop it"
         )
-    given = {flag: getattr(args, flag) for flag in ("max_seq_length", "doc_stride", "n_best_size", "max_answer_length")}
-    value = {flag: recorded[flag] if v is None else v for flag, v in given.items()}
+    given = {flag: getattr(args, flag) for flag in RECORDED if flag != "version_2_with_negative"}
+    value = {**recorded, **{flag: v for flag, v in given.items() if v is not None}, "version_2_with_negative": v2}
     data = DataArgs(
         dataset_name=None,
         test_file=args.test_file,
@@ -324,10 +328,7 @@ def _settings(args: argparse.Namespace, recorded: dict[str, Any]) -> tuple[DataA
     # alike (always or never the empty answer).
     if threshold is not None and not math.isfinite(threshold):
         raise ConfigError(f"--null_score_diff_threshold: must be a finite number, got {threshold}")
-    if v2:
-        saved = recorded["null_score_diff_threshold"] if recorded["version_2_with_negative"] else None
-        threshold = threshold if threshold is not None else float(saved or 0.0)
-    return data, SpanRules(value["n_best_size"], value["max_answer_length"], threshold)
+    return data, recorded_rules(value)
 
 
 def main(argv: list[str] | None = None) -> int:
