@@ -22,7 +22,7 @@ import torch
 
 from qa_train import __version__
 from qa_train.config.outputdir import clear_previous_run
-from qa_train.config.settings import ANSWERING_KEY, TrainArgs, every_n_steps
+from qa_train.config.settings import TrainArgs, every_n_steps
 from qa_train.core import collector
 from qa_train.core.preemption import StopRequest
 from qa_train.data.batching import windows_in_step
@@ -330,6 +330,7 @@ class Trainer:
             checkpoint_layout=build.checkpoint_layout(self.strategy, self.accelerator),
             checkpoint_format=CHECKPOINT_FORMAT,
             qa_train_version=__version__,
+            answering=self.args.answering(),
         )
 
     def _resume(self) -> TrainerState:
@@ -661,8 +662,7 @@ class Trainer:
     def export_to(self, folder: Path) -> Path:
         """The consolidated model and tokenizer in `folder` (every rank must call it): the export, and
         --save_best's copies."""
-        recorded = {ANSWERING_KEY: self.args.answering()}
-        return saving.export_final(self.accelerator, self.model, self.tokenizer, folder, recorded)
+        return saving.export_final(self.accelerator, self.model, self.tokenizer, folder, self.args.answering())
 
     def _save_checkpoint(self) -> None:
         # A save's time depends on the disk and --checkpointing_steps, not on the strategy's step: it is reported

@@ -8,7 +8,10 @@ resume conversion uses (qa_train.strategy.portable: accelerate's, FSDP's and Dee
 unpickling code, so another user's checkpoint is safe to read), in fp32. A checkpoint holds no config.json: it comes from
 --config_name, else from the run's own export (final/ or best/ in its output dir) or the --config_name or
 --model_name_or_path the run recorded in metrics.json, and must build the checkpoint's model shape. The tokenizer
-comes from --tokenizer_name, else from the run's export; without one the folder holds the model alone.
+comes from --tokenizer_name, else from the run's export; without one the folder holds the model alone. Its
+config.json records the windows and span rules the run answered with, from the checkpoint's trainer_state.json, as
+the export's does, so that `qa-train predict` answers as the run's evaluation did; a checkpoint of an older qa_train
+records none, and predict then answers with its defaults.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from qa_train.config.settings import ConfigError
 from qa_train.core.errors import one_line
 from qa_train.model.modeling import model_shape
 from qa_train.model.optimization import optimizer_order
-from qa_train.strategy import checkpoint, describe, portable
+from qa_train.strategy import checkpoint, describe, portable, saving
 from qa_train.strategy.train_state import TrainerState
 
 EXPORTS = ("final", "best")  # the run's own exports, which hold its config and tokenizer
@@ -122,8 +125,9 @@ def fp32_weights(path: Path, config) -> tuple[dict, Any]:
     return {n: (t.float() if t.is_floating_point() else t).contiguous() for n, t in weights.items()}, model
 
 
-def write_folder(path: Path, out: Path, config, tokenizer) -> None:
-    """The from_pretrained folder, written under a temporary name beside `out` and renamed into place."""
+def write_folder(path: Path, out: Path, config, tokenizer, answering: dict[str, Any] | None) -> None:
+    """The from_pretrained folder, written under a temporary name beside `out` and renamed into place; its
+    config.json as the export's, recording `answering` (the checkpoint's)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one small file's "Writing model shards" bar says nothing here
@@ -132,8 +136,7 @@ def write_folder(path: Path, out: Path, config, tokenizer) -> None:
     try:
         weights, model = fp32_weights(path, config)
         model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
-        config.dtype = "float32"  # transformers 5 loads a model in the dtype its config records
-        config.save_pretrained(tmp)
+        saving.write_config(config, tmp, "float32", answering)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if out.exists():
@@ -159,8 +162,15 @@ def consolidate(arg: Path, out: Path, config_name: str | None, tokenizer_name: s
             f"{path}: no tokenizer in its run's export: the folder holds the model alone (--tokenizer_name adds one)",
             file=sys.stderr,
         )
+    if saved.answering is None:
+        print(
+            f"{path}: written by a qa-train that did not record the run's windows and span rules: qa-train predict "
+            "will answer with its defaults unless given --max_seq_length, --doc_stride, --n_best_size, "
+            "--max_answer_length (and --version_2_with_negative)",
+            file=sys.stderr,
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_folder(path, out, config, tokenizer)
+    write_folder(path, out, config, tokenizer, saved.answering)
     return path
 
 

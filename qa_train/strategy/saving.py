@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from qa_train.config.outputdir import remove_entry
+from qa_train.config.settings import ANSWERING_KEY
 from qa_train.core.errors import one_line
 from qa_train.strategy.checkpoint import (
     MANIFEST,
@@ -195,9 +196,9 @@ def _rotate(output_dir: str | Path, keep: int | None, run_id: str, just_written:
 # --- export ------------------------------------------------------------------------------------
 
 
-def export_final(accelerator, model, tokenizer, final: Path, recorded: Mapping[str, object] | None = None) -> Path:
+def export_final(accelerator, model, tokenizer, final: Path, answering: Mapping[str, object] | None = None) -> Path:
     """Full consolidated weights + tokenizer in `final` (output_dir/final or /best), loadable by from_pretrained;
-    `recorded`: entries added to its config.json (how the run reads answers).
+    `answering`: the run's windows and span rules, recorded in its config.json (`write_config`).
 
     export_state_dict gathers ZeRO-3 partitions and FSDP shards (fp32 under every strategy); saving the
     unwrapped model without it would write placeholders under ZeRO-3.
@@ -209,7 +210,7 @@ def export_final(accelerator, model, tokenizer, final: Path, recorded: Mapping[s
         assert state_dict is not None  # whole on the main process
         remove_entry(tmp)
         try:
-            _write_export(accelerator.unwrap_model(model), state_dict, tokenizer, tmp, recorded or {})
+            _write_export(accelerator.unwrap_model(model), state_dict, tokenizer, tmp, answering)
             remove_entry(final)
             tmp.rename(final)
         except Exception as err:
@@ -225,21 +226,31 @@ def export_final(accelerator, model, tokenizer, final: Path, recorded: Mapping[s
     return final
 
 
-def _write_export(unwrapped, state_dict: dict, tokenizer, tmp: Path, recorded: Mapping[str, object]) -> None:
+def _write_export(unwrapped, state_dict: dict, tokenizer, tmp: Path, answering: Mapping[str, object] | None) -> None:
     # save_pretrained records the live model's dtype (DeepSpeed's 16-bit engine copy), not that of the weights
-    # it writes (and empties state_dict as it does), and transformers 5 loads a model in the recorded dtype.
+    # it writes (and empties state_dict as it does).
     written = next(str(t.dtype).removeprefix("torch.") for t in state_dict.values() if t.is_floating_point())
     unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-    config = copy.deepcopy(unwrapped.config)
-    config.dtype = written
-    for key, value in recorded.items():
-        setattr(config, key, value)
-    config.save_pretrained(tmp)
+    write_config(unwrapped.config, tmp, written, answering)
     tokenizer.save_pretrained(tmp)
     # save_pretrained only logs (and writes nothing) when its target is not a folder.
     if not any(tmp.glob("*.safetensors")):
         raise OSError(f"{tmp}: no weights were written")
     _share_like_umask(tmp)
+
+
+def write_config(config, folder: Path, dtype: str, answering: Mapping[str, object] | None) -> None:
+    """An exported model's config.json in `folder` (the export's and `qa-train consolidate`'s): `config` with the
+    dtype of the weights written, which transformers 5 loads a model in, and the run's windows and span rules
+    (TrainArgs.answering()) under ANSWERING_KEY, which `qa-train predict` answers with. With none, the folder records
+    none: one the config came with (a qa_train export's) would be another run's."""
+    config = copy.deepcopy(config)
+    config.dtype = dtype
+    if answering is not None:
+        setattr(config, ANSWERING_KEY, dict(answering))
+    elif hasattr(config, ANSWERING_KEY):
+        delattr(config, ANSWERING_KEY)
+    config.save_pretrained(folder)
 
 
 def _share_like_umask(folder: Path) -> None:

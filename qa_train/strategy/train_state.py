@@ -16,8 +16,9 @@ CONTRACT = (
     "total_steps",
 )
 COUNTERS = ("completed_steps", "epoch", "batches_in_epoch")
-# Trainer state format: 2 records what wrote it (WRITER); a checkpoint of a higher format is refused.
-CHECKPOINT_FORMAT = 2
+# Trainer state format: 2 records what wrote it (WRITER), 3 how the run answers (`answering`); a checkpoint of a
+# higher format is refused (an older qa_train would read its new key as damage and skip it for an older checkpoint).
+CHECKPOINT_FORMAT = 3
 WRITER = ("checkpoint_format", "qa_train_version")
 # What decides the order of the training windows: a mid-epoch resume replays the epoch's order and skips what
 # was consumed, so all of these must be as they were (at an epoch boundary a change only starts a new order).
@@ -71,11 +72,16 @@ class TrainerState:
     # WRITER: None in checkpoints of format 1 (before 2026-11-26), which recorded neither.
     checkpoint_format: int | None = None
     qa_train_version: str | None = None
+    # The windows and span rules the run answers with (TrainArgs.answering()), which `qa-train consolidate` records
+    # in its folder's config.json as the export does; None in checkpoints of format 2 and older.
+    answering: dict[str, Any] | None = None
 
     def contract(self) -> dict[str, Any]:
-        """The contract's fields by name (ints, a bool and strs: Any, so that dataclasses.replace takes them)."""
+        """The contract's fields by name, with what the run records of itself (WRITER, `answering`): a resumed run's
+        state takes all of these from the run, not the checkpoint (Any, so that dataclasses.replace takes them)."""
         return {
-            name: getattr(self, name) for name in (*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape", *WRITER)
+            name: getattr(self, name)
+            for name in (*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape", *WRITER, "answering")
         }
 
     @property
@@ -124,6 +130,9 @@ def state_from_json(text: str) -> TrainerState:
             raise ValueError(f"{name} is {data[name]!r}, not a string")
     if not isinstance(data.get("eval_owed", False), bool):
         raise ValueError(f"eval_owed is {data['eval_owed']!r}, not true or false")
+    answering = data.get("answering")
+    if answering is not None and not isinstance(answering, dict):
+        raise ValueError(f"answering is {answering!r}, not an object")
     best = data.get("best_eval")
     if best is not None and not (isinstance(best, dict) and set(best) == {"step", "exact_match", "f1"}):
         raise ValueError(f"best_eval is {best!r}, not a step with its exact_match and f1")

@@ -15,6 +15,7 @@ from conftest import read_metrics
 from safetensors.torch import load_file
 from transformers import AutoModelForQuestionAnswering
 
+from qa_train.config.settings import ANSWERING_KEY
 from qa_train.model import consolidate
 from qa_train.strategy import checkpoint, describe
 
@@ -48,6 +49,9 @@ def test_consolidated_step_8_is_the_run_s_export(
     for name, tensor in exported.items():
         assert weights[name].dtype == torch.float32 and torch.equal(weights[name], tensor), name
     assert (out / "tokenizer.json").is_file()  # the run's export's tokenizer
+    # The checkpoint's record of how the run answers, as its export's config.json has it: predict answers alike.
+    recorded = [json.loads((folder / "config.json").read_text())[ANSWERING_KEY] for folder in (out, run / "final")]
+    assert recorded[0] == recorded[1] == json.loads((run / STEP_8 / checkpoint.STATE_FILE).read_text())["answering"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temporary or scratch folder left
     assert checkpoint.verify(run / STEP_8, contents=True) is None  # DeepSpeed's conversion wrote nothing there
 

@@ -26,7 +26,14 @@ from qa_train.strategy.checkpoint import (
     resolve_resume,
 )
 from qa_train.strategy.saving import CheckpointSaveError, _rotate, save_checkpoint
-from qa_train.strategy.train_state import CONTRACT, DATA_ORDER, WRITER, TrainerState, state_from_json
+from qa_train.strategy.train_state import (
+    CHECKPOINT_FORMAT,
+    CONTRACT,
+    DATA_ORDER,
+    WRITER,
+    TrainerState,
+    state_from_json,
+)
 
 MANIFEST = "manifest.json"
 RUN = "0123456789abcdef0123456789abcdef"  # the run_id of the folders `make` writes
@@ -736,7 +743,7 @@ def test_an_older_trainer_state_loads(tmp_path: Path) -> None:
     old = make_old_format(tmp_path, "step_00000003")
     state = load_checkpoint(FakeAccelerator(), old)
     assert (state.completed_steps, state.epoch, state.batches_in_epoch) == (3, 1, 2)
-    unknown = [*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape", *WRITER]
+    unknown = [*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape", *WRITER, "answering"]
     assert state.contract() == dict.fromkeys(unknown)  # all unknown
     assert len(state.run_id) == 32
 
@@ -753,6 +760,16 @@ def test_save_records_the_run_id_and_contract(tmp_path: Path) -> None:
     path = save_checkpoint(FakeAccelerator(), tmp_path, state, keep=None)
     assert ckpt.read_state(path) == state
     assert json.loads((path / STATE_FILE).read_text())["run_id"] == state.run_id
+
+
+def test_a_resumed_run_records_its_own_answering_settings(tmp_path: Path) -> None:
+    """The next checkpoints are the resumed run's: consolidated, they answer with its windows, not the checkpoint's."""
+    before = {"max_seq_length": 96, "doc_stride": 64, "n_best_size": 20, "max_answer_length": 30}
+    now = {**before, "max_seq_length": 128, "n_best_size": 5}
+    path = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=2, answering=before), keep=None)
+    assert ckpt.read_state(path).answering == before
+    resumed = load_checkpoint(FakeAccelerator(), path, TrainerState(answering=now))
+    assert resumed.answering == now and resumed.completed_steps == 2
 
 
 # --- rotation only touches this run's checkpoints ------------------------------------------------
@@ -965,10 +982,14 @@ def test_a_newer_qa_trains_checkpoint_is_refused_by_name_not_skipped(tmp_path: P
     continuation would then overwrite the newer run's progress."""
     make(tmp_path, "step_00000002")
     newer = make(tmp_path, "step_00000004")
-    state = {**json.loads((newer / STATE_FILE).read_text()), "checkpoint_format": 3, "qa_train_version": "9.0"}
+    higher = CHECKPOINT_FORMAT + 1
+    state = {**json.loads((newer / STATE_FILE).read_text()), "checkpoint_format": higher, "qa_train_version": "9.0"}
     (newer / STATE_FILE).write_text(json.dumps({**state, "shard_plan": "x"}))
     write_manifest(newer)
-    said = "written by a newer qa_train (9.0, checkpoint format 3; this one reads format 2 and older): upgrade qa_train"
+    said = (
+        f"written by a newer qa_train (9.0, checkpoint format {higher}; this one reads format {CHECKPOINT_FORMAT} and "
+        "older): upgrade qa_train"
+    )
     assert ckpt.verify(newer) == f"{STATE_FILE}: {said} to resume it"
     with pytest.raises(ckpt.CheckpointError) as err:
         resolve_resume("latest", tmp_path)

@@ -111,9 +111,22 @@ def test_a_zero2_checkpoint_converts_at_another_world_size() -> None:
 # --- a checkpoint of accelerate's files, made here ------------------------------------------------
 
 
-def accelerate_checkpoint(output_dir: Path, seed: int = 0) -> tuple[Path, torch.nn.Module]:
+# TrainArgs.answering() of a run trained and evaluated at 96/64 (what its checkpoints record).
+ANSWERING = {
+    "max_seq_length": 96,
+    "doc_stride": 64,
+    "n_best_size": 7,
+    "max_answer_length": 30,
+    "version_2_with_negative": False,
+    "null_score_diff_threshold": None,
+}
+
+
+def accelerate_checkpoint(
+    output_dir: Path, seed: int = 0, answering: dict | None = ANSWERING
+) -> tuple[Path, torch.nn.Module]:
     """step_00000008 of a run under DDP: the tiny model's weights, Adam's state keyed by index, and what qa-train
-    writes beside them."""
+    writes beside them (`answering` None: as a qa-train before the record wrote it)."""
     from safetensors.torch import save_file
 
     from qa_train.model.optimization import param_groups
@@ -132,7 +145,13 @@ def accelerate_checkpoint(output_dir: Path, seed: int = 0) -> tuple[Path, torch.
     path.mkdir(parents=True)
     save_file(model.state_dict(), path / "model.safetensors")
     torch.save(optimizer.state_dict(), path / "optimizer.bin")
-    saved = state(model_shape=model_shape(config), train_data="ab12", num_train_windows=1500, qa_train_version="0.1.0")
+    saved = state(
+        model_shape=model_shape(config),
+        train_data="ab12",
+        num_train_windows=1500,
+        qa_train_version="0.1.0",
+        answering=answering,
+    )
     (path / "trainer_state.json").write_text(json.dumps(asdict(saved)))
     _write_manifest(path)
     return path, model
@@ -237,6 +256,48 @@ def test_consolidate_writes_the_exact_weights_with_a_given_config(
     assert not with_tokenizer.exists()
     assert consolidate.main([*argv, str(TINY)]) == 0
     assert (with_tokenizer / "tokenizer_config.json").is_file()
+
+
+def test_consolidate_records_how_the_run_answers_as_the_export_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A consolidated folder recorded nothing, so `qa-train predict` answered a model trained and evaluated at 96/64
+    with 384/128 windows (half the demo's answers differed from its own evaluation's): its config.json records the
+    checkpoint's windows and span rules, over any record its config came with (another run's export)."""
+    from qa_train.config.settings import ANSWERING_KEY
+    from qa_train.predict import recorded_answering
+
+    path, _ = accelerate_checkpoint(tmp_path / "run")
+    elsewhere = write_config(tmp_path / "other_run_final", **{ANSWERING_KEY: {**ANSWERING, "max_seq_length": 384}})
+    out = tmp_path / "out"
+    assert consolidate.main([str(path), "--output_dir", str(out), "--config_name", str(elsewhere)]) == 0
+    assert json.loads((out / "config.json").read_text())[ANSWERING_KEY] == ANSWERING
+    assert recorded_answering(str(out)) == ANSWERING
+    assert "windows and span rules" not in capsys.readouterr().err
+
+
+def test_consolidate_says_predict_uses_its_defaults_for_an_older_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint of format 2 records no windows or span rules: the folder is written, records none (not the one
+    its config came with, which is another run's), and one line says so."""
+    from qa_train.config.settings import ANSWERING_KEY
+    from qa_train.predict import RECORDED, recorded_answering
+
+    path, model = accelerate_checkpoint(tmp_path / "run", answering=None)
+    elsewhere = write_config(tmp_path / "other_run_final", **{ANSWERING_KEY: ANSWERING})
+    out = tmp_path / "out"
+    assert consolidate.main([str(path), "--output_dir", str(out), "--config_name", str(elsewhere)]) == 0
+    assert ANSWERING_KEY not in json.loads((out / "config.json").read_text())
+    assert recorded_answering(str(out)) == RECORDED
+    said = [line for line in capsys.readouterr().err.splitlines() if "windows and span rules" in line]
+    assert said == [
+        f"{path}: written by a qa-train that did not record the run's windows and span rules: qa-train predict will "
+        "answer with its defaults unless given --max_seq_length, --doc_stride, --n_best_size, --max_answer_length "
+        "(and --version_2_with_negative)"
+    ]
+    loaded = AutoModelForQuestionAnswering.from_pretrained(out)
+    assert all(torch.equal(loaded.state_dict()[n], t) for n, t in model.state_dict().items())
 
 
 def test_consolidate_refuses_another_model_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

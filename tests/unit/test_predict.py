@@ -301,9 +301,7 @@ def test_an_export_records_how_its_run_answers_and_predict_answers_so(tmp_path: 
     args = parse_args([*train, "--version_2_with_negative", "--null_score_diff_threshold", "1.5"])
     model = BertForQuestionAnswering(AutoConfig.from_pretrained(TINY))
     export = tmp_path / "final"
-    _write_export(
-        model, model.state_dict(), AutoTokenizer.from_pretrained(TINY), export, {ANSWERING_KEY: args.answering()}
-    )
+    _write_export(model, model.state_dict(), AutoTokenizer.from_pretrained(TINY), export, args.answering())
     recorded = predict.recorded_answering(str(export))
     assert recorded == args.answering() == json.loads((export / "config.json").read_text())[ANSWERING_KEY]
 

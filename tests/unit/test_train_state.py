@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from qa_train.strategy.train_state import (
+    CHECKPOINT_FORMAT,
     DATA_ORDER,
     NewerCheckpoint,
     TrainerState,
@@ -141,11 +144,23 @@ def test_another_checkpoint_layout_is_no_refusal() -> None:
 
 
 def test_a_trainer_state_of_a_newer_format_says_so_before_its_unknown_keys() -> None:
-    newer = '{"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0, "checkpoint_format": 3, "shards": 4}'
-    with pytest.raises(NewerCheckpoint, match=r"written by a newer qa_train \(version unknown, checkpoint format 3"):
+    higher = CHECKPOINT_FORMAT + 1
+    newer = f'{{"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0, "checkpoint_format": {higher}, "shards": 4}}'
+    with pytest.raises(
+        NewerCheckpoint, match=rf"written by a newer qa_train \(version unknown, checkpoint format {higher}"
+    ):
         state_from_json(newer)
-    current = '{"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0, "checkpoint_format": 2}'
-    assert state_from_json(current).checkpoint_format == 2
+    for older in range(1, CHECKPOINT_FORMAT + 1):  # format 2 recorded no answering settings: None, not a refusal
+        current = f'{{"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0, "checkpoint_format": {older}}}'
+        assert state_from_json(current).checkpoint_format == older and state_from_json(current).answering is None
+
+
+def test_the_answering_settings_are_an_object_or_nothing() -> None:
+    counters = '"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0'
+    answering = {"max_seq_length": 96, "doc_stride": 64}
+    assert state_from_json(f'{{{counters}, "answering": {json.dumps(answering)}}}').answering == answering
+    with pytest.raises(ValueError, match=r"answering is \[96, 64\], not an object"):
+        state_from_json(f'{{{counters}, "answering": [96, 64]}}')
 
 
 @pytest.mark.parametrize(
