@@ -39,7 +39,8 @@ BUILTIN = {
     "bert-large-uncased": {**_LARGE, "vocab_size": 30522},
     "bert-large-cased": {**_LARGE, "vocab_size": 28996},
 }
-# What is left free on a GPU for the CUDA context, NCCL's buffers and the caching allocator's fragmentation.
+# What is left free of a device's memory: on a GPU for the CUDA context, NCCL's buffers and the caching allocator's
+# fragmentation. CPU processes have none of these; the same share is kept there as a margin.
 HEADROOM = 0.10
 
 
@@ -149,9 +150,10 @@ def render(estimates: list[Estimate], best: Estimate | None, setup: Setup, gpu_m
             f"{e.comm_formula} |"
         )
     order = " > ".join(e.config for e in estimates)
+    kept = "for the CUDA context, NCCL and fragmentation" if setup.device == "cuda" else "free as a margin"
     verdict = (
         f"recommended: {best.config} (the first that fits in {usable:g} of {gpu_memory_gib:g} GiB, "
-        f"{HEADROOM:.0%} kept for the CUDA context, NCCL and fragmentation, in the order {order})"
+        f"{HEADROOM:.0%} kept {kept}, in the order {order})"
         if best
         else f"nothing fits in {usable:g} GiB per device: lower the batch, or add devices"
     )

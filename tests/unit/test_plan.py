@@ -303,7 +303,8 @@ FLAGS = ["--num_gpus", "8", "--per_device_train_batch_size", "32", "--max_seq_le
 
 def test_recommends_the_first_config_that_fits_in_the_stated_order(capsys: pytest.CaptureFixture) -> None:
     code, out, _ = run_plan(["--model_name_or_path", "bert-base-uncased", "--gpu_memory_gib", "80", *FLAGS], capsys)
-    assert code == 0 and "108.9M parameters" in out and "recommended: ddp" in out
+    assert code == 0 and "108.9M parameters" in out
+    assert "recommended: ddp (the first that fits in 72 of 80 GiB, 10% kept for the CUDA context, NCCL and " in out
     # At 16 GiB the DDP replica (model states + activations) no longer fits BERT-large; ZeRO-1 is next in the order.
     code, out, _ = run_plan(
         ["--model_name_or_path", "bert-large-uncased", "--gpu_memory_gib", "16", *FLAGS, "--json"], capsys
@@ -481,6 +482,11 @@ def test_on_cpu_offload_is_not_planned(tmp_path: Path, capsys: pytest.CaptureFix
     assert code == 0 and "nothing fits in 1.35 GiB" in out and "offload" not in out
     code, out, _ = run_plan([*cpu, "--num_gpus", "2", "--gpu_memory_gib", "80", "--json"], capsys)
     assert [e["config"] for e in json.loads(out)["estimates"]] == ["ddp", "zero1", "zero2", "fsdp", "zero3"]
+    # CPU processes have no CUDA context or NCCL: the 10% the planner still keeps is said as a margin (the line
+    # used to give GPU reasons on a CPU plan).
+    code, out, _ = run_plan([*cpu, "--num_gpus", "2", "--gpu_memory_gib", "16"], capsys)
+    assert code == 0 and "CUDA" not in out and "NCCL" not in out
+    assert "recommended: ddp (the first that fits in 14.4 of 16 GiB, 10% kept free as a margin, in the order " in out
     run = rewrite(
         fake_metrics(tmp_path / "zero2-offload", "zero2", 2, 40.0, 0.9, offload="optimizer"),
         {"config_name": str(TINY)},
