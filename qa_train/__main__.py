@@ -203,13 +203,14 @@ def _report_status(code: int) -> int:
 def entry(argv: list[str] | None = None) -> int:
     """A rank's whole life: `python -m qa_train` (what launchers run) and `qa-train train`, each of which then ends
     the process without the interpreter's teardown (core/teardown.py). Another program calls main() instead."""
-    from qa_train.core import collector
+    from qa_train.core import collector, logs
     from qa_train.core.preemption import catch_early_stop_signals
     from qa_train.observe import startup
 
     startup.entered()  # this process's start is the run's: metrics.json's startup_process_s
     collector.pause()  # until the run is built (qa_train/core/collector.py)
     catch_early_stop_signals()  # before the seconds of imports and loading that precede the trainer's own handler
+    logs.from_the_start()  # the output dir's lock warns before the trainer sets up logging
     return _report_status(main(argv))
 
 

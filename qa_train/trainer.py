@@ -23,7 +23,7 @@ import torch
 from qa_train import __version__
 from qa_train.config.outputdir import clear_previous_run
 from qa_train.config.settings import TrainArgs, every_n_steps
-from qa_train.core import collector
+from qa_train.core import collector, logs
 from qa_train.core.preemption import StopRequest
 from qa_train.data.batching import windows_in_step
 from qa_train.data.loaders import TrainOrder, build_loaders, collator, featurize_splits
@@ -106,10 +106,7 @@ def setup_logging(is_main: bool, bars: bool, level: str = "passive") -> None:
     own = logging.INFO if level == "passive" else chosen
     libraries = logging.WARNING if level == "passive" else chosen
     logging.basicConfig(
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        level=own if is_main else logging.WARNING,
-        force=True,
+        format=logs.FORMAT, datefmt=logs.DATE_FORMAT, level=own if is_main else logging.WARNING, force=True
     )
     logging.getLogger("qa_train").setLevel(own if is_main else logging.WARNING)
     for noisy in ("transformers", "datasets", "accelerate", "DeepSpeed", "torch.distributed"):

@@ -7,12 +7,15 @@ import fcntl
 import json
 import logging
 import os
+import re
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import tiny_flags
+from conftest import ROOT, base_env, tiny_flags
 
 from qa_train.__main__ import main
 from qa_train.config.dirlock import LOCK_FILE, hold
@@ -109,3 +112,38 @@ def test_a_record_left_by_a_killed_run_on_another_host_is_named(
     with caplog.at_level(logging.WARNING, logger="qa_train"):
         hold(out).release()
     assert "the run that held it (pid 99 on elsewhere" in caplog.text
+
+
+@pytest.mark.parametrize("case", ["taken_over", "left_behind"])
+def test_the_lock_s_warnings_are_lines_of_the_run_s_log(case: str, tmp_path: Path) -> None:
+    """They printed bare (`--output_dir ...: taking over the lock of ...`) where every other line of a run reads
+    `HH:MM:SS LEVEL qa_train: ...`: the lock is taken before the trainer sets up logging. A real `python -m qa_train`,
+    refused on its data right after the lock, before torch is imported."""
+    out = tmp_path / "out"
+    if case == "taken_over":
+        stale = _held_by(out, pid=_dead_pid())
+        said = f"--output_dir {out}: taking over the lock of pid "
+    else:
+        stale = None
+        os.close(_held_by(out, host="elsewhere", pid=99))
+        said = f"{LOCK_FILE}: the run that held it (pid 99 on elsewhere, "
+    bad = tmp_path / "train.json"
+    bad.write_text("not JSON")
+    flags = tiny_flags(out, "--no_eval")
+    flags[flags.index("--train_file") + 1] = str(bad)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "qa_train", *flags],
+            cwd=ROOT,
+            env=base_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        if stale is not None:
+            os.close(stale)
+    assert proc.returncode == 2, proc.stderr
+    warning, refusal = proc.stderr.splitlines()
+    assert re.fullmatch(rf"\d\d:\d\d:\d\d WARNING qa_train: {re.escape(said)}.+", warning), warning
+    assert refusal.startswith(f"qa_train: error: {bad}"), refusal
