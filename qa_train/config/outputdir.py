@@ -38,7 +38,9 @@ RUN_FILES = (
 # would stop at its first logging step), the test hook's hold marks, and what an interrupted atomic write or export
 # left (recorder.atomic_write_text, saving.export_final). Cleared with the run they belong to.
 LEFTOVERS = (PREEMPT_FILE, "HOLDING-rank*", ".*.json.tmp", ".*.jsonl.tmp", ".tmp-final", ".tmp-best")
-STEP_FOLDER = re.compile(r"^step_\d+$")  # strategy.checkpoint.STEP_DIR, without importing torch before the claim
+# A checkpoint's folder, step_N (strategy.checkpoint reads N from it): here, as the output dir is checked before
+# torch is imported.
+STEP_FOLDER = re.compile(r"^step_(\d+)$")
 # Folders the export replaces whole (saving.export_final, best.promote): a file of the user's there would go with them.
 REPLACED = ("final", "best")
 

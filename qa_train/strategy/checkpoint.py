@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import stat
 import zlib
@@ -19,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from qa_train.config.outputdir import STEP_FOLDER
 from qa_train.core.errors import one_line
 from qa_train.strategy.faults import failed_ranks, run_fault
 from qa_train.strategy.train_state import (
@@ -30,7 +30,6 @@ from qa_train.strategy.train_state import (
 )
 
 log = logging.getLogger("qa_train")
-STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"
 RNG_FILE = "random_states_{}.pkl"  # accelerate's name for one rank's RNG state
@@ -74,7 +73,7 @@ def checkpoint_root(output_dir: str | Path) -> Path:
 
 
 def step_folders(root: Path) -> list[Path]:
-    """step_N folders, oldest first (temporary and trash folders never match STEP_DIR)."""
+    """step_N folders, oldest first (temporary and trash folders never match STEP_FOLDER)."""
     if not root.is_dir():
         return []
     steps = {p: step for p in root.iterdir() if (step := _step_of(p)) is not None and p.is_dir()}
@@ -198,7 +197,7 @@ def _newest_good_sibling(path: Path, before: int | None = None) -> Path | None:
 
 
 def _step_of(path: Path) -> int | None:
-    match = STEP_DIR.match(path.name)
+    match = STEP_FOLDER.match(path.name)
     return int(match.group(1)) if match else None
 
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from qa_train.config.outputdir import STEP_FOLDER
 from qa_train.config.parser import OneLineParser
 from qa_train.strategy import checkpoint, portable
 from qa_train.strategy.train_state import TrainerState, kept_accumulation, processes
@@ -89,7 +90,7 @@ class Description:
 def locate(arg: Path) -> tuple[Path, list[str]]:
     """The checkpoint `arg` names, its contents verified: a step folder, or an output dir (its newest usable
     checkpoint, as --resume_from_checkpoint latest picks it); and the newer ones skipped, with why."""
-    if (arg / checkpoint.STATE_FILE).exists() or checkpoint.STEP_DIR.match(arg.name):
+    if (arg / checkpoint.STATE_FILE).exists() or STEP_FOLDER.match(arg.name):
         problem = checkpoint.verify(arg, contents=True)
         if problem:
             raise DescribeError(f"{arg}: {problem}")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from conftest import PY, ROOT, cpu_launch, error_lines, port, run_cmd, run_ok, tiny_flags
 
+from qa_train.config.outputdir import STEP_FOLDER
 from qa_train.strategy import checkpoint
 
 FULL_DISK_ENV = "QA_TRAIN_TEST_FULL_DISK"  # "RANK:N": that rank's N-th save_state fails
@@ -55,7 +56,7 @@ def steps_in(out: Path) -> list[int]:
 
 
 def leftovers(out: Path) -> list[str]:
-    return sorted(p.name for p in (out / "checkpoints").iterdir() if not checkpoint.STEP_DIR.match(p.name))
+    return sorted(p.name for p in (out / "checkpoints").iterdir() if not STEP_FOLDER.match(p.name))
 
 
 def test_a_full_disk_at_the_second_checkpoint_exits_5_and_the_first_resumes(
