@@ -24,7 +24,7 @@ from typing import Any
 
 from qa_train.config.outputdir import unwritable
 from qa_train.config.parser import OneLineParser
-from qa_train.config.settings import ANSWERING_KEY, ConfigError, DataArgs, ModelArgs
+from qa_train.config.settings import ANSWERING_KEY, ConfigError, DataArgs, EvalArgs, ModelArgs, answering
 from qa_train.data.load import DataError, Examples, build_examples, load_file
 from qa_train.data.splits import unanswered_note
 from qa_train.model.modeling import loading, local_path
@@ -249,14 +249,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # What predict answers with where neither a flag nor the exported run says: training's defaults.
-RECORDED: dict[str, Any] = {
-    "max_seq_length": 384,
-    "doc_stride": 128,
-    "n_best_size": 20,
-    "max_answer_length": 30,
-    "version_2_with_negative": False,
-    "null_score_diff_threshold": None,
-}
+RECORDED: dict[str, Any] = answering(DataArgs(dataset_name=None), EvalArgs())
 
 
 def recorded_answering(model_dir: str) -> dict[str, Any]:

@@ -947,15 +947,19 @@ class TrainArgs:
 
     def answering(self) -> dict[str, Any]:
         """The windows and span rules this run reads answers with, as its export records them (ANSWERING_KEY)."""
-        d, e = self.data, self.eval
-        return {
-            "max_seq_length": d.max_seq_length,
-            "doc_stride": d.doc_stride,
-            "n_best_size": e.n_best_size,
-            "max_answer_length": e.max_answer_length,
-            "version_2_with_negative": d.version_2_with_negative,
-            "null_score_diff_threshold": e.null_score_diff_threshold if d.version_2_with_negative else None,
-        }
+        return answering(self.data, self.eval)
+
+
+def answering(d: DataArgs, e: EvalArgs) -> dict[str, Any]:
+    """The windows and span rules of these settings, by flag name (what ANSWERING_KEY records)."""
+    return {
+        "max_seq_length": d.max_seq_length,
+        "doc_stride": d.doc_stride,
+        "n_best_size": e.n_best_size,
+        "max_answer_length": e.max_answer_length,
+        "version_2_with_negative": d.version_2_with_negative,
+        "null_score_diff_threshold": e.null_score_diff_threshold if d.version_2_with_negative else None,
+    }
 
 
 # The key of an export's config.json that holds TrainArgs.answering(): `qa-train predict` takes those as its
