@@ -12,7 +12,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qa_train.config.settings import TrainArgs
 from qa_train.data.features import Features, window_offsets
 from qa_train.data.load import Examples
 from qa_train.observe.hostmem import HostMemory
@@ -23,14 +22,6 @@ from qa_train.strategy.oom import in_evaluation, is_out_of_memory
 
 # Padding logit: far below any real logit, finite so bf16/fp16 stay well-defined.
 PAD_LOGIT = -1e4
-
-
-def span_rules(args: TrainArgs) -> SpanRules:
-    """How answers are read from logits, from the run's flags (a null threshold only for SQuAD v2.0)."""
-    e = args.eval
-    return SpanRules(
-        e.n_best_size, e.max_answer_length, e.null_score_diff_threshold if args.data.version_2_with_negative else None
-    )
 
 
 @dataclass

@@ -21,7 +21,7 @@ from qa_train import __version__
 from qa_train.config.settings import ModelArgs
 from qa_train.core.errors import one_line
 from qa_train.data.loaders import collator, inference_loader
-from qa_train.evaluation import EvalResult, EvalSet, answer, predict_logits, span_rules, write_answers
+from qa_train.evaluation import EvalResult, EvalSet, answer, predict_logits, write_answers
 from qa_train.model.modeling import load_model, load_model_config, resolve_attention
 from qa_train.observe.metrics import (
     RankFigures,
@@ -33,6 +33,7 @@ from qa_train.observe.metrics import (
 )
 from qa_train.observe.schema import PerRank, RunMetrics
 from qa_train.observe.startup import Startup
+from qa_train.squad.postprocess import SpanRules
 from qa_train.strategy import best, faults, sharded
 from qa_train.trainer import Trainer
 
@@ -68,7 +69,7 @@ def predict(t: Trainer, final_scores: EvalResult | None) -> Path | None:
     if not t.is_main:
         return None
     test_set = EvalSet.build(examples, features, data.max_seq_length)
-    path = write_answers(t.output_dir, "predict", answer(test_set, logits, span_rules(t.args)))
+    path = write_answers(t.output_dir, "predict", answer(test_set, logits, SpanRules.of(t.args.answering())))
     log.info("predict: %d questions answered -> %s", len(examples), path)
     return path
 

@@ -76,7 +76,7 @@ class Predictor:
         self.data = data or DataArgs(
             dataset_name=None, max_seq_length=recorded["max_seq_length"], doc_stride=recorded["doc_stride"]
         )
-        self.rules = rules or recorded_rules(recorded)
+        self.rules = rules or SpanRules.of(recorded)
         model_args = ModelArgs(model_name_or_path=model_dir)
         with loading("MODEL_DIR", model_dir, "the model"):
             self.tokenizer = load_tokenizer(model_args)
@@ -274,12 +274,6 @@ def recorded_answering(model_dir: str) -> dict[str, Any]:
     return {**RECORDED, **{key: saved[key] for key in RECORDED if key in saved}}
 
 
-def recorded_rules(recorded: dict[str, Any]) -> SpanRules:
-    """The span rules of `recorded` (a null threshold only for SQuAD v2.0, 0.0 where none was recorded)."""
-    threshold = float(recorded["null_score_diff_threshold"] or 0.0) if recorded["version_2_with_negative"] else None
-    return SpanRules(recorded["n_best_size"], recorded["max_answer_length"], threshold)
-
-
 def _recordable(key: str, value: object) -> bool:
     if key == "version_2_with_negative":
         return isinstance(value, bool)
@@ -321,7 +315,7 @@ def _settings(args: argparse.Namespace, recorded: dict[str, Any]) -> tuple[DataA
     # alike (always or never the empty answer).
     if threshold is not None and not math.isfinite(threshold):
         raise ConfigError(f"--null_score_diff_threshold: must be a finite number, got {threshold}")
-    return data, recorded_rules(value)
+    return data, SpanRules.of(value)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,6 @@ from qa_train.evaluation import (
     answer_and_score,
     predict_logits,
     sample_rows,
-    span_rules,
     write_predictions,
 )
 from qa_train.model.modeling import (
@@ -75,6 +74,7 @@ from qa_train.observe.progress import Progress, ProgressOutput
 from qa_train.observe.recorder import Tracker
 from qa_train.observe.schema import RunMetrics
 from qa_train.observe.trackers import build_trackers
+from qa_train.squad.postprocess import SpanRules
 from qa_train.strategy import best, build, checkpoint, checks, deepspeed_json, faults, oom, resume, saving, sharded
 from qa_train.strategy.train_state import CHECKPOINT_FORMAT, TrainerState
 
@@ -709,7 +709,7 @@ class Trainer:
         self.host_memory.trim()  # evaluation's transient logits and batches
         if self.eval_set is None:
             return None
-        answers, result = answer_and_score(self.eval_set, logits, span_rules(self.args))
+        answers, result = answer_and_score(self.eval_set, logits, SpanRules.of(self.args.answering()))
         if predictions_path is not None:
             write_predictions(predictions_path, answers)
         result.runtime_s = round(time.perf_counter() - t0, 3)

@@ -33,9 +33,9 @@ start, then the lower end wins.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -62,6 +62,14 @@ class SpanRules:
     n_best_size: int = 20
     max_answer_length: int = 30
     null_score_diff_threshold: float | None = None
+
+    @classmethod
+    def of(cls, answering: Mapping[str, Any]) -> SpanRules:
+        """The rules of an answering record (`TrainArgs.answering()`, or what an export recorded of it): a null
+        threshold only for SQuAD v2.0, 0.0 where none was recorded."""
+        v2 = answering["version_2_with_negative"]
+        threshold = float(answering["null_score_diff_threshold"] or 0.0) if v2 else None
+        return cls(answering["n_best_size"], answering["max_answer_length"], threshold)
 
 
 @dataclass

@@ -360,3 +360,20 @@ def test_v2_null_above_the_only_listed_span_still_competes_with_it() -> None:
         assert [e["text"] for e in answers.nbest["q"]][:2] == ["", "Bowl 50"]
         assert best_entry(answers, "q")["score"] == 6.0
     assert _v2(start, end, offsets, [0], null_score_diff_threshold=0.0, n_best_size=1).predictions == {"q": ""}
+
+
+@pytest.mark.parametrize(
+    ("v2", "threshold", "expected"),
+    [(False, 0.0, None), (False, None, None), (True, None, 0.0), (True, -1.5, -1.5)],
+)
+def test_span_rules_of_an_answering_record_keep_a_null_threshold_for_v2_only(v2, threshold, expected) -> None:
+    """Training's evaluation (TrainArgs.answering()) and predict (an export's record) read their rules alike: a
+    v1.1 run never answers "", and a v2 record without a threshold takes the default 0.0."""
+    from qa_train.config.settings import DataArgs, EvalArgs, answering
+
+    record = {
+        **answering(DataArgs(dataset_name=None), EvalArgs(n_best_size=7, max_answer_length=11)),
+        "version_2_with_negative": v2,
+        "null_score_diff_threshold": threshold,
+    }
+    assert SpanRules.of(record) == SpanRules(7, 11, expected)
