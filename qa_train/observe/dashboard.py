@@ -20,13 +20,31 @@ PANELS = (("train/loss", "training loss"), ("eval/f1", "evaluation"), ("throughp
 
 def read_history(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """{key: [(step, value), ...]} in logged order. The run may still be writing (or was killed mid-write), so a
-    torn last line is skipped with a warning, as a resume drops it."""
+    torn last line is skipped with a warning, as a resume drops it. ValueError: one line naming what is wrong."""
+    log = step_log(run_dir)
     series: dict[str, list[tuple[int, float]]] = {}
-    for row in read_step_log(run_dir / "train_log.jsonl"):
+    for number, row in enumerate(read_step_log(log), 1):
+        step = row.get("step")
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ValueError(f"{log}: record {number} has no integer step: {str(row)[:80]}")
         for key, value in row.items():
             if key != "step" and isinstance(value, (int, float)):
-                series.setdefault(key, []).append((int(row["step"]), float(value)))
+                series.setdefault(key, []).append((step, float(value)))
     return series
+
+
+def step_log(run_dir: Path) -> Path:
+    """RUN_DIR's train_log.jsonl, or ValueError naming RUN_DIR, as `qa-train report` names a run dir it cannot use."""
+    log = run_dir / "train_log.jsonl"
+    if not run_dir.exists():
+        raise ValueError(f"{run_dir}: no such run directory")
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir}: a file, not a run directory (give the folder that holds train_log.jsonl)")
+    if log.is_dir():
+        raise ValueError(f"{log}: is a directory, not a file")
+    if not log.exists():
+        raise ValueError(f"{run_dir}: holds no train_log.jsonl (not a qa_train run's output dir)")
+    return log
 
 
 def history_figure(series: dict[str, list[tuple[int, float]]], title: str):

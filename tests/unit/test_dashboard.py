@@ -59,3 +59,40 @@ def test_a_run_without_training_steps_is_refused(tmp_path: Path, capsys: pytest.
     write_log(tmp_path, [{"step": 0, "eval/f1": 5.0}])
     assert dashboard.main([str(tmp_path)]) == 2
     assert "no training steps logged" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("run_is", "says"),
+    [
+        ("missing", "no such run directory"),
+        ("a file", "a file, not a run directory (give the folder that holds train_log.jsonl)"),
+        ("empty", "holds no train_log.jsonl (not a qa_train run's output dir)"),
+        ("a log folder", "train_log.jsonl: is a directory, not a file"),
+    ],
+)
+def test_a_run_dir_without_a_step_log_is_named(
+    run_is: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each was the raw OSError text: "[Errno 2] No such file or directory: '.../train_log.jsonl'"."""
+    run = tmp_path / "run"
+    if run_is == "a file":
+        run.write_text("x")
+    elif run_is == "empty":
+        run.mkdir()
+    elif run_is == "a log folder":
+        (run / "train_log.jsonl").mkdir(parents=True)
+    assert dashboard.main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"qa-train dashboard: error: {run}{'/' if run_is == 'a log folder' else ': '}{says}\n", err
+
+
+@pytest.mark.parametrize("record", ['{"train/loss": 1.0}', '{"step": "a", "train/loss": 1.0}'])
+def test_a_record_without_an_integer_step_is_named(
+    record: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record without a step was a KeyError traceback (exit 1); a text step, int()'s own message."""
+    log = tmp_path / "train_log.jsonl"
+    log.write_text('{"step": 1, "train/loss": 1.0}\n' + record + "\n")
+    assert dashboard.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"qa-train dashboard: error: {log}: record 2 has no integer step: "), err
