@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from qa_train.config.outputdir import unwritable
+from qa_train.config.outputdir import check_output_folder
 from qa_train.config.parser import OneLineParser
 from qa_train.config.settings import ANSWERING_KEY, ConfigError, DataArgs, EvalArgs, ModelArgs, answering
 from qa_train.data.load import DataError, Examples, build_examples, load_file
@@ -142,18 +142,6 @@ def check_model_dir(model_dir: str) -> None:
             f"MODEL_DIR {model_dir}: no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...): a run's "
             "final/ holds the tokenizer it trained with"
         )
-
-
-def check_output_dir(output_dir: str) -> None:
-    """--output_dir must be a folder that can be made and written: refused before the model loads, not after."""
-    path = Path(output_dir)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"--output_dir {output_dir}: is a file, not a directory")
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir():
-        raise ConfigError(f"--output_dir {output_dir}: {existing} is a file, not a directory")
-    if (why := unwritable(existing)) is not None:
-        raise ConfigError(f"--output_dir {output_dir}: {existing} is not writable ({why})")
 
 
 def command_line_question(
@@ -323,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data, rules = _settings(args, recorded_answering(args.model_dir))
         if args.output_dir:
-            check_output_dir(args.output_dir)
+            check_output_folder(args.output_dir)
         if args.test_file:
             examples = load_file(args.test_file, "optional").head(args.max_predict_samples)
         else:

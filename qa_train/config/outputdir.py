@@ -82,6 +82,32 @@ def unwritable(folder: Path) -> str | None:
     return None
 
 
+def check_output_folder(output_dir: str | Path, flag: str = "--output_dir") -> None:
+    """A folder a command makes (if need be) and writes: refused in one line before any work when it is a file,
+    lies under one, or cannot be written."""
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {output_dir}: is a file, not a directory")
+    _check_nearest_folder(path, flag, output_dir)
+
+
+def check_output_file(output: str | Path, flag: str) -> None:
+    """A file a command writes (its missing folders made): refused as check_output_folder refuses a folder, and when
+    it is a folder itself."""
+    path = Path(output)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {output}: is a directory, not a file")
+    _check_nearest_folder(path.parent, flag, output)
+
+
+def _check_nearest_folder(path: Path, flag: str, given: str | Path) -> None:
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {given}: {existing} is a file, not a directory")
+    if (why := unwritable(existing)) is not None:
+        raise ConfigError(f"{flag} {given}: {existing} is not writable ({why})")
+
+
 def _inside(path: Path, folder: Path) -> bool:
     return path.resolve().is_relative_to(folder.resolve())
 

@@ -12,7 +12,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from qa_train.config.outputdir import check_output_file
 from qa_train.config.parser import OneLineParser
+from qa_train.config.settings import ConfigError
 from qa_train.observe.recorder import read_step_log
 
 PANELS = (("train/loss", "training loss"), ("eval/f1", "evaluation"), ("throughput/samples_per_second", "samples/s"))
@@ -72,6 +74,16 @@ def history_figure(series: dict[str, list[tuple[int, float]]], title: str):
     return fig
 
 
+def check_output(out: Path) -> None:
+    """--output as a file matplotlib can write: it adds .png to a name without a suffix, and refuses other types
+    only once the figure is drawn."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    check_output_file(out, "--output")
+    if out.suffix[1:].lower() not in FigureCanvasBase.get_supported_filetypes():
+        raise ConfigError(f"--output {out}: not the name of an image type matplotlib writes (.png, .svg, .pdf, ...)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(
         prog="qa-train dashboard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -79,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--output", type=Path, default=None, help="PNG to write (default: RUN_DIR/history.png).")
     opts = p.parse_args(argv)
+    out = opts.output or opts.run_dir / "history.png"
     try:
         series = read_history(opts.run_dir)
+        check_output(out)  # the default too: RUN_DIR may be another user's, or on a read-only share
     except (OSError, ValueError) as err:
         print(f"qa-train dashboard: error: {err}", file=sys.stderr)
         return 2
@@ -89,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             f"qa-train dashboard: error: {opts.run_dir / 'train_log.jsonl'}: no training steps logged", file=sys.stderr
         )
         return 2
-    out = opts.output or opts.run_dir / "history.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
     history_figure(series, opts.run_dir.name).savefig(out, dpi=100)
     print(f"wrote {out}")
     return 0

@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from qa_train.config.outputdir import check_output_file
 from qa_train.config.parser import OneLineParser
 from qa_train.squad.files import load_na_probs, load_predictions, read_references
 
@@ -270,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not math.isfinite(args.na_prob_thresh):
         parser.error(f"--na-prob-thresh: must be a finite number, got {args.na_prob_thresh}")
     try:
+        if args.out_file is not None:
+            check_output_file(args.out_file, "--out-file")
         references, version = read_references(Path(args.dataset_file))
         predictions = load_predictions(args.prediction_file)
         na_probs = load_na_probs(args.na_prob_file) if args.na_prob_file else None
@@ -284,7 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _warn_missing(references, predictions)
     if not v2:
         print(json.dumps({"exact_match": result["exact_match"], "f1": result["f1"]}))
-    elif args.out_file:
+    elif args.out_file is not None:
+        Path(args.out_file).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out_file).write_text(json.dumps(result), encoding="utf-8")
     else:
         print(json.dumps(result, indent=2))

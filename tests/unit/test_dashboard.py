@@ -96,3 +96,34 @@ def test_a_record_without_an_integer_step_is_named(
     assert dashboard.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"qa-train dashboard: error: {log}: record 2 has no integer step: "), err
+
+
+@pytest.mark.parametrize(
+    ("output", "says"),
+    [
+        ("run", "is a directory, not a file"),  # matplotlib wrote run.png beside it and said "wrote run"
+        ("notes.txt/h.png", "{tmp}/notes.txt is a file, not a directory"),
+        ("h.txt", "not the name of an image type matplotlib writes (.png, .svg, .pdf, ...)"),
+        ("history", "not the name of an image type matplotlib writes (.png, .svg, .pdf, ...)"),
+        ("/sys/qa_train_test_history.png", "/sys is not writable"),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_refused_before_drawing(
+    output: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each was a traceback after the figure was drawn (exit 1), or a PNG written under another name."""
+    write_log(tmp_path / "run", [{"step": 1, "train/loss": 1.0}])
+    (tmp_path / "notes.txt").write_text("mine")
+    target = tmp_path / output
+    assert dashboard.main([str(tmp_path / "run"), "--output", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"qa-train dashboard: error: --output {target}: {says.format(tmp=tmp_path)}"), err
+    assert err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "run"]
+
+
+def test_an_outputs_missing_folders_are_made(tmp_path: Path) -> None:
+    """It was a FileNotFoundError traceback."""
+    write_log(tmp_path, [{"step": 1, "train/loss": 1.0}])
+    assert dashboard.main([str(tmp_path), "--output", str(tmp_path / "plots" / "h.svg")]) == 0
+    assert (tmp_path / "plots" / "h.svg").read_text().startswith("<?xml")

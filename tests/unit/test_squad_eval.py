@@ -272,3 +272,40 @@ def test_a_compressed_dev_file_is_read_as_it_is(tmp_path: Path, kind: str, capsy
     assert load_references(packed) == references
     assert scoring.main([str(packed), str(predictions)]) == 0
     assert json.loads(capsys.readouterr().out) == {"exact_match": 100.0, "f1": 100.0}
+
+
+@pytest.mark.parametrize(
+    ("out", "says"),
+    [
+        ("", "is a directory, not a file"),
+        ("notes.txt/metrics.json", "{tmp}/notes.txt is a file, not a directory"),
+        ("/sys/qa_train_test_metrics.json", "/sys is not writable"),
+    ],
+)
+def test_an_out_file_that_cannot_be_written_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture, out: str, says: str
+) -> None:
+    """Each was an IsADirectoryError, NotADirectoryError or OSError traceback (exit 1) after the scoring."""
+    from qa_train.squad import scoring
+
+    (tmp_path / "notes.txt").write_text("mine")
+    files = [tmp_path / "predictions.json", tmp_path / "na.json"]
+    for file in files:
+        file.write_text("{}")
+    target = tmp_path / out
+    assert scoring.main([str(DEMO_DEV), str(files[0]), "-n", str(files[1]), "-o", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"qa-train score: error: --out-file {target}: {says.format(tmp=tmp_path)}"), err
+    assert err.count("\n") == 1
+
+
+def test_an_out_files_missing_folders_are_made(tmp_path: Path) -> None:
+    """It was a FileNotFoundError traceback."""
+    from qa_train.squad import scoring
+
+    files = [tmp_path / "predictions.json", tmp_path / "na.json"]
+    for file in files:
+        file.write_text("{}")
+    target = tmp_path / "scores" / "metrics.json"
+    assert scoring.main([str(DEMO_DEV), str(files[0]), "-n", str(files[1]), "-o", str(target)]) == 0
+    assert json.loads(target.read_text())["exact"] == 0.0
