@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from qa_train.config.outputdir import check_output_folder
 from qa_train.config.parser import OneLineParser
 from qa_train.config.settings import ConfigError
 from qa_train.core.errors import one_line
@@ -149,6 +150,7 @@ def write_folder(path: Path, out: Path, config, tokenizer, answering: dict[str, 
 def check_output(out: Path) -> None:
     if out.is_file() or (out.is_dir() and any(out.iterdir())):
         raise ConfigError(f"--output_dir {out}: exists and is not empty; name a new or empty folder")
+    check_output_folder(out)
 
 
 def consolidate(arg: Path, out: Path, config_name: str | None, tokenizer_name: str | None) -> Path:

@@ -323,6 +323,26 @@ def test_consolidate_never_writes_into_a_folder_with_files(tmp_path: Path, capsy
     assert (out / "model.safetensors").is_file()
 
 
+@pytest.mark.parametrize(
+    ("output_dir", "says"),
+    [
+        ("notes.txt/out", "{tmp}/notes.txt is a file, not a directory"),
+        ("/sys/qa_train_test_consolidated", "/sys is not writable"),
+    ],
+)
+def test_consolidate_refuses_an_output_dir_it_cannot_make_before_reading_the_weights(
+    output_dir: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under a file it was the raw "[Errno 17] File exists: '...'" once the config and tokenizer were loaded."""
+    path, _ = accelerate_checkpoint(tmp_path / "run")
+    (tmp_path / "notes.txt").write_text("mine")
+    out = tmp_path / output_dir
+    assert consolidate.main([str(path), "--output_dir", str(out), "--config_name", str(TINY)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"qa-train consolidate: error: --output_dir {out}: {says.format(tmp=tmp_path)}"), err
+    assert err.count("\n") == 1 and (tmp_path / "notes.txt").read_text() == "mine"
+
+
 def test_a_format_1_checkpoint_says_what_it_did_not_record() -> None:
     """Written before the contract was recorded: no world size, batch or layout; the table still renders."""
     old = TrainerState(completed_steps=4, epoch=1, batches_in_epoch=2)
