@@ -36,8 +36,9 @@ from typing import IO
 
 import psutil
 
+from qa_train.config.outputdir import check_output_folder
 from qa_train.config.parser import OneLineParser
-from qa_train.config.settings import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE
+from qa_train.config.settings import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE, ConfigError
 from qa_train.strategy import launch, supervise
 from qa_train.strategy.checks import cpu_threads
 from qa_train.studies import report, report_data, slurm_sweep
@@ -153,7 +154,6 @@ def ablation_plans(on_cpu: bool, train_flags: list[str] | None = None) -> list[P
 def recompute_refusal(train_flags: list[str]) -> str | None:
     """Why the model `train_flags` name cannot take --gradient_checkpointing, or None; None too where its config is
     not on this machine or has no QA class (the runs themselves then say so)."""
-    from qa_train.config.settings import ConfigError
     from qa_train.model.modeling import checkpointing_unsupported
     from qa_train.studies.planner import PlanError, load_shape_config
 
@@ -404,15 +404,22 @@ def finish(outcomes: list[Outcome], opts: argparse.Namespace) -> int:
     return 1 if failed or not outcomes else 0
 
 
+def check_output(output_dir: str) -> None:
+    """The runs' folder and its report/, refused before any run rather than at the first run or after the last."""
+    check_output_folder(output_dir)
+    report.check_output_dir(Path(output_dir) / "report")
+
+
 def main(argv: list[str] | None = None) -> int:
     opts, user_flags = parse(sys.argv[1:] if argv is None else argv)
     train_flags = [*model_and_data_defaults(user_flags), *DEFAULT_FLAGS, *user_flags]
     try:
+        check_output(opts.output_dir)
         if opts.slurm:  # the compute nodes' devices count, not this login node's
             return slurm_sweep.submit_all(sweep_plans(opts, train_flags), opts, train_flags, CONFIG_DIR)
         resolve_device(opts)
         plans = sweep_plans(opts, train_flags)
-    except SweepError as err:
+    except (SweepError, ConfigError, report.ReportError) as err:
         print(f"qa-train bench: error: {err}", file=sys.stderr)
         return 2
     ports: set[int] = set()

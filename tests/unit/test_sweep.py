@@ -234,6 +234,29 @@ def test_ctrl_c_reports_the_runs_before_it(
     assert "| single | single | 1 | 1 | 1 |" in (out / "report" / "report.md").read_text()
 
 
+@pytest.mark.parametrize(
+    ("output_dir", "says"),
+    [
+        ("notes.txt", "--output_dir {tmp}/notes.txt: is a file, not a directory"),
+        ("notes.txt/bench", "--output_dir {tmp}/notes.txt/bench: {tmp}/notes.txt is a file, not a directory"),
+        ("mine", "--output_dir {tmp}/mine/report: holds report.md, which no qa-train report wrote"),
+    ],
+)
+def test_an_output_dir_that_cannot_take_the_runs_or_report_is_refused_before_any_run(
+    output_dir: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A file was a NotADirectoryError traceback (exit 1) at the first run; a report/ of the user's was found only
+    once every run had finished ("[bench] no report: ...")."""
+    fake_bench(monkeypatch, {})  # any run at all fails the test: a KeyError
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "mine" / "report").mkdir(parents=True)
+    (tmp_path / "mine" / "report" / "report.md").write_text("my notes")
+    assert bench.main(["--cpu", "--configs", "single", "--output_dir", str(tmp_path / output_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"qa-train bench: error: {says.format(tmp=tmp_path)}") and err.count("\n") == 1, err
+    assert (tmp_path / "mine" / "report" / "report.md").read_text() == "my notes"
+
+
 def test_a_waiting_sbatch_past_the_timeout_is_a_failed_submission(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
