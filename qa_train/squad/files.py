@@ -7,6 +7,7 @@ import bz2
 import gzip
 import json
 import lzma
+import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -114,6 +115,9 @@ def _load_mapping(path: str | Path, numbers: bool) -> dict:
     for qid, v in mapping.items():
         if numbers and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise ValueError(f"{path}: question {qid}: no-answer probability must be a number, got {v!r}")
+        # json reads NaN and Infinity; training's odds are always finite (postprocess.NO_SPAN_ODDS).
+        if numbers and not math.isfinite(v):
+            raise ValueError(f"{path}: question {qid}: no-answer probability must be a finite number, got {v}")
         if not numbers and not isinstance(v, str):
             raise ValueError(f"{path}: question {qid}: prediction must be a string, got {v!r}")
     return mapping

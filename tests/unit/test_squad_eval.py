@@ -309,3 +309,21 @@ def test_an_out_files_missing_folders_are_made(tmp_path: Path) -> None:
     target = tmp_path / "scores" / "metrics.json"
     assert scoring.main([str(DEMO_DEV), str(files[0]), "-n", str(files[1]), "-o", str(target)]) == 0
     assert json.loads(target.read_text())["exact"] == 0.0
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_no_answer_probability_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture, value: str
+) -> None:
+    """Python's json reads NaN and Infinity: a NaN never passes the threshold and was scored without a word, and
+    the best threshold could come out as NaN in the metrics."""
+    from qa_train.squad import scoring
+
+    qid = next(iter(load_references(DEMO_DEV)))
+    predictions, na_probs = tmp_path / "predictions.json", tmp_path / "na.json"
+    predictions.write_text(json.dumps({qid: ""}))
+    na_probs.write_text(f'{{"{qid}": {value}}}')
+    assert scoring.main([str(DEMO_DEV), str(predictions), "-n", str(na_probs)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"qa-train score: error: {na_probs}: question {qid}: no-answer probability must be a finite")
+    assert err.count("\n") == 1
