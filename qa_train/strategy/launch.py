@@ -74,8 +74,15 @@ def read_config(path: str, launch_dir: Path | None = None, *, as_accelerate: boo
         raise LaunchConfigError(f"--config_file {path}: no such file (see accelerate_configs/)")
     try:
         cfg = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as err:
-        raise LaunchConfigError(f"--config_file {path}: not valid YAML: {err}") from None
+    except UnicodeDecodeError as err:
+        raise LaunchConfigError(
+            f"--config_file {path}: not UTF-8 text (byte {err.start}), so not an accelerate config"
+        ) from None
+    except yaml.YAMLError as err:  # its text spans lines: the mark, then the line with a caret under it
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise LaunchConfigError(f"--config_file {path}: not valid YAML: {where}{problem}") from None
     if cfg is None:  # accelerate's own loader fails on it with a TypeError
         raise LaunchConfigError(f"--config_file {path}: empty; an accelerate config names its distributed_type")
     if not isinstance(cfg, dict) or not all(isinstance(cfg.get(k) or {}, dict) for k in STRATEGY_SECTIONS):

@@ -64,6 +64,24 @@ def test_invalid_yaml_is_refused(tmp_path: Path) -> None:
         read_config(str(path))
 
 
+def test_invalid_yaml_or_a_binary_file_is_one_line(tmp_path: Path) -> None:
+    """yaml's message spans four lines (the mark and a caret under it); a binary file was a UnicodeDecodeError
+    traceback."""
+    path = write(tmp_path / "bad.yaml", "a: 1\n  b: 2\n")
+    with pytest.raises(LaunchConfigError) as refused:
+        read_config(str(path))
+    assert (
+        str(refused.value)
+        == f"--config_file {path}: not valid YAML: line 2, column 4: mapping values are not allowed here"
+    )
+    binary = tmp_path / "model.safetensors"
+    binary.write_bytes(b"\xf0\x00\x81binary")
+    with pytest.raises(
+        LaunchConfigError, match=rf"^--config_file {binary}: not UTF-8 text \(byte 0\), so not an accelerate config$"
+    ):
+        read_config(str(binary))
+
+
 @pytest.mark.parametrize(
     ("text", "said"),
     [
