@@ -25,6 +25,7 @@ from typing import Any
 from qa_train.config.outputdir import check_output_folder
 from qa_train.config.parser import OneLineParser
 from qa_train.config.settings import ANSWERING_KEY, ConfigError, DataArgs, EvalArgs, ModelArgs, answering
+from qa_train.core.errors import refusal_text
 from qa_train.data.load import DataError, Examples, build_examples, load_file
 from qa_train.data.splits import unanswered_note
 from qa_train.model.modeling import loading, local_path
@@ -319,8 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         predictor = Predictor(args.model_dir, data, rules, args.device, args.mixed_precision)
         answers = predictor.predict(examples)
         predictor.accelerator.end_training()  # a rank under a launcher leaves its process group: no gloo thread at exit
-    except (ConfigError, DataError) as err:
-        print(f"qa-train predict: error: {err}", file=sys.stderr)
+    except (ConfigError, DataError, OSError) as err:
+        print(f"qa-train predict: error: {refusal_text(err)}", file=sys.stderr)
         return 2
     except OutOfMemory as err:  # the same exit code as training's
         print(f"qa-train predict: error: {err}", file=sys.stderr)

@@ -26,3 +26,11 @@ def one_line(err: BaseException, limit: int = 300) -> str:
     lines = str(err).strip().splitlines()
     text = f"{type(err).__name__}: {' '.join(lines[0].split())}" if lines else type(err).__name__
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def refusal_text(err: BaseException) -> str:
+    """A refusal's text: an OSError as the path it names and why ("runs/a: Permission denied"), not Python's
+    "[Errno 13] Permission denied: 'runs/a'"; any other error as its own message."""
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        return f"{err.filename}: {err.strerror}"
+    return str(err)

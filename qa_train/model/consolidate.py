@@ -28,7 +28,7 @@ from typing import Any
 from qa_train.config.outputdir import check_output_folder
 from qa_train.config.parser import OneLineParser
 from qa_train.config.settings import ConfigError
-from qa_train.core.errors import one_line
+from qa_train.core.errors import one_line, refusal_text
 from qa_train.model.modeling import model_shape
 from qa_train.model.optimization import optimizer_order
 from qa_train.strategy import checkpoint, describe, portable, saving
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = consolidate(args.checkpoint, args.output_dir, args.config_name, args.tokenizer_name)
     except (ConfigError, checkpoint.CheckpointError, describe.DescribeError, OSError) as err:
-        print(f"qa-train consolidate: error: {err}", file=sys.stderr)
+        print(f"qa-train consolidate: error: {refusal_text(err)}", file=sys.stderr)
         return 2
     print(f"consolidated {path} -> {args.output_dir}")
     return 0

@@ -15,6 +15,7 @@ from pathlib import Path
 from qa_train.config.outputdir import check_output_file
 from qa_train.config.parser import OneLineParser
 from qa_train.config.settings import ConfigError
+from qa_train.core.errors import refusal_text
 from qa_train.observe.recorder import read_step_log
 
 PANELS = (("train/loss", "training loss"), ("eval/f1", "evaluation"), ("throughput/samples_per_second", "samples/s"))
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         series = read_history(opts.run_dir)
         check_output(out)  # the default too: RUN_DIR may be another user's, or on a read-only share
     except (OSError, ValueError) as err:
-        print(f"qa-train dashboard: error: {err}", file=sys.stderr)
+        print(f"qa-train dashboard: error: {refusal_text(err)}", file=sys.stderr)
         return 2
     if "train/loss" not in series:
         print(

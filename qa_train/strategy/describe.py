@@ -23,6 +23,7 @@ from pathlib import Path
 
 from qa_train.config.outputdir import STEP_FOLDER
 from qa_train.config.parser import OneLineParser
+from qa_train.core.errors import refusal_text
 from qa_train.strategy import checkpoint, portable
 from qa_train.strategy.train_state import TrainerState, kept_accumulation, processes
 
@@ -348,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         described = describe(args.checkpoint)
     except (checkpoint.CheckpointError, DescribeError, OSError) as err:
-        print(f"qa-train describe: error: {err}", file=sys.stderr)
+        print(f"qa-train describe: error: {refusal_text(err)}", file=sys.stderr)
         return 2
     print(json.dumps(asdict(described), indent=1) if args.json else render(described))
     return 0

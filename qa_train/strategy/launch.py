@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from qa_train.config.parser import OneLineParser
-from qa_train.core.errors import one_line
+from qa_train.core.errors import one_line, refusal_text
 from qa_train.core.preemption import RUN_STARTED_ENV
 from qa_train.strategy.checks import cpu_threads
 from qa_train.strategy.supervise import DEFAULT_GRACE_S, agent_command, run_launch
@@ -353,8 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         by_agent = launch != cmd  # the agent then checks the config and says the command
         if not by_agent or opts.dry_run:
             check_as_accelerate_does(opts.config_file, cfg)
-    except LaunchConfigError as err:
-        print(f"qa-train launch: error: {err}", file=sys.stderr)
+    except (LaunchConfigError, OSError) as err:
+        print(f"qa-train launch: error: {refusal_text(err)}", file=sys.stderr)
         return 2
     if opts.dry_run:
         print(" ".join(cmd))

@@ -39,6 +39,7 @@ import psutil
 from qa_train.config.outputdir import check_output_folder
 from qa_train.config.parser import OneLineParser
 from qa_train.config.settings import DEMO_MODEL_DIR, DEMO_TRAIN_FILE, DEMO_VALIDATION_FILE, ConfigError
+from qa_train.core.errors import refusal_text
 from qa_train.strategy import launch, supervise
 from qa_train.strategy.checks import cpu_threads
 from qa_train.studies import report, report_data, slurm_sweep
@@ -419,8 +420,8 @@ def main(argv: list[str] | None = None) -> int:
             return slurm_sweep.submit_all(sweep_plans(opts, train_flags), opts, train_flags, CONFIG_DIR)
         resolve_device(opts)
         plans = sweep_plans(opts, train_flags)
-    except (SweepError, ConfigError, report.ReportError) as err:
-        print(f"qa-train bench: error: {err}", file=sys.stderr)
+    except (SweepError, ConfigError, report.ReportError, OSError) as err:
+        print(f"qa-train bench: error: {refusal_text(err)}", file=sys.stderr)
         return 2
     ports: set[int] = set()
     outcomes: list[Outcome] = []

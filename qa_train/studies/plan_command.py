@@ -9,6 +9,7 @@ import sys
 from dataclasses import asdict
 
 from qa_train.config.parser import OneLineParser
+from qa_train.core.errors import refusal_text
 from qa_train.model.modeling import position_limit
 from qa_train.studies.memory_model import Setup
 from qa_train.studies.planner import (
@@ -122,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             raise PlanError(f"--max_seq_length {opts.max_seq_length}: the model has {limit} position embeddings")
         check_recompute(config, opts.gradient_checkpointing)
         shape, setup = model_shape(config), setup_of(opts, attention_of(config, opts.attn_implementation))
-    except (PlanError, ReportError) as err:
-        print(f"qa-train plan: error: {err}", file=sys.stderr)
+    except (PlanError, ReportError, OSError) as err:
+        print(f"qa-train plan: error: {refusal_text(err)}", file=sys.stderr)
         return 2
     estimates, best = plan(shape, setup, opts.gpu_memory_gib)
     if opts.json:

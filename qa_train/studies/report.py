@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from qa_train.config.parser import OneLineParser
+from qa_train.core.errors import refusal_text
 from qa_train.observe.recorder import atomic_write_text
 from qa_train.studies.report_data import (
     Group,
@@ -326,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         groups, paths = build_report(
             opts.run_dirs, opts.output, opts.baseline, (opts.wandb_project or "qa-train") if opts.wandb else None
         )
-    except ReportError as err:
-        print(f"qa-train report: error: {err}", file=sys.stderr)
+    except (ReportError, OSError) as err:
+        print(f"qa-train report: error: {refusal_text(err)}", file=sys.stderr)
         return 2
     print(markdown_table(groups))
     print_warnings(paths)

@@ -102,3 +102,31 @@ def test_a_verbs_flag_that_cannot_work_is_one_line_naming_it(
         argv = ["bench", "--configs", "no_such_config", *argv[1:]]
     line = refusal(argv, capsys)
     assert line.startswith(f"qa-train {argv[0]}: error: {says}"), line
+
+
+LONG = "x" * 300  # a name the OS refuses (ENAMETOOLONG), as root; EACCES on another user's run takes the same path
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dashboard", LONG],
+        ["report", LONG],
+        ["report", str(TINY.parent), "--output_dir", LONG],
+        ["describe", LONG],
+        ["consolidate", LONG, "--output_dir", "out"],
+        ["predict", LONG, "-q", "Who?", "-c", "Someone."],
+        ["predict", str(TINY), "-q", "Who?", "-c", "Someone.", "--output_dir", LONG],
+        ["plan", "--check", LONG],
+        ["launch", "--config_file", LONG],
+        ["bench", "--output_dir", LONG],
+    ],
+    ids=lambda argv: " ".join(argv).replace(LONG, "LONG"),
+)
+def test_a_path_the_os_refuses_is_one_line_naming_it(
+    argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each was an OSError traceback (exit 1), or Python's "[Errno 36] File name too long: '...'"."""
+    monkeypatch.chdir(tmp_path)
+    line = refusal(argv, capsys)
+    assert LONG in line and ": File name too long" in line and "Errno" not in line, line
