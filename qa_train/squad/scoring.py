@@ -239,7 +239,7 @@ def _parser() -> argparse.ArgumentParser:
         default=1.0,
         help='v2.0: predict "" if the no-answer probability exceeds this',
     )
-    parser.add_argument("--out-file", "-o", help="v2.0: write the metrics to this file instead of stdout")
+    parser.add_argument("--out-file", "-o", help="write the metrics to this file instead of stdout")
     return parser
 
 
@@ -285,11 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"qa-train score: error: {_refusal(err)}", file=sys.stderr)
         return 2
     _warn_missing(references, predictions)
-    if not v2:
-        print(json.dumps({"exact_match": result["exact_match"], "f1": result["f1"]}))
-    elif args.out_file is not None:
+    metrics = result if v2 else {"exact_match": result["exact_match"], "f1": result["f1"]}
+    if args.out_file is not None:
         Path(args.out_file).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out_file).write_text(json.dumps(result), encoding="utf-8")
+        Path(args.out_file).write_text(json.dumps(metrics), encoding="utf-8")
     else:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(metrics, indent=2) if v2 else json.dumps(metrics))
     return 0

@@ -327,3 +327,14 @@ def test_a_non_finite_no_answer_probability_is_refused(
     err = capsys.readouterr().err
     assert err.startswith(f"qa-train score: error: {na_probs}: question {qid}: no-answer probability must be a finite")
     assert err.count("\n") == 1
+
+
+def test_out_file_takes_v11_metrics_too(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A v1.1 dataset printed its metrics and left -o unwritten, without a word."""
+    from qa_train.squad import scoring
+
+    predictions = tmp_path / "predictions.json"
+    predictions.write_text(json.dumps({qid: golds[0] for qid, golds in load_references(DEMO_DEV).items()}))
+    out = tmp_path / "metrics.json"
+    assert scoring.main([str(DEMO_DEV), str(predictions), "-o", str(out)]) == 0
+    assert json.loads(out.read_text()) == {"exact_match": 100.0, "f1": 100.0} and capsys.readouterr().out == ""
