@@ -91,6 +91,8 @@ def _read_manifest(path: Path) -> tuple[dict[str, int], dict[str, int]]:
     """The manifest's files with their sizes, and with their CRC32s (none in a format-1 manifest, written before
     2026-11-25); ValueError (or OSError) when it is not a manifest."""
     manifest = json.loads((path / MANIFEST).read_text())
+    if not isinstance(manifest, dict):
+        raise ValueError(f"a JSON {type(manifest).__name__}, not an object")
     files, crcs = manifest.get("files"), manifest.get("crc32", {})
     if not isinstance(files, dict) or not all(is_int(size) for size in files.values()):
         raise ValueError("no 'files' mapping of sizes")
@@ -145,7 +147,7 @@ def verify(path: str | Path, contents: bool = False) -> str | None:
         return f"no {MANIFEST}: incomplete (written by a run that was killed mid-save, or by an older qa_train?)"
     try:
         files, crcs = _read_manifest(path)
-    except (OSError, ValueError, AttributeError) as err:
+    except (OSError, ValueError) as err:
         return f"{MANIFEST}: unreadable or invalid ({one_line(err)})"
     problems = [p for name, size in files.items() if (p := _size_problem(path / name, name, size))]
     if problems:

@@ -525,7 +525,8 @@ def test_verify_rejects_an_invalid_trainer_state(tmp_path: Path, content: str, p
 def test_verify_rejects_an_invalid_manifest(tmp_path: Path) -> None:
     d = make(tmp_path, "step_00000001")
     (d / MANIFEST).write_text("[1, 2]")
-    assert ckpt.verify(d).startswith("manifest.json: unreadable or invalid (")
+    # The reason is the manifest's, not Python's ('list' object has no attribute 'get').
+    assert ckpt.verify(d) == "manifest.json: unreadable or invalid (ValueError: a JSON list, not an object)"
 
 
 # --- latest falls back, an explicit path refuses ------------------------------------------------
