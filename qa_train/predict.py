@@ -124,7 +124,8 @@ def check_model_dir(model_dir: str) -> None:
         raise ConfigError(f"MODEL_DIR {model_dir}: no such directory")
     if not path.is_dir():
         raise ConfigError(f"MODEL_DIR {model_dir}: is a file, not a model directory")
-    if (path / STATE_FILE).is_file():
+    # A qa_train checkpoint holds no config.json; transformers' Trainer's checkpoint-N/ does, and loads as a model.
+    if (path / STATE_FILE).is_file() and not (path / "config.json").is_file():
         final = path.resolve().parent.parent / "final"
         use = f"use {final}" if (final / "config.json").is_file() else "use the run's final/, which the run exports"
         raise ConfigError(

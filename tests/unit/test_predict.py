@@ -200,6 +200,17 @@ def test_a_model_without_a_trained_qa_head_is_refused_naming_the_missing_weights
     assert predict.main([str(trained), "-q", "Who?", "-c", "Somebody.", "--device", "cpu"]) == 0
 
 
+def test_a_transformers_trainer_checkpoint_answers_as_a_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """transformers' Trainer writes checkpoint-N/ with its own trainer_state.json beside config.json, the weights
+    and the tokenizer: a model from_pretrained loads, which predict refused as a qa_train training checkpoint."""
+    checkpoint = high_padding_model(tmp_path / "hf-run" / "checkpoint-500")
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 500, "log_history": []}))
+    assert predict.main([str(checkpoint), "-q", "Who?", "-c", "Somebody.", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["answer"]
+
+
 def test_no_answer_at_all_prints_json_not_nan() -> None:
     """No window held a valid span: the score was NaN, which json.dumps writes and JSON readers refuse."""
     entry = predict.best_entry(Answers({"q": ""}, {"q": []}), "q")
