@@ -143,6 +143,11 @@ def verify(path: str | Path, contents: bool = False) -> str | None:
         return f"no {STATE_FILE}: the folder does not exist"
     if not (path / STATE_FILE).is_file():
         return f"no {STATE_FILE}: not a complete qa_train checkpoint"
+    if not (path / MANIFEST).is_file() and (path / "config.json").is_file():  # qa_train's hold no config.json
+        return (
+            f"a transformers Trainer checkpoint (config.json beside {STATE_FILE}, no {MANIFEST}): qa_train resumes "
+            "only its own; to start from its weights, pass it as --model_name_or_path"
+        )
     if not (path / MANIFEST).is_file():
         return f"no {MANIFEST}: incomplete (written by a run that was killed mid-save, or by an older qa_train?)"
     try:

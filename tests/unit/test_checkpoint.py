@@ -497,6 +497,22 @@ def test_verify_without_manifest_says_incomplete(tmp_path: Path) -> None:
     assert complete_checkpoints(tmp_path) == []
 
 
+def test_resuming_a_transformers_trainer_checkpoint_says_what_it_is(tmp_path: Path) -> None:
+    """transformers' Trainer writes checkpoint-N/ with a trainer_state.json of its own beside config.json: it was
+    refused as a qa_train checkpoint "killed mid-save, or by an older qa_train"."""
+    d = tmp_path / "hf-run" / "checkpoint-500"
+    d.mkdir(parents=True)
+    for name, text in (("trainer_state.json", '{"global_step": 500}'), ("config.json", "{}")):
+        (d / name).write_text(text)
+    with pytest.raises(ckpt.CheckpointError) as err:
+        ckpt.resolve_resume(str(d), tmp_path / "out")
+    assert str(err.value).startswith(
+        f"--resume_from_checkpoint {d}: a transformers Trainer checkpoint (config.json beside trainer_state.json, "
+        "no manifest.json): qa_train resumes only its own; to start from its weights, pass it as "
+        "--model_name_or_path; "
+    )
+
+
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
