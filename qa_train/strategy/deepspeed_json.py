@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from qa_train.config.settings import ConfigError, TrainArgs
@@ -77,6 +80,64 @@ def _fill_optimizer(cfg: dict, args: TrainArgs, source: str) -> None:
 
 def _floats(value: object) -> list[float]:
     return [float(v) for v in value] if isinstance(value, list | tuple) else [float(value)]  # type: ignore[arg-type]
+
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def check_launch_json(args: TrainArgs, mixed_precision: str) -> None:
+    """The DeepSpeed JSON of this launch (accelerate launch names it in ACCELERATE_DEEPSPEED_CONFIG_FILE), refused in
+    one line before any window is cut or weight loaded: accelerate and DeepSpeed would fail on a malformed one with a
+    traceback (inside Accelerator(), or at prepare after featurisation), and reconcile_with_flags, which fills the
+    live copy, comes only after the model is built and --overwrite_output_dir has removed the old run."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true":
+        return
+    path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    if not path or path == "none":  # accelerate's own marker: the YAML's deepspeed_config keys, no JSON
+        return
+    cfg = _read_json(path)
+    zero = cfg.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise ConfigError(f"{path}: 'zero_optimization' must be a JSON object, got {json.dumps(zero)}")
+    stage = zero.get("stage", 0)
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
+        raise ConfigError(
+            f"{path}: zero_optimization 'stage' is {json.dumps(stage)}; DeepSpeed's ZeRO stages are 0 to 3"
+        )
+    _check_zero_keys(zero, path)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    reconcile_deepspeed(copy.deepcopy(cfg), args, world_size, mixed_precision, path)
+
+
+def _read_json(path: str) -> dict:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file (a relative path is from the directory you launch from)") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror if isinstance(err, OSError) else err})") from None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not valid JSON: line {err.lineno}, column {err.colno}: {err.msg}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: not a DeepSpeed config (a JSON object of settings)")
+    return cfg
+
+
+def _check_zero_keys(zero: dict, source: str) -> None:
+    """DeepSpeed's ZeRO section forbids unknown keys, but says so only once the engine is built."""
+    import difflib
+
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    fields = DeepSpeedZeroConfig.model_fields
+    known = set(fields) | {f.alias for f in fields.values() if f.alias}
+    for key in zero:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"{source}: zero_optimization: unknown key {key!r}{hint}, which DeepSpeed refuses")
 
 
 def reconcile_with_flags(accelerator, args: TrainArgs, mixed_precision: str) -> None:

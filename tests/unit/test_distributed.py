@@ -16,7 +16,12 @@ from qa_train.config.flags import parse_args
 from qa_train.config.settings import ConfigError
 from qa_train.strategy.build import process_group_kwargs, resolve_mixed_precision
 from qa_train.strategy.checks import LaunchError, check_recompute, check_world
-from qa_train.strategy.deepspeed_json import reconcile_deepspeed, scheduler_steps_per_update, uses_deepspeed_optimizer
+from qa_train.strategy.deepspeed_json import (
+    check_launch_json,
+    reconcile_deepspeed,
+    scheduler_steps_per_update,
+    uses_deepspeed_optimizer,
+)
 from qa_train.strategy.faults import collective_fault
 from qa_train.strategy.sharded import num_parameters
 
@@ -115,6 +120,50 @@ def test_an_optimizer_value_in_the_json_against_the_flag_is_refused(params: dict
     cfg = {"optimizer": {"type": "AdamW", "params": params}}
     with pytest.raises(ConfigError, match=rf"^ds_configs/test.json: {message}.*set \"\w+\": \"auto\" in the JSON"):
         reconcile_deepspeed(cfg, ARGS, world_size=1, mixed_precision="no", source=SOURCE)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"zero_optimization": {"stage": 2},}', "not valid JSON: line 1, column 36: Expecting property name enclosed"),
+        ("[1, 2]", "not a DeepSpeed config (a JSON object of settings)"),
+        ('{"zero_optimization": {"stage": 4}}', "zero_optimization 'stage' is 4; DeepSpeed's ZeRO stages are 0 to 3"),
+        ('{"zero_optimization": {"stage": "two"}}', "zero_optimization 'stage' is \"two\"; DeepSpeed's ZeRO stages"),
+        ('{"zero_optimization": {"stagee": 2}}', "zero_optimization: unknown key 'stagee' (did you mean stage?)"),
+        ('{"train_micro_batch_size_per_gpu": 4}', "'train_micro_batch_size_per_gpu' is 4 but --per_device_train"),
+    ],
+)
+def test_a_launchs_deepspeed_json_is_refused_in_one_line_naming_it(
+    text: str, message: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each failed with a traceback (JSONDecodeError, AttributeError inside Accelerator(), DeepSpeed's pydantic error
+    at prepare), or was refused only after featurisation and the model load (issue 38's reconciliation)."""
+    path = tmp_path / "ds.json"
+    path.write_text(text)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(path))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError) as err:
+        check_launch_json(ARGS, "no")
+    assert str(err.value).startswith(f"{path}: {message}") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"])
+def test_the_shipped_deepspeed_jsons_pass_the_launch_check(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(ROOT / "ds_configs" / f"{name}.json"))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for precision in ("no", "bf16"):
+        check_launch_json(ARGS, precision)
+
+
+def test_a_launchs_missing_deepspeed_json_is_named(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`accelerate launch` hands the YAML's path on unchecked; accelerate then failed inside Accelerator()."""
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", "ds_configs/zero_2.json")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"^ds_configs/zero_2.json: no such file \(a relative path is from the"):
+        check_launch_json(ARGS, "no")
 
 
 @pytest.mark.parametrize(

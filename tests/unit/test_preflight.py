@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import TINY, tiny_flags
+from conftest import TINY, main_here, tiny_flags
 
 from qa_train.config.outputdir import Cleared, claim, clear_previous_run
 from qa_train.config.settings import ConfigError, ModelArgs, OutputArgs
@@ -150,6 +150,30 @@ def test_an_empty_output_dir_is_refused_and_the_working_directory_left_alone(
             "e.g. --output_dir runs/my-run\n"
         )
     assert sorted(p.relative_to(cwd) for p in cwd.rglob("*")) == before
+
+
+@pytest.mark.usefixtures("in_process")
+def test_a_deepspeed_json_against_the_flags_is_refused_before_any_window_or_the_old_run_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A JSON micro-batch of 4 against --per_device_train_batch_size 8 was refused once the data was featurised,
+    the model loaded and --overwrite_output_dir had removed the previous run."""
+    import qa_train.trainer
+
+    out = finished_run(tmp_path / "out")
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4}))
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(ds))
+    monkeypatch.setattr(qa_train.trainer, "featurize_splits", lambda *a: pytest.fail("featurised"))
+    code, _, err = main_here([*tiny_flags(out, "--max_train_steps", "1", "--overwrite_output_dir")], capsys)
+    assert (code, err) == (
+        2,
+        f"qa_train: error: {ds}: 'train_micro_batch_size_per_gpu' is 4 but --per_device_train_batch_size is 8; "
+        'set "train_micro_batch_size_per_gpu": "auto" in the JSON so the flag decides\n',
+    )
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
 
 
 def test_overwrite_removes_only_what_is_provably_qa_trains_and_names_the_rest(tmp_path: Path) -> None:
