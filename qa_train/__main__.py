@@ -92,7 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     from qa_train.config.flags import parse_args
     from qa_train.config.outputdir import claim
     from qa_train.config.settings import ConfigError
+    from qa_train.strategy.checks import check_launch_env
 
+    try:
+        check_launch_env(os.environ)
+    except ConfigError as err:  # said by every process: its RANK is what is in doubt
+        print(f"{ERROR_PREFIX}{err}", file=sys.stderr, flush=True)
+        return REFUSED
     rank = _rank()
     try:
         args = parse_args(argv)

@@ -3,12 +3,42 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 
 from qa_train.config.settings import ConfigError
 
 
 class LaunchError(RuntimeError):
     """The processes that started do not form the world the launcher meant."""
+
+
+LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def check_launch_env(env: Mapping[str, str]) -> None:
+    """The launcher's variables, as torchrun, accelerate launch and qa-train launch set them all, checked before
+    anything else reads them: left set in a shell or a job script without a launcher, WORLD_SIZE > 1 failed inside
+    Accelerator() with torch's traceback, a RANK other than 0 kept every refusal unsaid (only rank 0 speaks), and a
+    value that is not a number failed with a ValueError."""
+    for name in LAUNCH_VARIABLES:
+        if name in env and re.fullmatch("[0-9]+", env[name]) is None:
+            raise ConfigError(f"{name}={env[name]!r}: not a number 0 or more, as a launcher sets it; unset it")
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        if env.get(name, "1").lstrip("0") == "":
+            raise ConfigError(f"{name}={env[name]}: a world has 1 process or more; unset it")
+    world, rank = int(env.get("WORLD_SIZE", "1")), int(env.get("RANK", "0"))
+    alone = "unset it to train in one process, or start the run with qa-train launch"
+    if rank >= world:
+        size = f"WORLD_SIZE={world}" if "WORLD_SIZE" in env else "WORLD_SIZE unset"
+        raise ConfigError(f"RANK={rank}: a world of {world} ({size}) has ranks 0 to {world - 1}; {alone}")
+    # accelerate joins a process group wherever LOCAL_RANK is set, and torch's env:// rendezvous needs MASTER_ADDR.
+    group = f"WORLD_SIZE={world}" if world > 1 else f"LOCAL_RANK={env['LOCAL_RANK']}" if "LOCAL_RANK" in env else None
+    if group and not env.get("MASTER_ADDR"):
+        raise ConfigError(
+            f"{group} without MASTER_ADDR: no launcher started this process (torchrun, accelerate launch and "
+            f"qa-train launch set both), and it cannot join a process group; {alone}"
+        )
 
 
 def check_world(accelerator) -> None:

@@ -985,7 +985,8 @@ def test_a_load_failure_on_one_rank_stops_every_rank_and_that_rank_says_why(
         raise own.value if rank == 1 else err.value
 
     monkeypatch.setattr(run_module, "run", fail)
-    monkeypatch.setenv("RANK", str(rank))
+    for name, value in {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():  # as launched
+        monkeypatch.setenv(name, value)
     assert entry.main(tiny_flags(tmp_path / "out", "--no_eval")) == 2
     said = capsys.readouterr().err.splitlines()
     assert said == ([f"qa_train: error: {own.value}"] if rank == 1 else [])

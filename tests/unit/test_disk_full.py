@@ -78,7 +78,8 @@ def main_raising(monkeypatch, tmp_path: Path, error: Exception, rank: int = 0) -
         raise error
 
     monkeypatch.setattr(run_module, "run", fail)
-    monkeypatch.setenv("RANK", str(rank))
+    for name, value in {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():  # as launched
+        monkeypatch.setenv(name, value)
     return entry.main(tiny_flags(tmp_path / "out", "--no_eval"))
 
 

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, main_here, tiny_flags
 
 from qa_train.config.flags import parse_args
 from qa_train.config.settings import ConfigError
 from qa_train.strategy.build import process_group_kwargs, resolve_mixed_precision
-from qa_train.strategy.checks import LaunchError, check_recompute, check_world
+from qa_train.strategy.checks import LaunchError, check_launch_env, check_recompute, check_world
 from qa_train.strategy.deepspeed_json import (
     check_launch_json,
     reconcile_deepspeed,
@@ -245,6 +245,61 @@ def test_a_launch_of_separate_models_is_refused_saying_which_way(
     assert str(err.value).startswith(f"the launcher started WORLD_SIZE=2 processes but {why}")
     assert "sees a world of 2" not in str(err.value)
     check_world(SimpleNamespace(num_processes=2, distributed_type=DistributedType.MULTI_CPU))
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"WORLD_SIZE": "2"},
+            "WORLD_SIZE=2 without MASTER_ADDR: no launcher started this process (torchrun, accelerate launch and "
+            "qa-train launch set both), and it cannot join a process group; unset it to train in one process, or "
+            "start the run with qa-train launch",
+        ),
+        ({"LOCAL_RANK": "0", "RANK": "0"}, "LOCAL_RANK=0 without MASTER_ADDR: no launcher started this process"),
+        ({"RANK": "1"}, "RANK=1: a world of 1 (WORLD_SIZE unset) has ranks 0 to 0; unset it to train in one process"),
+        ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "n1"}, "RANK=2: a world of 2 (WORLD_SIZE=2) has ranks 0 to 1"),
+        ({"RANK": "x"}, "RANK='x': not a number 0 or more, as a launcher sets it; unset it"),
+        ({"WORLD_SIZE": "-1"}, "WORLD_SIZE='-1': not a number 0 or more"),
+        ({"LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE=0: a world has 1 process or more; unset it"),
+    ],
+)
+def test_launch_variables_left_without_a_launcher_are_refused_naming_them(env: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_launch_env(env)
+    assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"},
+        {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"},
+    ],
+)
+def test_what_a_launcher_sets_is_accepted(env: dict) -> None:
+    check_launch_env(env)
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.parametrize(
+    ("variables", "said"),
+    [
+        ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 without MASTER_ADDR"),  # was torch's ValueError from Accelerator()
+        ({"RANK": "1"}, "RANK=1: a world of 1"),  # trained; a refusal said nothing, as rank 1's
+    ],
+)
+def test_a_run_without_a_launcher_refuses_its_launch_variables_in_one_line(
+    variables: dict, said: str, tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    code, _, err = main_here(tiny_flags(tmp_path / "out", "--max_train_steps", "1"), capsys)
+    assert code == 2 and err.startswith(f"qa_train: error: {said}") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_schedule_steps_per_update_follow_who_steps_the_scheduler() -> None:
