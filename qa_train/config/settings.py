@@ -51,6 +51,7 @@ EVAL_STRATEGIES = ("no", "steps", "epoch")
 # The values transformers' WandbCallback reads from these variables (WandbLogModel, WANDB_WATCH).
 WANDB_LOG_MODEL_VALUES = ("end", "checkpoint", "false")
 WANDB_WATCH_VALUES = ("gradients", "parameters", "all", "false")
+WANDB_MODES = ("online", "offline", "shared", "disabled", "dryrun", "run")  # wandb.Settings' mode (0.31), as spelled
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 # Trainer's names (transformers.training_args.OptimizerNames) for the ones offered here.
@@ -621,6 +622,9 @@ class OutputArgs:
                 value = os.environ.get(variable, "false").lower()
                 if value not in values:
                     raise ConfigError(f"{variable}={value}: not one of {', '.join(values)} (transformers' values)")
+            mode = os.environ.get("WANDB_MODE")
+            if mode and mode not in WANDB_MODES:  # wandb.init would fail, and accelerate go on without W&B
+                raise ConfigError(f"WANDB_MODE={mode}: not one of {', '.join(WANDB_MODES)} (W&B's modes)")
         if self.wandb_project is None:
             self.wandb_project = os.environ.get("WANDB_PROJECT") or "qa-train"
         if self.checkpointing_steps is not None and self.checkpointing_steps != "epoch":

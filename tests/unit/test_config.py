@@ -484,6 +484,21 @@ def test_wandb_variables_are_read_as_trainer_reads_them(monkeypatch: pytest.Monk
         parse_args([])
 
 
+def test_a_wandb_mode_wandb_does_not_have_is_refused_where_wandb_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """WANDB_MODE=bogus trained to the end without W&B: wandb.init refused the mode, and accelerate's tracker
+    went on without it after a UserWarning amid the start-up lines."""
+    monkeypatch.setenv("WANDB_MODE", "Offline")
+    with pytest.raises(ConfigError) as err:
+        parse_args([])
+    assert (
+        str(err.value) == "WANDB_MODE=Offline: not one of online, offline, shared, disabled, dryrun, run (W&B's modes)"
+    )
+    assert parse_args(["--report_to", "tensorboard"]).output.trackers == ["tensorboard"]
+    for mode in ("", "disabled", "offline"):
+        monkeypatch.setenv("WANDB_MODE", mode)
+        parse_args([])
+
+
 def test_the_log_level_sets_qa_trains_and_the_libraries_loggers_on_the_main_process() -> None:
     import logging
 
