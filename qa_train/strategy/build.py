@@ -24,7 +24,12 @@ def resolve_mixed_precision(flag: str, env: dict[str, str], on_cuda: bool, bf16_
     """auto: the accelerate config's choice (ACCELERATE_MIXED_PRECISION) if it set one, else bf16 where capable.
     fp16 without CUDA is refused: accelerate (1.15) then applies neither autocast nor a loss scaler, so a single
     or DDP run trains in fp32 under the fp16 label, FSDP2 computes in fp16 unscaled, and DeepSpeed fails."""
-    chosen = flag if flag != "auto" else env.get("ACCELERATE_MIXED_PRECISION", "no")
+    chosen = flag if flag != "auto" else env.get("ACCELERATE_MIXED_PRECISION", "no").lower()
+    if chosen not in ("no", "fp16", "bf16"):  # fp8 or a typo: it went to bf16 or fp32 without a word
+        raise ConfigError(
+            f"the accelerate config's mixed_precision: {chosen} (ACCELERATE_MIXED_PRECISION): qa_train trains in "
+            "no, fp16 or bf16; set one of them, or pass --mixed_precision"
+        )
     if chosen == "fp16" and not on_cuda:
         said = "--mixed_precision fp16" if flag == "fp16" else "the accelerate config's mixed_precision: fp16"
         raise ConfigError(

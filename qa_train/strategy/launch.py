@@ -107,7 +107,7 @@ def check_as_accelerate_does(path: str, cfg: dict) -> None:
     the key. The DDP path on CPU (torchrun) never hands the file to accelerate: a misspelled DEEPSPEED ran DDP."""
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.commands.launch import launch_command_parser
-    from accelerate.utils import ComputeEnvironment, DistributedType
+    from accelerate.utils import ComputeEnvironment, DistributedType, PrecisionType
 
     where = f"--config_file {path}"
     settings = ClusterConfig.process_config(dict(cfg)) if "distributed_type" in cfg else cfg  # legacy keys renamed
@@ -124,6 +124,14 @@ def check_as_accelerate_does(path: str, cfg: dict) -> None:
             close = difflib.get_close_matches(str(value), choices, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise LaunchConfigError(f"{where}: {key} {value!r} is not one of accelerate's{hint}: {', '.join(choices)}")
+    precision = cfg.get("mixed_precision")
+    # YAML reads an unquoted `no` as False; accelerate lowercases the rest, and otherwise refuses it only on GPUs.
+    if precision not in (None, False) and str(precision).lower() not in PrecisionType.list():
+        close = difflib.get_close_matches(str(precision).lower(), PrecisionType.list(), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise LaunchConfigError(
+            f"{where}: mixed_precision {precision!r} is not one of accelerate's{hint}: {', '.join(PrecisionType.list())}"
+        )
     if str(cfg.get("compute_environment", "LOCAL_MACHINE")) != "LOCAL_MACHINE":
         raise LaunchConfigError(
             f"{where}: compute_environment {cfg['compute_environment']}: only LOCAL_MACHINE runs here"

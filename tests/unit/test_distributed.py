@@ -197,6 +197,19 @@ def test_fp16_without_cuda_is_refused_naming_where_it_came_from(flag: str, env: 
     assert resolve_mixed_precision("bf16", env, False, False) == "bf16"
 
 
+@pytest.mark.parametrize("value", ["fp8", "bf61"])
+def test_a_precision_from_the_environment_qa_train_cannot_train_in_is_refused(value: str) -> None:
+    """The accelerate config's fp8 (or a typo set by hand) trained in bf16 on a GPU, or fp32, without a word."""
+    with pytest.raises(ConfigError) as err:
+        resolve_mixed_precision("auto", {"ACCELERATE_MIXED_PRECISION": value}, True, True)
+    assert str(err.value) == (
+        f"the accelerate config's mixed_precision: {value} (ACCELERATE_MIXED_PRECISION): qa_train trains in no, "
+        "fp16 or bf16; set one of them, or pass --mixed_precision"
+    )
+    assert resolve_mixed_precision("bf16", {"ACCELERATE_MIXED_PRECISION": value}, True, True) == "bf16"  # the flag wins
+    assert resolve_mixed_precision("auto", {"ACCELERATE_MIXED_PRECISION": "BF16"}, True, True) == "bf16"
+
+
 def fake_accelerator(processes: int, ds_config: dict | None) -> SimpleNamespace:
     plugin = None if ds_config is None else SimpleNamespace(deepspeed_config=ds_config)
     return SimpleNamespace(num_processes=processes, state=SimpleNamespace(deepspeed_plugin=plugin))

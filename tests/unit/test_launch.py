@@ -133,6 +133,22 @@ def test_a_config_accelerate_would_refuse_or_ignore_is_refused_naming_the_key(
     assert capsys.readouterr().err.strip() == f"qa-train launch: error: {refused.value}"
 
 
+@pytest.mark.parametrize("value", ["bf61", "BF-16", "fp32"])
+def test_a_mixed_precision_accelerate_does_not_have_is_refused_naming_it(
+    value: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accelerate's loader takes any mixed_precision, and accelerate launch refuses a typo only on GPUs (in a
+    traceback); on CPU, torchrun's DDP never read it, and the run trained in fp32 without a word."""
+    path = write(tmp_path / "typo.yaml", f"distributed_type: MULTI_GPU\nmixed_precision: {value}\n")
+    said = f"--config_file {path}: mixed_precision {value!r} is not one of accelerate's"
+    with pytest.raises(LaunchConfigError, match=f"^{re.escape(said)}.*: no, fp8, fp16, bf16$"):
+        read_config(str(path))
+    assert agent_refuses(path, monkeypatch) == 2
+    assert capsys.readouterr().err.startswith(f"qa-train launch: error: {said}")
+    for accepted in ("no", "'no'", "BF16", "fp16"):  # the first is YAML's False
+        read_config(str(write(path, f"distributed_type: MULTI_GPU\nmixed_precision: {accepted}\n")))
+
+
 def agent_refuses(config: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     """`qa-train launch --cpu` of `config` on 2 processes, its agent run here: the agent's exit code."""
     from qa_train.strategy import agent
