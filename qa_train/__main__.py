@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     from qa_train.config.flags import parse_args
     from qa_train.config.outputdir import claim
     from qa_train.config.settings import ConfigError
-    from qa_train.strategy.checks import check_launch_env
+    from qa_train.strategy.checks import check_inductor_cache, check_launch_env
 
     try:
         check_launch_env(os.environ)
@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = _rank()
     try:
         args = parse_args(argv)
+        check_inductor_cache(os.environ)
         # The run's first process holds the output dir for the run's life: a second run there is refused at once.
         lock = claim(args.output, lock=rank == 0)
     except ConfigError as err:

@@ -41,6 +41,21 @@ def check_launch_env(env: Mapping[str, str]) -> None:
         )
 
 
+def check_inductor_cache(env: Mapping[str, str]) -> None:
+    """TORCHINDUCTOR_CACHE_DIR is created when torch._dynamo is imported, which every run does (compiled or not):
+    a folder that cannot be made there failed with an OSError traceback once the data was read."""
+    folder = env.get("TORCHINDUCTOR_CACHE_DIR")
+    if not folder:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"TORCHINDUCTOR_CACHE_DIR={folder}: cannot be created ({err.strerror}); torch makes it at start-up, "
+            "compiled or not: point it at a folder you can write, or unset it"
+        ) from None
+
+
 def check_world(accelerator) -> None:
     """Refuse a launch whose processes do not form one data-parallel world.
 

@@ -315,6 +315,23 @@ def test_a_run_without_a_launcher_refuses_its_launch_variables_in_one_line(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.usefixtures("in_process")
+def test_an_inductor_cache_that_cannot_be_made_is_refused_before_the_run(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """torch makes TORCHINDUCTOR_CACHE_DIR when torch._dynamo is imported, compiled or not: one under a file failed
+    with a NotADirectoryError traceback once the data was read."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "file" / "inductor"))
+    code, _, err = main_here(tiny_flags(tmp_path / "out", "--max_train_steps", "1"), capsys)
+    assert (code, err) == (
+        2,
+        f"qa_train: error: TORCHINDUCTOR_CACHE_DIR={tmp_path}/file/inductor: cannot be created (Not a directory); "
+        "torch makes it at start-up, compiled or not: point it at a folder you can write, or unset it\n",
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_schedule_steps_per_update_follow_who_steps_the_scheduler() -> None:
     """accelerate steps a torch scheduler once per process per update; DeepSpeed's own optimizer, once."""
     assert scheduler_steps_per_update(fake_accelerator(4, None)) == 4
