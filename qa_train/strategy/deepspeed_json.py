@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import os
 from collections.abc import Callable
@@ -96,7 +97,11 @@ def check_launch_json(args: TrainArgs, mixed_precision: str) -> None:
     if not path or path == "none":  # accelerate's own marker: the YAML's deepspeed_config keys, no JSON
         return
     cfg = _read_json(path)
-    zero = cfg.get("zero_optimization", {})
+    if "zero_optimization" not in cfg:  # accelerate requires it, in a ValueError from inside Accelerator()
+        close = difflib.get_close_matches("zero_optimization", [str(k) for k in cfg], n=1)
+        hint = f" (is {close[0]!r} it, misspelt?)" if close else ""
+        raise ConfigError(f"{path}: no 'zero_optimization' section, which accelerate needs{hint}")
+    zero = cfg["zero_optimization"]
     if not isinstance(zero, dict):
         raise ConfigError(f"{path}: 'zero_optimization' must be a JSON object, got {json.dumps(zero)}")
     stage = zero.get("stage", 0)
@@ -127,8 +132,6 @@ def _read_json(path: str) -> dict:
 
 def _check_zero_keys(zero: dict, source: str) -> None:
     """DeepSpeed's ZeRO section forbids unknown keys, but says so only once the engine is built."""
-    import difflib
-
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     fields = DeepSpeedZeroConfig.model_fields

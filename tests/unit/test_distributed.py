@@ -127,10 +127,18 @@ def test_an_optimizer_value_in_the_json_against_the_flag_is_refused(params: dict
     [
         ('{"zero_optimization": {"stage": 2},}', "not valid JSON: line 1, column 36: Expecting property name enclosed"),
         ("[1, 2]", "not a DeepSpeed config (a JSON object of settings)"),
+        (
+            '{"zero_optimisation": {"stage": 3}}',
+            "no 'zero_optimization' section, which accelerate needs (is 'zero_optimisation' it, misspelt?)",
+        ),
+        ('{"fp16": {"enabled": "auto"}}', "no 'zero_optimization' section, which accelerate needs"),
         ('{"zero_optimization": {"stage": 4}}', "zero_optimization 'stage' is 4; DeepSpeed's ZeRO stages are 0 to 3"),
         ('{"zero_optimization": {"stage": "two"}}', "zero_optimization 'stage' is \"two\"; DeepSpeed's ZeRO stages"),
         ('{"zero_optimization": {"stagee": 2}}', "zero_optimization: unknown key 'stagee' (did you mean stage?)"),
-        ('{"train_micro_batch_size_per_gpu": 4}', "'train_micro_batch_size_per_gpu' is 4 but --per_device_train"),
+        (
+            '{"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}',
+            "'train_micro_batch_size_per_gpu' is 4 but --per_device_train",
+        ),
     ],
 )
 def test_a_launchs_deepspeed_json_is_refused_in_one_line_naming_it(

@@ -163,7 +163,7 @@ def test_a_deepspeed_json_against_the_flags_is_refused_before_any_window_or_the_
     out = finished_run(tmp_path / "out")
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
     ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4}))
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}))
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(ds))
     monkeypatch.setattr(qa_train.trainer, "featurize_splits", lambda *a: pytest.fail("featurised"))
