@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -64,6 +65,29 @@ def launch_precision(flag: str) -> str:
     return resolve_mixed_precision(flag, dict(os.environ), on_cuda, on_cuda and torch.cuda.is_bf16_supported())
 
 
+def fsdp_config_error(err: Exception) -> ConfigError | None:
+    """What Accelerator() raised while building its FSDP plugin from the FSDP_* variables that accelerate launch
+    makes of the config's fsdp_config, as one line naming the config's key: a value it cannot read
+    (`fsdp_state_dict_type: SHARDED`, `fsdp_offload_params: nope`) is a KeyError or ValueError on every rank,
+    before any window is cut. None for any other error."""
+    import traceback
+
+    from qa_train.core.errors import one_line
+
+    frames = traceback.extract_tb(err.__traceback__)
+    if not any("FullyShardedDataParallelPlugin(" in (f.line or "") for f in frames):
+        return None
+    said = str(err.args[0]) if err.args else ""
+    # accelerate's messages name the value, not the variable it came from.
+    found = [
+        f"{k.lower()}: {v}"
+        for k, v in os.environ.items()
+        if k.startswith("FSDP_") and v and re.search(rf"(^|\W){re.escape(v)}(\W|$)", said)
+    ]
+    key = found[0] if len(found) == 1 else "fsdp_config"
+    return ConfigError(f"the accelerate config's {key}: accelerate cannot read it ({one_line(err)})")
+
+
 def make_accelerator(args: TrainArgs, log_with: list[Any], mixed_precision: str) -> Any:
     """The Accelerator for this launch (with its unstarted trackers), in `launch_precision`'s mixed precision."""
     import torch
@@ -79,16 +103,22 @@ def make_accelerator(args: TrainArgs, log_with: list[Any], mixed_precision: str)
         from . import op_builds
 
         op_builds.prepare()
-    accelerator = Accelerator(
-        gradient_accumulation_steps=args.optim.gradient_accumulation_steps,
-        mixed_precision=mixed_precision,
-        kwargs_handlers=handlers,
-        log_with=log_with or None,
-        # Seeded per-epoch shuffling: a resumed run sees the batches the interrupted one would have.
-        # non_blocking: accelerate's default copy of each (pinned) batch waits for the GPU to finish the queued
-        # step, so the host could not prepare the next one meanwhile.
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=on_cuda),
-    )
+    try:
+        accelerator = Accelerator(
+            gradient_accumulation_steps=args.optim.gradient_accumulation_steps,
+            mixed_precision=mixed_precision,
+            kwargs_handlers=handlers,
+            log_with=log_with or None,
+            # Seeded per-epoch shuffling: a resumed run sees the batches the interrupted one would have.
+            # non_blocking: accelerate's default copy of each (pinned) batch waits for the GPU to finish the queued
+            # step, so the host could not prepare the next one meanwhile.
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=on_cuda),
+        )
+    except (KeyError, ValueError) as err:
+        refused = fsdp_config_error(err)
+        if refused is None:
+            raise
+        raise refused from None
     _shard_on_cpu(accelerator, mixed_precision)
     if accelerator.device.type == "cpu":
         # accelerate's unwrap_model imports DeepSpeed in every run where it is installed, and DeepSpeed's own

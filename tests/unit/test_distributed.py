@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 from datetime import timedelta
 from types import SimpleNamespace
@@ -14,7 +15,7 @@ from conftest import ROOT, main_here, tiny_flags
 
 from qa_train.config.flags import parse_args
 from qa_train.config.settings import ConfigError
-from qa_train.strategy.build import process_group_kwargs, resolve_mixed_precision
+from qa_train.strategy.build import fsdp_config_error, process_group_kwargs, resolve_mixed_precision
 from qa_train.strategy.checks import LaunchError, check_launch_env, check_recompute, check_world
 from qa_train.strategy.deepspeed_json import (
     check_launch_json,
@@ -216,6 +217,41 @@ def test_a_precision_from_the_environment_qa_train_cannot_train_in_is_refused(va
     )
     assert resolve_mixed_precision("bf16", {"ACCELERATE_MIXED_PRECISION": value}, True, True) == "bf16"  # the flag wins
     assert resolve_mixed_precision("auto", {"ACCELERATE_MIXED_PRECISION": "BF16"}, True, True) == "bf16"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        (
+            "FSDP_STATE_DICT_TYPE",
+            "SHARDED",
+            "fsdp_state_dict_type: SHARDED: accelerate cannot read it (KeyError: 'SHARDED')",
+        ),
+        (
+            "FSDP_OFFLOAD_PARAMS",
+            "nope",
+            "fsdp_offload_params: nope: accelerate cannot read it (ValueError: invalid truth",
+        ),
+        ("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER", "fsdp_auto_wrap_policy: TRANSFORMER: accelerate cannot read it"),
+    ],
+)
+def test_an_fsdp_config_value_accelerate_cannot_read_is_named(
+    variable: str, value: str, said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accelerate launch turns fsdp_config into FSDP_* variables unchecked, and Accelerator() failed on every rank
+    with a KeyError or ValueError traceback from its FSDP plugin, which make_accelerator now turns into this line."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    for name in [n for n in os.environ if n.startswith("FSDP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises((KeyError, ValueError)) as raised:
+        FullyShardedDataParallelPlugin()
+    refused = fsdp_config_error(raised.value)
+    assert refused is not None and str(refused).startswith(f"the accelerate config's {said}")
+    assert fsdp_config_error(ValueError(value)) is None  # raised anywhere else: left as it is
 
 
 def fake_accelerator(processes: int, ds_config: dict | None) -> SimpleNamespace:
