@@ -32,6 +32,12 @@ def check_launch_env(env: Mapping[str, str]) -> None:
     if rank >= world:
         size = f"WORLD_SIZE={world}" if "WORLD_SIZE" in env else "WORLD_SIZE unset"
         raise ConfigError(f"RANK={rank}: a world of {world} ({size}) has ranks 0 to {world - 1}; {alone}")
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and "LOCAL_RANK" not in env:
+        # accelerate starts DeepSpeed only in a launched process; otherwise Accelerator() failed with torch's traceback.
+        raise ConfigError(
+            "ACCELERATE_USE_DEEPSPEED=true without a launcher (LOCAL_RANK unset): unset it to train in one process, "
+            "or start the run with qa-train launch --config_file accelerate_configs/zero2.yaml (or another DeepSpeed one)"
+        )
     # accelerate joins a process group wherever LOCAL_RANK is set, and torch's env:// rendezvous needs MASTER_ADDR.
     group = f"WORLD_SIZE={world}" if world > 1 else f"LOCAL_RANK={env['LOCAL_RANK']}" if "LOCAL_RANK" in env else None
     if group and not env.get("MASTER_ADDR"):

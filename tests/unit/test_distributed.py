@@ -319,6 +319,7 @@ def test_a_launch_of_separate_models_is_refused_saying_which_way(
         ({"RANK": "x"}, "RANK='x': not a number 0 or more, as a launcher sets it; unset it"),
         ({"WORLD_SIZE": "-1"}, "WORLD_SIZE='-1': not a number 0 or more"),
         ({"LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE=0: a world has 1 process or more; unset it"),
+        ({"ACCELERATE_USE_DEEPSPEED": "true"}, "ACCELERATE_USE_DEEPSPEED=true without a launcher (LOCAL_RANK unset)"),
     ],
 )
 def test_launch_variables_left_without_a_launcher_are_refused_naming_them(env: dict, message: str) -> None:

@@ -166,6 +166,8 @@ def test_a_deepspeed_json_against_the_flags_is_refused_before_any_window_or_the_
     ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}))
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(ds))
+    for name, value in {"LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():  # as launched
+        monkeypatch.setenv(name, value)
     monkeypatch.setattr(qa_train.trainer, "featurize_splits", lambda *a: pytest.fail("featurised"))
     code, _, err = main_here([*tiny_flags(out, "--max_train_steps", "1", "--overwrite_output_dir")], capsys)
     assert (code, err) == (
