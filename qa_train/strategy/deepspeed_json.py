@@ -47,7 +47,8 @@ def reconcile_deepspeed(cfg: dict, args: TrainArgs, world_size: int, mixed_preci
             )
     for dtype in ("fp16", "bf16"):
         enabled = cfg.get(dtype, {}).get("enabled", "auto")
-        if not _is_auto(enabled) and str(enabled).lower() == "true" and mixed_precision != dtype:
+        # DeepSpeed's pydantic config reads "yes", "on" and 1 as true too.
+        if not _is_auto(enabled) and str(enabled).lower() in ("true", "yes", "on", "1") and mixed_precision != dtype:
             raise ConfigError(
                 f"{source}: {dtype} is enabled but --mixed_precision resolved to {mixed_precision}; "
                 f'set "{dtype}": {{"enabled": "auto"}} so the flag decides'
@@ -84,6 +85,8 @@ def _floats(value: object) -> list[float]:
 
 
 ZERO_STAGES = (0, 1, 2, 3)
+# The JSON's settings that the flags decide, compared with them as numbers.
+NUMBERS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping", "train_batch_size")
 
 
 def check_launch_json(args: TrainArgs, mixed_precision: str) -> None:
@@ -110,6 +113,7 @@ def check_launch_json(args: TrainArgs, mixed_precision: str) -> None:
             f"{path}: zero_optimization 'stage' is {json.dumps(stage)}; DeepSpeed's ZeRO stages are 0 to 3"
         )
     _check_zero_keys(zero, path)
+    _check_flag_values(cfg, path)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     reconcile_deepspeed(copy.deepcopy(cfg), args, world_size, mixed_precision, path)
 
@@ -128,6 +132,34 @@ def _read_json(path: str) -> dict:
     if not isinstance(cfg, dict):
         raise ConfigError(f"{path}: not a DeepSpeed config (a JSON object of settings)")
     return cfg
+
+
+def _check_flag_values(cfg: dict, path: str) -> None:
+    """The values reconcile_deepspeed compares with the flags, each a number (or "auto") in an object where it
+    should be: anything else failed there with a TypeError, ValueError or AttributeError traceback."""
+    optimizer = cfg.get("optimizer", {})
+    for name, section in (("fp16", cfg.get("fp16", {})), ("bf16", cfg.get("bf16", {})), ("optimizer", optimizer)):
+        if not isinstance(section, dict):
+            raise ConfigError(f"{path}: '{name}' must be a JSON object, got {json.dumps(section)}")
+    params = optimizer.get("params", {})
+    if not isinstance(params, dict):
+        raise ConfigError(f"{path}: optimizer 'params' must be a JSON object, got {json.dumps(params)}")
+    values = [(f"'{k}'", cfg.get(k, "auto")) for k in NUMBERS]
+    values += [(f"optimizer '{k}'", params.get(k, "auto")) for k in ("lr", "eps", "weight_decay", "betas")]
+    for label, value in values:
+        numbers = value if label == "optimizer 'betas'" and isinstance(value, list) else [value]
+        if not (_is_auto(value) or all(_is_number(v) for v in numbers)):
+            raise ConfigError(f'{path}: {label} is {json.dumps(value)}: neither a number nor "auto"')
+
+
+def _is_number(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _check_zero_keys(zero: dict, source: str) -> None:

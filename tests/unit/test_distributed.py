@@ -133,6 +133,21 @@ def test_an_optimizer_value_in_the_json_against_the_flag_is_refused(params: dict
             "no 'zero_optimization' section, which accelerate needs (is 'zero_optimisation' it, misspelt?)",
         ),
         ('{"fp16": {"enabled": "auto"}}', "no 'zero_optimization' section, which accelerate needs"),
+        (
+            '{"zero_optimization": {}, "train_micro_batch_size_per_gpu": "eight"}',
+            '\'train_micro_batch_size_per_gpu\' is "eight": neither a number nor "auto"',
+        ),
+        ('{"zero_optimization": {}, "gradient_clipping": null}', "'gradient_clipping' is null: neither a number nor"),
+        ('{"zero_optimization": {}, "fp16": true}', "'fp16' must be a JSON object, got true"),
+        ('{"zero_optimization": {}, "optimizer": {"params": {"lr": "fast"}}}', "optimizer 'lr' is \"fast\": neither"),
+        (
+            '{"zero_optimization": {}, "optimizer": {"params": {"betas": [0.9, "x"]}}}',
+            "optimizer 'betas' is [0.9, \"x\"]",
+        ),
+        (
+            '{"zero_optimization": {}, "bf16": {"enabled": "yes"}}',
+            "bf16 is enabled but --mixed_precision resolved to no",
+        ),
         ('{"zero_optimization": {"stage": 4}}', "zero_optimization 'stage' is 4; DeepSpeed's ZeRO stages are 0 to 3"),
         ('{"zero_optimization": {"stage": "two"}}', "zero_optimization 'stage' is \"two\"; DeepSpeed's ZeRO stages"),
         ('{"zero_optimization": {"stagee": 2}}', "zero_optimization: unknown key 'stagee' (did you mean stage?)"),
