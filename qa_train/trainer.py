@@ -163,6 +163,7 @@ class Trainer:
         check_weights(m)
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
         self.mixed_precision = build.launch_precision(args.system.mixed_precision)
+        build.check_launcher_overrides(args)
         deepspeed_json.check_launch_json(args, self.mixed_precision)
         if args.system.tf32:
             build.enable_tf32()

@@ -57,6 +57,39 @@ def enable_tf32() -> None:
     set_tf32(True)
 
 
+# What accelerate launch makes of a config's (or its own flag's) accumulation and clipping, which Accelerator()
+# reads over the values qa_train passes it: the accumulation on every strategy, the clipping under DeepSpeed.
+LAUNCHER_OVERRIDES = {
+    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+    "ACCELERATE_GRADIENT_CLIPPING": ("gradient_clipping", "max_grad_norm"),
+}
+
+
+def check_launcher_overrides(args: TrainArgs) -> None:
+    """A launcher value that differs from the flag would win inside Accelerator() without a word: the run planned
+    and reported one accumulation (its steps, global batch and schedule) and trained with another."""
+    flags = {
+        "gradient_accumulation_steps": float(args.optim.gradient_accumulation_steps),
+        "max_grad_norm": float(args.optim.max_grad_norm),
+    }
+    for variable, (key, flag) in LAUNCHER_OVERRIDES.items():
+        value = os.environ.get(variable)
+        if value is None or value == "auto" or _number(value) == flags[flag]:
+            continue
+        raise ConfigError(
+            f"{variable}={value} (accelerate launch sets it from a config's {key}) but --{flag} is "
+            f"{flags[flag]:g}: accelerate would use it instead of the flag; drop it from the config and pass "
+            f"--{flag} {value}"
+        )
+
+
+def _number(value: str) -> float | None:
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
 def launch_precision(flag: str) -> str:
     """--mixed_precision as this launch resolves it (alike on every rank), before any data is read."""
     import torch

@@ -15,7 +15,12 @@ from conftest import ROOT, main_here, tiny_flags
 
 from qa_train.config.flags import parse_args
 from qa_train.config.settings import ConfigError
-from qa_train.strategy.build import fsdp_config_error, process_group_kwargs, resolve_mixed_precision
+from qa_train.strategy.build import (
+    check_launcher_overrides,
+    fsdp_config_error,
+    process_group_kwargs,
+    resolve_mixed_precision,
+)
 from qa_train.strategy.checks import LaunchError, check_launch_env, check_recompute, check_world
 from qa_train.strategy.deepspeed_json import (
     check_launch_json,
@@ -267,6 +272,48 @@ def test_an_fsdp_config_value_accelerate_cannot_read_is_named(
     refused = fsdp_config_error(raised.value)
     assert refused is not None and str(refused).startswith(f"the accelerate config's {said}")
     assert fsdp_config_error(ValueError(value)) is None  # raised anywhere else: left as it is
+
+
+@pytest.mark.usefixtures("in_process")
+def test_a_launchers_accumulation_against_the_flag_is_refused_before_any_window(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Accelerator() takes ACCELERATE_GRADIENT_ACCUMULATION_STEPS over the value it is given: with 4 there, the run
+    trained 4 micro-batches per step (epoch 0.128 after 4 steps, not 0.032) while it planned and reported a global
+    batch of 12; a DeepSpeed config's YAML-only gradient_accumulation_steps was refused after featurisation."""
+    import qa_train.trainer
+
+    monkeypatch.setattr(qa_train.trainer, "featurize_splits", lambda *a: pytest.fail("featurised"))
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4")
+    code, _, err = main_here(tiny_flags(tmp_path / "out", "--max_train_steps", "1"), capsys)
+    assert (code, err) == (
+        2,
+        "qa_train: error: ACCELERATE_GRADIENT_ACCUMULATION_STEPS=4 (accelerate launch sets it from a config's "
+        "gradient_accumulation_steps) but --gradient_accumulation_steps is 1: accelerate would use it instead of "
+        "the flag; drop it from the config and pass --gradient_accumulation_steps 4\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "refused"),
+    [
+        ({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "2"}, False),  # ARGS' own 2
+        ({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "auto"}, False),
+        ({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "x"}, True),
+        ({"ACCELERATE_GRADIENT_CLIPPING": "0.5"}, False),
+        ({"ACCELERATE_GRADIENT_CLIPPING": "1.0"}, True),
+    ],
+)
+def test_launcher_overrides_equal_to_the_flags_pass(env: dict, refused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_CLIPPING"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if refused:
+        with pytest.raises(ConfigError, match=f"^{next(iter(env))}="):
+            check_launcher_overrides(ARGS)
+    else:
+        check_launcher_overrides(ARGS)
 
 
 def fake_accelerator(processes: int, ds_config: dict | None) -> SimpleNamespace:
