@@ -202,9 +202,10 @@ def build_command(cfg: dict, opts: argparse.Namespace, train_args: list[str]) ->
     procs = opts.num_processes if opts.num_processes is not None else _config_int(cfg, "num_processes", 1, opts)
     env = dict(os.environ)
     env.setdefault(RUN_STARTED_ENV, f"{time.time():.3f}")  # a stop request made while the ranks start is theirs
-    for flag, count in (("--num_processes", procs), ("--num_machines", machines)):
-        if count < 1:
-            raise LaunchConfigError(f"{flag} must be at least 1, got {count}")
+    for key, count in (("num_processes", procs), ("num_machines", machines)):
+        if count < 1:  # named where it was given: the flag, else the config's key
+            where = f"--{key}" if getattr(opts, key) is not None else f"{opts.config_file}: {key}"
+            raise LaunchConfigError(f"{where} must be at least 1, got {count}")
     if not 0 <= opts.machine_rank < machines:  # the other machines would wait for this one at the rendezvous
         raise LaunchConfigError(
             f"--machine_rank {opts.machine_rank} is not one of the {machines} machine(s): give 0 to {machines - 1}"

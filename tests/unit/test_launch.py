@@ -796,6 +796,13 @@ def test_impossible_counts_and_ranks_are_refused(argv: tuple[str, ...], msg: str
         build(MULTI_GPU, *device, *argv)
 
 
+@pytest.mark.parametrize("key", ["num_processes", "num_machines"])
+def test_a_config_count_below_one_is_named_as_the_configs(key: str) -> None:
+    """`num_processes: 0` in the config was refused as "--num_processes must be at least 1", a flag not given."""
+    with pytest.raises(LaunchConfigError, match=f"^cfg.yaml: {key} must be at least 1, got 0$"):
+        build({**MULTI_GPU, key: 0})
+
+
 # --- main --------------------------------------------------------------------------------------
 
 
