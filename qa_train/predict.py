@@ -30,6 +30,7 @@ from qa_train.data.load import DataError, Examples, build_examples, load_file
 from qa_train.data.splits import unanswered_note
 from qa_train.model.modeling import loading, local_path
 from qa_train.squad.postprocess import Answers, SpanRules
+from qa_train.strategy.checks import check_inductor_cache
 from qa_train.strategy.oom import OutOfMemory
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -312,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         data, rules = _settings(args, recorded_answering(args.model_dir))
+        check_inductor_cache(os.environ)  # else blamed on MODEL_DIR, when the model's import makes it
         if args.output_dir:
             check_output_folder(args.output_dir)
         if args.test_file:

@@ -211,6 +211,16 @@ def test_a_transformers_trainer_checkpoint_answers_as_a_model(
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["answer"]
 
 
+def test_an_inductor_cache_that_cannot_be_made_is_named_not_blamed_on_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was "MODEL_DIR ...: cannot load the model (NotADirectoryError: ...)": torch makes the folder on import."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "file" / "inductor"))
+    message = refused([str(TINY), "-q", "Who?", "-c", "Somebody."], capsys)
+    assert message.startswith(f"TORCHINDUCTOR_CACHE_DIR={tmp_path}/file/inductor: cannot be created (Not a directory)")
+
+
 def test_no_answer_at_all_prints_json_not_nan() -> None:
     """No window held a valid span: the score was NaN, which json.dumps writes and JSON readers refuse."""
     entry = predict.best_entry(Answers({"q": ""}, {"q": []}), "q")
