@@ -76,7 +76,7 @@ from qa_train.observe.schema import RunMetrics
 from qa_train.observe.trackers import build_trackers
 from qa_train.squad.postprocess import SpanRules
 from qa_train.strategy import best, build, checkpoint, checks, deepspeed_json, faults, oom, resume, saving, sharded
-from qa_train.strategy.train_state import CHECKPOINT_FORMAT, TrainerState
+from qa_train.strategy.train_state import CHECKPOINT_FORMAT, TrainerState, other_questions
 
 log = logging.getLogger("qa_train")
 
@@ -225,8 +225,14 @@ class Trainer:
         # fp16's loss scaler expects overflowing gradients now and then and skips those steps itself.
         self.guard_grad_norm = self.mixed_precision != "fp16"
         self._update_lr: float | None = None  # the latest update's (the scheduler's is already the next one's)
+        # Scores of other evaluation questions (resume_conflicts' note says so) are not compared with this run's.
+        carried = self.resuming is not None and not other_questions(self.resuming.saved, self.now)
         self.best = best.BestModel(
-            self.accelerator, self.output_dir, args.eval.save_best, self.first_step > 0, self.state.best_eval
+            self.accelerator,
+            self.output_dir,
+            args.eval.save_best,
+            self.first_step > 0 and carried,
+            self.state.best_eval,
         )
         self._preempted = False
 
@@ -330,6 +336,7 @@ class Trainer:
             checkpoint_format=CHECKPOINT_FORMAT,
             qa_train_version=__version__,
             answering=self.args.answering(),
+            eval_data=self.inputs.eval_examples.fingerprint if self.inputs.eval_examples is not None else None,
         )
 
     def _resume(self) -> TrainerState:

@@ -16,9 +16,10 @@ CONTRACT = (
     "total_steps",
 )
 COUNTERS = ("completed_steps", "epoch", "batches_in_epoch")
-# Trainer state format: 2 records what wrote it (WRITER), 3 how the run answers (`answering`); a checkpoint of a
-# higher format is refused (an older qa_train would read its new key as damage and skip it for an older checkpoint).
-CHECKPOINT_FORMAT = 3
+# Trainer state format: 2 records what wrote it (WRITER), 3 how the run answers (`answering`), 4 which questions
+# it evaluates (`eval_data`); a checkpoint of a higher format is refused (an older qa_train would read its new key
+# as damage and skip it for an older checkpoint).
+CHECKPOINT_FORMAT = 4
 WRITER = ("checkpoint_format", "qa_train_version")
 # What decides the order of the training windows: a mid-epoch resume replays the epoch's order and skips what
 # was consumed, so all of these must be as they were (at an epoch boundary a change only starts a new order).
@@ -67,6 +68,9 @@ class TrainerState:
     # The best evaluation so far ({"step", "exact_match", "f1"}), so a resumed run's best_* still counts the
     # evaluations before the checkpoint (with --save_best, output_dir/best/best.json says the same).
     best_eval: dict[str, Any] | None = None
+    # The fingerprint of the evaluation questions (their file's bytes, --max_eval_samples) best_eval scored: another
+    # run's F1 on other questions is no measure against it. None: no evaluation, or format 3 and older.
+    eval_data: str | None = None
     # A stop request ended the run at a step that owed an in-loop evaluation: the resumed run does it first.
     eval_owed: bool = False
     # WRITER: None in checkpoints of format 1 (before 2026-11-26), which recorded neither.
@@ -81,7 +85,7 @@ class TrainerState:
         state takes all of these from the run, not the checkpoint (Any, so that dataclasses.replace takes them)."""
         return {
             name: getattr(self, name)
-            for name in (*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape", *WRITER, "answering")
+            for name in (*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape", *WRITER, "answering", "eval_data")
         }
 
     @property
@@ -125,7 +129,7 @@ def state_from_json(text: str) -> TrainerState:
         value = data.get(name)
         if value is not None and not kinds.get(name, is_int)(value):
             raise ValueError(f"{name} is {value!r}")
-    for name in ("checkpoint_layout", "model_shape", "qa_train_version"):
+    for name in ("checkpoint_layout", "model_shape", "qa_train_version", "eval_data"):
         if not isinstance(data.get(name) or "", str):
             raise ValueError(f"{name} is {data[name]!r}, not a string")
     if not isinstance(data.get("eval_owed", False), bool):
@@ -187,6 +191,12 @@ def resume_conflicts(
     for name in DATA_ORDER:
         if changed(name) and not (name == "train_data" and changed("num_train_windows")):  # one cause, said once
             (refusals if saved.batches_in_epoch else notes).append(_order_change(saved, now, name))
+    if other_questions(saved, now) and saved.best_eval is not None:
+        notes.append(
+            f"the evaluation questions changed (fingerprint {saved.eval_data} -> {now.eval_data}): the best "
+            f"evaluation so far (step {saved.best_eval['step']}, F1 {saved.best_eval['f1']:.2f}) scored the others, "
+            "so metrics.json's best_* and --save_best count only this run's evaluations"
+        )
     if changed("total_steps") and now.total_steps is not None:
         note = (
             f"total steps {saved.total_steps} -> {now.total_steps}: the LR schedule is recomputed for "
@@ -196,6 +206,11 @@ def resume_conflicts(
             note += f"; the checkpoint is already at step {saved.completed_steps}, so no training step runs"
         notes.append(note)
     return refusals, notes
+
+
+def other_questions(saved: TrainerState, now: TrainerState) -> bool:
+    """Whether this run evaluates other questions than those the checkpoint's best evaluation scored."""
+    return saved.eval_data is not None and now.eval_data is not None and saved.eval_data != now.eval_data
 
 
 def _order_change(saved: TrainerState, now: TrainerState, name: str) -> str:

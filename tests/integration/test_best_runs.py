@@ -122,6 +122,33 @@ def test_save_best_joining_a_resumed_run_exports_a_model_it_kept(
     assert (m["best_eval_step"], m["best_f1"], m["exported_step"], m["f1"]) == (10, 50.0, 20, 20.0)
 
 
+def test_a_resume_on_other_evaluation_questions_does_not_compare_their_scores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """F1 50 at step 10 scored the first 40 dev questions; the resumed run evaluates the first 20. Carried, it stayed
+    best_* in metrics.json, the best of questions the run no longer asks."""
+    out = tmp_path / "run"
+    flags = ["--checkpointing_steps", "10"]
+    scripted_run(out, monkeypatch, [50.0, 10.0, 10.0], *flags)
+    monkeypatch.undo()
+    weights = scripted_run(
+        out,
+        monkeypatch,
+        [30.0, 20.0],
+        *flags,
+        "--max_eval_samples",
+        "20",
+        "--resume_from_checkpoint",
+        str(out / "checkpoints" / "step_00000010"),
+    )
+    err = capfd.readouterr().err
+    assert "the evaluation questions changed" in err and "(step 10, F1 50.00) scored the others" in err
+    assert json.loads((out / "final" / "best.json").read_text())["step"] == 20
+    assert same(weights[20], final_weights(out))
+    m = json.loads((out / "metrics.json").read_text())
+    assert (m["best_eval_step"], m["best_f1"], m["exported_step"], m["f1"]) == (20, 30.0, 20, 20.0)
+
+
 def test_without_save_best_predictions_come_from_the_last_model(tmp_path: Path) -> None:
     out = tmp_path / "run"
     run(parse_args(tiny_flags(out, "--max_train_steps", "10", "--max_eval_samples", "40", *PREDICT_40)))

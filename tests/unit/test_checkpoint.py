@@ -760,7 +760,7 @@ def test_an_older_trainer_state_loads(tmp_path: Path) -> None:
     old = make_old_format(tmp_path, "step_00000003")
     state = load_checkpoint(FakeAccelerator(), old)
     assert (state.completed_steps, state.epoch, state.batches_in_epoch) == (3, 1, 2)
-    unknown = [*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape", *WRITER, "answering"]
+    unknown = [*CONTRACT, *DATA_ORDER, "checkpoint_layout", "model_shape", *WRITER, "answering", "eval_data"]
     assert state.contract() == dict.fromkeys(unknown)  # all unknown
     assert len(state.run_id) == 32
 

@@ -13,6 +13,7 @@ from qa_train.strategy.train_state import (
     TrainerState,
     continue_at,
     kept_accumulation,
+    other_questions,
     resume_conflicts,
     state_from_json,
 )
@@ -126,6 +127,29 @@ def test_another_window_order_mid_epoch_is_refused_and_at_a_boundary_noted(chang
     assert refusals[0].startswith(DATA_ORDER[name][0]) and f"resume with {fix}" in refusals[0]
     refusals, notes = resume_conflicts(contract(**order), contract(**{**order, **change}))
     assert refusals == [] and notes[0].endswith("at an epoch boundary: later epochs follow the new order")
+
+
+def test_other_evaluation_questions_are_noted_as_not_compared_with_the_best_so_far() -> None:
+    """The best F1 of other questions is no measure for this run's: carried silently, it stayed metrics.json's
+    best_* (and --save_best's choice) although the resumed run scored other questions."""
+    best = {"step": 20, "exact_match": 40.0, "f1": 51.234}
+    saved = contract(eval_data="9ab1", best_eval=best)
+    assert not other_questions(saved, contract(eval_data="9ab1"))
+    assert other_questions(saved, contract(eval_data="4f0c"))
+    assert resume_conflicts(saved, contract(eval_data="4f0c")) == (
+        [],
+        [
+            "the evaluation questions changed (fingerprint 9ab1 -> 4f0c): the best evaluation so far (step 20, "
+            "F1 51.23) scored the others, so metrics.json's best_* and --save_best count only this run's evaluations"
+        ],
+    )
+    for unknown in (contract(best_eval=best), contract(eval_data=None)):  # an older checkpoint, a run without eval
+        assert not other_questions(unknown, contract(eval_data="4f0c")) and not other_questions(saved, unknown)
+    assert resume_conflicts(contract(eval_data="9ab1"), contract(eval_data="4f0c")) == ([], [])  # no best to lose
+    counters = '"completed_steps": 1, "epoch": 0, "batches_in_epoch": 0'
+    assert state_from_json(f'{{{counters}, "eval_data": "9ab1"}}').eval_data == "9ab1"
+    with pytest.raises(ValueError, match="eval_data is 7, not a string"):
+        state_from_json(f'{{{counters}, "eval_data": 7}}')
 
 
 def test_unknown_fields_are_skipped() -> None:
