@@ -8,7 +8,9 @@ exit 2, and so do these, before any model work.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,26 @@ def looks_local(name: str) -> bool:
     return path.exists() or written_as_path or (path.parent != Path(".") and path.parent.is_dir())
 
 
+def folder_fingerprint(source: HubDataset, split: str) -> str | None:
+    """A local folder's split by its files' bytes, or None for a hub id or save_to_disk's output (whose own
+    fingerprint travels with it). datasets fingerprints a folder by its files' paths and times, so a copy (a job
+    staging its data on node-local disk) read as other data and a mid-epoch resume from it was refused."""
+    folder = Path(source.name).expanduser()
+    if not looks_local(source.name) or not folder.is_dir() or (folder / "dataset_dict.json").is_file():
+        return None
+    digest = hashlib.sha256(f"{source.config_name}\0{split}".encode())
+    # Hidden paths are a download tool's metadata (huggingface-cli's .cache/ holds times), not the data.
+    files = (
+        f for f in folder.rglob("*") if f.is_file() and not any(p.startswith(".") for p in f.relative_to(folder).parts)
+    )
+    for path in sorted(files):
+        digest.update(f"\0{path.relative_to(folder).as_posix()}\0".encode())
+        with path.open("rb") as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
 def open_split(source: HubDataset, split: str) -> Any:
     """The split as a `datasets.Dataset`; DataError, in one line, for anything that keeps it from loading."""
     name = source.name
@@ -56,6 +78,13 @@ def open_split(source: HubDataset, split: str) -> Any:
     level = datasets.logging.get_verbosity()
     datasets.logging.set_verbosity_error()
     try:
+        if looks_local(name):
+            # datasets' cache serves a folder's old records after its files change (huggingface/datasets#2956): a
+            # local folder is built afresh, in memory, which costs less than reading its records does.
+            with tempfile.TemporaryDirectory(prefix="qa_train-datasets-") as build:
+                return datasets.load_dataset(
+                    name, source.config_name, split=split, cache_dir=build, keep_in_memory=True
+                )
         return datasets.load_dataset(
             name, source.config_name, split=split, cache_dir=source.cache_dir, token=source.token
         )

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qa_train.data.hub import HubDataset, open_split
+from qa_train.data.hub import HubDataset, folder_fingerprint, open_split
 from qa_train.data.layouts import Located, file_records
 
 # DataError and AnswerRule are imported from here by the rest of qa_train; records.py only checks.
@@ -163,7 +163,11 @@ def load_hub(source: HubDataset, split: str, rule: AnswerRule = "required") -> E
     records = ds.select_columns(columns).to_list()
     located = ((f"record {i}", rec) for i, rec in enumerate(records))
     examples = build_examples(located, f"{source.name}[{split}]", rule)
-    examples.fingerprint = getattr(ds, "_fingerprint", "") or hashlib.sha256(source.name.encode()).hexdigest()[:16]
+    examples.fingerprint = (
+        folder_fingerprint(source, split)
+        or getattr(ds, "_fingerprint", "")
+        or hashlib.sha256(source.name.encode()).hexdigest()[:16]
+    )
     if examples.normalised:
         examples.fingerprint += "+nfc"
     return examples

@@ -38,6 +38,33 @@ def test_a_downloaded_hub_folder_reads_as_the_files_it_was_made_from(downloaded:
     assert len(load_split(None, named, "validation", 7)) == 7
 
 
+def test_a_copied_folder_is_the_same_data_and_an_edited_one_is_not(downloaded: HubDataset, tmp_path) -> None:
+    """A copy elsewhere (a job staging its data on node-local disk) is the same data, whatever its paths and times.
+    An edited folder was not other data: datasets' cache served its old records under the old fingerprint."""
+    import shutil
+
+    import datasets
+
+    copy = tmp_path / "node-local" / "squad"
+    shutil.copytree(downloaded.name, copy, copy_function=shutil.copy)  # new paths, new times, same bytes
+    (copy / ".cache").mkdir()  # huggingface-cli's download metadata, which holds times
+    (copy / ".cache" / "download.metadata").write_text("1764300000.0")
+    for split in ("train", "validation"):
+        assert load_split(None, HubDataset(str(copy)), split, None).fingerprint == (
+            load_split(None, downloaded, split, None).fingerprint
+        )
+    assert load_split(None, downloaded, "train", None).fingerprint != (
+        load_split(None, downloaded, "validation", None).fingerprint
+    )
+    parquet = copy / "plain_text" / "validation-00000-of-00001.parquet"
+    records = datasets.Dataset.from_parquet(str(parquet)).to_list()
+    records[0]["question"] += " Really?"
+    datasets.Dataset.from_list(records).to_parquet(str(parquet))
+    edited, original = (load_split(None, d, "validation", None) for d in (HubDataset(str(copy)), downloaded))
+    assert edited.questions[0] == original.questions[0] + " Really?"  # datasets' cache served the old one
+    assert edited.fingerprint != original.fingerprint
+
+
 def test_save_to_disks_folder_reads_through_load_from_disk(downloaded: HubDataset, tmp_path) -> None:
     import datasets
 
