@@ -85,9 +85,17 @@ class StopRequest:
         return False
 
     def clear(self, is_main: bool) -> None:
-        """The request is spent once its checkpoint exists; a resumed run must not stop at once."""
-        if is_main:
-            self.file.unlink(missing_ok=True)
+        """The request is spent once its checkpoint exists; a resumed run must not stop at once. One that cannot be
+        removed is said, not raised: the checkpoint is written, and a resumed run takes it for an earlier run's."""
+        if not is_main:
+            return
+        try:
+            if self.file.is_dir() and not self.file.is_symlink():  # `mkdir PREEMPT` asks as `touch` does
+                self.file.rmdir()
+            else:
+                self.file.unlink(missing_ok=True)
+        except OSError as err:
+            log.warning("%s: the stop request could not be removed (%s); remove it before resuming", self.file, err)
 
     def hold_if_asked(self, step: int, rank: int) -> None:
         if step != self.hold_at or not self.hold_at or (self.hold_ranks is not None and rank not in self.hold_ranks):

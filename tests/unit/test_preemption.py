@@ -69,3 +69,20 @@ def test_a_request_written_while_the_launch_started_its_ranks_is_theirs(
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def test_a_preempt_folder_stops_the_run_and_is_cleared_without_a_traceback(
+    stop: StopRequest, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`mkdir PREEMPT` stopped the run, and the IsADirectoryError of clearing it then, after the checkpoint was
+    written, ended the run in a traceback (exit 1) instead of 75."""
+    (tmp_path / PREEMPT_FILE).mkdir()
+    assert stop.requested()
+    stop.clear(is_main=True)
+    assert not (tmp_path / PREEMPT_FILE).exists()
+    (tmp_path / PREEMPT_FILE).mkdir()
+    (tmp_path / PREEMPT_FILE / "note").touch()  # not ours to delete: said, and left
+    with caplog.at_level(logging.WARNING, logger="qa_train"):
+        stop.clear(is_main=True)
+    assert (tmp_path / PREEMPT_FILE / "note").exists()
+    assert "the stop request could not be removed" in caplog.text
