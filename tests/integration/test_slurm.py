@@ -151,6 +151,35 @@ def test_a_gpu_job_without_gpus_is_refused_in_one_line_before_launching(tmp_path
     assert code == 2 and "GPUS_PER_NODE=four is not a positive count" in log
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("MAIN_PORT", "abc", "MAIN_PORT=abc is not a port (1-65535)"),
+        ("MAIN_PORT", "99999", "MAIN_PORT=99999 is not a port (1-65535)"),
+        ("CONFIG", "accelerate_configs/zero9.yaml", "CONFIG=accelerate_configs/zero9.yaml: no such file in"),
+        ("QA_TRAIN_CPU", "yes", "QA_TRAIN_CPU=yes: give 1 for a CPU partition, or 0"),
+        ("CHECKPOINTING_STEPS", "-3", "CHECKPOINTING_STEPS=-3 is neither a positive number of steps nor 'epoch'"),
+    ],
+)
+def test_a_bad_variable_is_refused_in_one_line_before_srun(
+    variable: str, value: str, said: str, tmp_path: Path
+) -> None:
+    """Before: each went to every node's launch, where it failed in a traceback per node (a port accelerate cannot
+    parse or bind, a config it cannot open), or silently ran on GPUs (QA_TRAIN_CPU=yes)."""
+    env = {**cluster_env(tmp_path, "7371", "ddp", 29771), variable: value}
+    code, log = sbatch(env, tmp_path / "batch.out", "--nodes", "1", "slurm/train.sbatch")
+    assert code == 2 and f"slurm/train.sbatch: error: {said}" in log, log
+    assert "Traceback" not in log and not (tmp_path / "logs").exists()  # srun never ran
+
+
+def test_the_script_run_outside_slurm_says_how_to_submit_it(tmp_path: Path) -> None:
+    """Before: `bash slurm/train.sbatch` said only "line 35: SLURM_JOB_ID: unbound variable"."""
+    proc = run_cmd(["bash", "slurm/train.sbatch"], {"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("slurm/train.sbatch: error: not in a SLURM job (no SLURM_JOB_ID): submit it with")
+    assert len(proc.stderr.splitlines()) == 1 and not proc.stdout
+
+
 def test_a_gpu_node_sweep_asks_each_job_for_its_gpus(tmp_path: Path) -> None:
     env = gpu_node_env(tmp_path, "7351")
     out = tmp_path / "sweep"
