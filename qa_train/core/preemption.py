@@ -32,14 +32,26 @@ _early_request = False  # a stop signal that came before the run's StopRequest e
 def _early_stop(signum, frame) -> None:  # noqa: ARG001
     global _early_request
     _early_request = True
+    if signum == signal.SIGINT:
+        _ctrl_c()
+
+
+def _ctrl_c() -> None:
+    """The first Ctrl-C is a stop request; the next one ends the process at once, as Ctrl-C does by default (130)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if os.environ.get("RANK", "0") == "0":  # os.write: a handler may run while the logging module holds its lock
+        os.write(2, b"qa_train: Ctrl-C: stopping with a checkpoint at the next logged step; Ctrl-C again stops now\n")
 
 
 def catch_early_stop_signals() -> None:
     """From a rank's first line: a stop signal during start-up (imports, data, model; minutes on SQuAD) is kept
     for StopRequest, which acts on it at the first step. Left at their default, SIGUSR1 and SIGTERM would
-    kill the rank there without a word (exit 138 or 143, where a stop request promises a checkpoint and 75)."""
+    kill the rank there without a word (exit 138 or 143, where a stop request promises a checkpoint and 75),
+    and Ctrl-C would end it in a KeyboardInterrupt traceback."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _early_stop)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored (nohup, `&`)
+        signal.signal(signal.SIGINT, _early_stop)
 
 
 class StopRequest:
@@ -56,11 +68,15 @@ class StopRequest:
         self.hold_ranks = None if ranks is None else {int(r) for r in ranks.split(",")}
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
+        if signal.getsignal(signal.SIGINT) is _early_stop:  # a run of its own; run() called by a program keeps its own
+            signal.signal(signal.SIGINT, self._handle)
         if _early_request:  # after the handlers: a signal in between lands in one of the two
             self.flag = True
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
         self.flag = True
+        if signum == signal.SIGINT:
+            _ctrl_c()
 
     def requested(self) -> bool:
         return self.flag or self._file_request()
@@ -151,6 +167,7 @@ def shield_loader_worker(worker_id: int) -> None:  # noqa: ARG001
     and the main process then dies on "DataLoader worker killed" before it can checkpoint. A dead parent is
     still noticed by torch's worker watchdog."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the whole group: torch's worker exits
     if not hasattr(signal, "sigwaitinfo"):  # macOS
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return

@@ -469,10 +469,14 @@ def test_a_signal_to_the_launchers_group_checkpoints_every_rank_and_leaves_no_pr
 # --- one process with dataloader workers ------------------------------------------------------------
 
 
-def test_sigterm_to_the_group_of_a_run_with_loader_workers_checkpoints(tmp_path: Path) -> None:
-    """SLURM's preemption and scancel signal every process of the job, the dataloader workers too: a worker must
-    not die of it (torch's own handler kills it, and the main process then fails on "DataLoader worker killed")
-    but leave the main process to checkpoint, exit 75 and shut its workers down."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_to_the_group_of_a_run_with_loader_workers_checkpoints(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
+    """SLURM's preemption and scancel signal every process of the job, the dataloader workers too, as Ctrl-C in a
+    terminal does: a worker must not die of it (torch's own handler kills it, and the main process then fails on
+    "DataLoader worker killed") but leave the main process to checkpoint, exit 75 and shut its workers down.
+    Ctrl-C was a KeyboardInterrupt traceback in the main process, without a checkpoint."""
     from qa_train.core.errors import PREEMPTED
     from qa_train.strategy.checkpoint import complete_checkpoints, verify
 
@@ -493,7 +497,7 @@ def test_sigterm_to_the_group_of_a_run_with_loader_workers_checkpoints(tmp_path:
             "2",
         ),
     ]
-    run = _signal_held_run(cmd, out, 1, signal.SIGTERM, tmp_path)
+    run = _signal_held_run(cmd, out, 1, sig, tmp_path)
     assert len(run.tree) >= 2, [p.cmdline() for p in run.tree]  # the workers were there to be signalled
     assert run.code == PREEMPTED, run.log[-3000:]
     assert [p.name for p in complete_checkpoints(out)] == ["step_00000003"], run.log[-3000:]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from qa_train.core import preemption
 from qa_train.core.preemption import PREEMPT_FILE, RUN_STARTED_ENV, STOP_SIGNALS, StopRequest
 
 
@@ -86,3 +87,47 @@ def test_a_preempt_folder_stops_the_run_and_is_cleared_without_a_traceback(
         stop.clear(is_main=True)
     assert (tmp_path / PREEMPT_FILE / "note").exists()
     assert "the stop request could not be removed" in caplog.text
+
+
+@pytest.fixture
+def handlers(monkeypatch: pytest.MonkeyPatch):
+    """The test process's handlers of every stop signal and Ctrl-C, put back after; no early request left over."""
+    monkeypatch.setattr(preemption, "_early_request", False)
+    before = {sig: signal.getsignal(sig) for sig in (*STOP_SIGNALS, signal.SIGINT)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
+def test_ctrl_c_is_a_stop_request_and_a_second_one_ends_the_run_at_once(
+    handlers: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C in `python -m qa_train` raised KeyboardInterrupt wherever the run was: a traceback, no checkpoint,
+    exit 130. Now it asks for the checkpoint, as SIGTERM does, during start-up as in training; the second one
+    is Ctrl-C's default again, for one who will not wait."""
+    preemption.catch_early_stop_signals()
+    assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler, "Ctrl-C would raise KeyboardInterrupt"
+    os.kill(os.getpid(), signal.SIGINT)
+    assert preemption._early_request
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
+    assert "qa_train: Ctrl-C: stopping with a checkpoint at the next logged step" in capfd.readouterr().err
+    preemption._early_request = False  # a new process, Ctrl-C pressed once the training has begun
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    preemption.catch_early_stop_signals()
+    stop = StopRequest(tmp_path)
+    assert not stop.requested() and signal.getsignal(signal.SIGINT) == stop._handle
+    os.kill(os.getpid(), signal.SIGINT)
+    assert stop.requested() and signal.getsignal(signal.SIGINT) is signal.SIG_DFL
+
+
+def test_ctrl_c_is_left_alone_where_ignored_or_run_is_called_by_a_program(handlers: None, tmp_path: Path) -> None:
+    """A run started in the background by a shell ignores SIGINT (nohup, `&`) and must go on doing so; a program
+    that calls run() itself (tests, a notebook) keeps its KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    preemption.catch_early_stop_signals()
+    StopRequest(tmp_path)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    StopRequest(tmp_path)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
