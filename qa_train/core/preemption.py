@@ -63,6 +63,7 @@ class StopRequest:
         self.file = output_dir / PREEMPT_FILE
         self.started = _process_start()
         self.told_stale = False
+        self.told_unreadable = False
         self.hold_at = int(os.environ.get(HOLD_ENV, "0"))
         ranks = os.environ.get(HOLD_RANKS_ENV)
         self.hold_ranks = None if ranks is None else {int(r) for r in ranks.split(",")}
@@ -87,6 +88,11 @@ class StopRequest:
         try:
             written = self.file.stat().st_mtime
         except FileNotFoundError:
+            return False
+        except OSError as err:  # a shared file system's passing fault (a stale NFS handle) must not end the run
+            if not self.told_unreadable:
+                self.told_unreadable = True
+                log.warning("%s cannot be checked (%s): stop requests by file go unseen while it fails", self.file, err)
             return False
         if written >= self.started - STALE_MARGIN_S:
             return True

@@ -40,6 +40,29 @@ def test_a_stale_preempt_file_is_ignored_with_its_age(
     assert file.exists(), "the user's file is left for them"
 
 
+def test_a_preempt_file_that_cannot_be_checked_is_said_once_not_raised(
+    stop: StopRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only FileNotFoundError was caught: a stale NFS handle while polling at a logging step ended the run in a
+    traceback."""
+    import errno
+
+    real_stat = Path.stat
+
+    def stale(path: Path, *args, **kwargs):
+        if path.name == PREEMPT_FILE:
+            raise OSError(errno.ESTALE, "Stale file handle", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stale)
+    with caplog.at_level(logging.WARNING, logger="qa_train"):
+        assert not stop.requested() and not stop.requested()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path / PREEMPT_FILE} cannot be checked ([Errno {errno.ESTALE}] Stale file handle: "
+        f"'{tmp_path / PREEMPT_FILE}'): stop requests by file go unseen while it fails"
+    ]
+
+
 def test_a_preempt_file_written_during_the_run_or_its_start_up_stops_it(stop: StopRequest, tmp_path: Path) -> None:
     assert not stop.requested()
     (tmp_path / PREEMPT_FILE).touch()
