@@ -12,6 +12,9 @@ or host memory (the line says where and what to change); 75 preempted (checkpoin
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 # A launcher that cannot see its workers' exit codes (torchrun reports any failure as 1) names a file
 # here, and the main process writes its code into it.
 STATUS_FILE_ENV = "QA_TRAIN_STATUS_FILE"
@@ -34,3 +37,9 @@ def refusal_text(err: BaseException) -> str:
     if isinstance(err, OSError) and err.filename is not None and err.strerror:
         return f"{err.filename}: {err.strerror}"
     return str(err)
+
+
+def did_you_mean(value: str, choices: Iterable[str]) -> str:
+    """ " (did you mean X?)" for the choice closest to a mistyped `value`, or "" when none is close."""
+    close = difflib.get_close_matches(value, list(choices), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""

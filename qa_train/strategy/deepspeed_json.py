@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from qa_train.config.settings import ConfigError, TrainArgs
+from qa_train.core.errors import did_you_mean
 
 
 def _is_auto(value: object) -> bool:
@@ -170,8 +171,7 @@ def _check_zero_keys(zero: dict, source: str) -> None:
     known = set(fields) | {f.alias for f in fields.values() if f.alias}
     for key in zero:
         if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
+            hint = did_you_mean(key, sorted(known))
             raise ConfigError(f"{source}: zero_optimization: unknown key {key!r}{hint}, which DeepSpeed refuses")
 
 

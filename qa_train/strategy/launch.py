@@ -22,7 +22,6 @@ torchrun's traceback).
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 import os
 import shutil
@@ -35,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from qa_train.config.parser import OneLineParser
-from qa_train.core.errors import one_line, refusal_text
+from qa_train.core.errors import did_you_mean, one_line, refusal_text
 from qa_train.core.preemption import RUN_STARTED_ENV
 from qa_train.strategy.checks import cpu_threads
 from qa_train.strategy.supervise import DEFAULT_GRACE_S, agent_command, run_launch
@@ -121,14 +120,12 @@ def check_as_accelerate_does(path: str, cfg: dict) -> None:
         if value is None:
             raise LaunchConfigError(f"{where}: no {key}; accelerate needs one of {', '.join(choices)}")
         if str(value) not in choices:
-            close = difflib.get_close_matches(str(value), choices, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
+            hint = did_you_mean(str(value), choices)
             raise LaunchConfigError(f"{where}: {key} {value!r} is not one of accelerate's{hint}: {', '.join(choices)}")
     precision = cfg.get("mixed_precision")
     # YAML reads an unquoted `no` as False; accelerate lowercases the rest, and otherwise refuses it only on GPUs.
     if precision not in (None, False) and str(precision).lower() not in PrecisionType.list():
-        close = difflib.get_close_matches(str(precision).lower(), PrecisionType.list(), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        hint = did_you_mean(str(precision).lower(), PrecisionType.list())
         raise LaunchConfigError(
             f"{where}: mixed_precision {precision!r} is not one of accelerate's{hint}: {', '.join(PrecisionType.list())}"
         )
@@ -151,8 +148,7 @@ def check_as_accelerate_does(path: str, cfg: dict) -> None:
 
 
 def _unknown(key: str, known) -> str:
-    close = difflib.get_close_matches(key, list(known), n=1)
-    return f"unknown key {key!r}" + (f" (did you mean {close[0]}?)" if close else "")
+    return f"unknown key {key!r}{did_you_mean(key, known)}"
 
 
 def _check_deepspeed_keys(path: str, cfg: dict, launch_dir: Path) -> None:
