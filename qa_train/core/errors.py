@@ -39,7 +39,8 @@ def refusal_text(err: BaseException) -> str:
     return str(err)
 
 
-def did_you_mean(value: str, choices: Iterable[str]) -> str:
-    """ " (did you mean X?)" for the choice closest to a mistyped `value`, or "" when none is close."""
-    close = difflib.get_close_matches(value, list(choices), n=1)
+def did_you_mean(value: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
+    """ " (did you mean X?)" for the choice closest to a mistyped `value`, or "" when none is close (difflib's
+    ratio under `cutoff`)."""
+    close = difflib.get_close_matches(value, list(choices), n=1, cutoff=cutoff)
     return f" (did you mean {close[0]}?)" if close else ""

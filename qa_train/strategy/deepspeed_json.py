@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 
 from qa_train.config.settings import ConfigError, TrainArgs
 from qa_train.core.errors import did_you_mean
+
+log = logging.getLogger("qa_train")
 
 
 def _is_auto(value: object) -> bool:
@@ -114,6 +117,7 @@ def check_launch_json(args: TrainArgs, mixed_precision: str) -> None:
             f"{path}: zero_optimization 'stage' is {json.dumps(stage)}; DeepSpeed's ZeRO stages are 0 to 3"
         )
     _check_zero_keys(zero, path)
+    _check_top_keys(cfg, path)
     _check_flag_values(cfg, path)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     reconcile_deepspeed(copy.deepcopy(cfg), args, world_size, mixed_precision, path)
@@ -173,6 +177,61 @@ def _check_zero_keys(zero: dict, source: str) -> None:
         if key not in known:
             hint = did_you_mean(key, sorted(known))
             raise ConfigError(f"{source}: zero_optimization: unknown key {key!r}{hint}, which DeepSpeed refuses")
+
+
+def _check_top_keys(cfg: dict, source: str) -> None:
+    """DeepSpeed ignores a top-level key it does not read: a misspelt "bf16" or "gradient_clipping" trained without
+    it. One close to a key DeepSpeed reads is refused; any other (a "_comment") is said once."""
+    known = deepspeed_top_level_keys()
+    if known is None:
+        return
+    for key in cfg:
+        if key in known:
+            continue
+        # Closer than difflib's default: a "comment" is 0.83 from "comet", a misspelt "bf_16" 0.89 from "bf16".
+        hint = did_you_mean(str(key), sorted(known), cutoff=0.85)
+        if hint:
+            raise ConfigError(f"{source}: unknown key {key!r}{hint}, which DeepSpeed would ignore")
+        if os.environ.get("RANK", "0") == "0":
+            log.warning("%s: %r is not a key DeepSpeed reads: it has no effect", source, key)
+
+
+# Read only with a process group up (DeepSpeedConfig's world size), so the recording below misses it.
+_READ_WITH_A_PROCESS_GROUP = frozenset({"sequence_parallel_size"})
+
+
+def deepspeed_top_level_keys() -> frozenset[str] | None:
+    """The top-level keys the installed DeepSpeed's config reads, recorded from one DeepSpeedConfig built on a dict
+    that notes every key asked for (20 ms; DeepSpeed is imported for the ZeRO check already). DeepSpeed keeps no list
+    of them, and a list written here would refuse the keys of a newer DeepSpeed. None when that build fails on a
+    DeepSpeed version unlike this one: then nothing is checked."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    seen: set[str] = set()
+
+    class Recording(dict):
+        """DeepSpeed reads its config with get, `in`, [] and `in cfg.keys()`; a shallow copy keeps `seen`."""
+
+        def get(self, key, default=None):
+            seen.add(key)
+            return super().get(key, default)
+
+        def __contains__(self, key: object) -> bool:
+            seen.add(str(key))
+            return super().__contains__(key)
+
+        def __getitem__(self, key):
+            seen.add(key)
+            return super().__getitem__(key)
+
+        def keys(self):
+            return Recording({k: None for k in super().keys()})
+
+    try:
+        DeepSpeedConfig(Recording({"zero_optimization": {"stage": 0}, "train_micro_batch_size_per_gpu": 1}))
+    except Exception:  # noqa: BLE001 - a DeepSpeed that cannot build this minimal config is not checked, not refused
+        return None
+    return frozenset(seen) | _READ_WITH_A_PROCESS_GROUP
 
 
 def reconcile_with_flags(accelerator, args: TrainArgs, mixed_precision: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import re
 from datetime import timedelta
@@ -24,6 +25,7 @@ from qa_train.strategy.build import (
 from qa_train.strategy.checks import LaunchError, check_launch_env, check_recompute, check_world
 from qa_train.strategy.deepspeed_json import (
     check_launch_json,
+    deepspeed_top_level_keys,
     reconcile_deepspeed,
     scheduler_steps_per_update,
     uses_deepspeed_optimizer,
@@ -157,6 +159,14 @@ def test_an_optimizer_value_in_the_json_against_the_flag_is_refused(params: dict
         ('{"zero_optimization": {"stage": "two"}}', "zero_optimization 'stage' is \"two\"; DeepSpeed's ZeRO stages"),
         ('{"zero_optimization": {"stagee": 2}}', "zero_optimization: unknown key 'stagee' (did you mean stage?)"),
         (
+            '{"zero_optimization": {"stage": 2}, "bf_16": {"enabled": true}}',
+            "unknown key 'bf_16' (did you mean bf16?), which DeepSpeed would ignore",
+        ),
+        (
+            '{"zero_optimization": {"stage": 2}, "gradient_clippin": 1.0}',
+            "unknown key 'gradient_clippin' (did you mean gradient_clipping?), which DeepSpeed would ignore",
+        ),
+        (
             '{"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}',
             "'train_micro_batch_size_per_gpu' is 4 but --per_device_train",
         ),
@@ -184,6 +194,33 @@ def test_the_shipped_deepspeed_jsons_pass_the_launch_check(name: str, monkeypatc
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     for precision in ("no", "bf16"):
         check_launch_json(ARGS, precision)
+
+
+def test_a_deepspeed_key_far_from_any_it_reads_is_said_not_refused(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DeepSpeed ignores a top-level key it does not read; a "comment" is no typo, but it has no effect either."""
+    path = tmp_path / "ds.json"
+    path.write_text('{"comment": "ours", "zero_optimization": {"stage": 2}, "steps_per_print": 10}')
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(path))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    with caplog.at_level(logging.WARNING, logger="qa_train"):
+        check_launch_json(ARGS, "no")
+    said = [r.getMessage() for r in caplog.records if r.name == "qa_train"]
+    assert said == [f"{path}: 'comment' is not a key DeepSpeed reads: it has no effect"]
+
+
+def test_the_recorded_deepspeed_keys_are_the_ones_its_config_reads() -> None:
+    """The recording (deepspeed_top_level_keys) must see what DeepSpeedConfig reads however it asks: `get`
+    (steps_per_print), `in cfg.keys()` (optimizer), [] after `in` (torch_autocast), a pydantic section (compile)."""
+    known = deepspeed_top_level_keys()
+    assert known is not None
+    assert {"steps_per_print", "optimizer", "scheduler", "torch_autocast", "compile", "bf16", "fp16"} <= known
+    assert {"gradient_clipping", "train_batch_size", "zero_optimization", "sequence_parallel_size"} <= known
+    for name in ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"):
+        assert set(json.loads((ROOT / "ds_configs" / f"{name}.json").read_text())) <= known
 
 
 def test_a_launchs_missing_deepspeed_json_is_named(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
