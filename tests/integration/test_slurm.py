@@ -151,6 +151,22 @@ def test_a_gpu_job_without_gpus_is_refused_in_one_line_before_launching(tmp_path
     assert code == 2 and "GPUS_PER_NODE=four is not a positive count" in log
 
 
+def test_a_stop_request_folder_left_in_the_output_dir_does_not_fail_the_job(tmp_path: Path) -> None:
+    """`mkdir PREEMPT` asks for a stop as `touch PREEMPT` does, but the script's `rm -f` of a spent request failed on
+    a folder, and `set -e` ended the job before its launch. An empty one is spent; one holding a file is kept."""
+    env = gpu_node_env(tmp_path, "7381")
+    request = tmp_path / "out" / "PREEMPT"
+    request.mkdir(parents=True)
+    code, log = sbatch(env, tmp_path / "batch.out", "--nodes", "1", "--gpus-per-node", "1", "slurm/train.sbatch")
+    assert code == 0 and "accelerate launch" in (tmp_path / "logs" / "node0.log").read_text(), log
+    assert not request.exists()
+    request.mkdir()
+    (request / "why.txt").write_text("the user's")
+    code, log = sbatch(env, tmp_path / "batch2.out", "--nodes", "1", "--gpus-per-node", "1", "slurm/train.sbatch")
+    assert code == 0 and f"warning: {request} is a folder with files in it: kept" in log, log
+    assert (request / "why.txt").read_text() == "the user's"
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "said"),
     [
