@@ -77,7 +77,13 @@ def save_checkpoint(accelerator, output_dir: str | Path, state: TrainerState, ke
 
 
 def _fresh(tmp: Path) -> None:
-    shutil.rmtree(tmp, ignore_errors=True)
+    """An empty `tmp`, after removing every partial save here: the output dir's lock (config.dirlock) keeps other runs
+    out, so a .tmp-step_N is what a killed save left (SIGKILL at a time limit, a second Ctrl-C), a checkpoint's worth
+    of disk that no later save of another step would free."""
+    for partial in sorted(tmp.parent.glob(".tmp-step_*")):
+        if partial != tmp:
+            log.info("removing %s, a save that a killed process left unfinished", partial)
+        shutil.rmtree(partial, ignore_errors=True)
     tmp.mkdir(parents=True)
 
 

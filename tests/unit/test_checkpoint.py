@@ -262,6 +262,15 @@ def test_a_save_that_crashes_never_becomes_latest(tmp_path: Path) -> None:
     assert not (checkpoint_root(tmp_path) / ".tmp-step_00000008").exists()
 
 
+def test_a_save_removes_what_a_killed_save_of_another_step_left(tmp_path: Path) -> None:
+    """A second Ctrl-C or a SIGKILL mid-save leaves .tmp-step_N with up to a checkpoint's worth of shards; only a
+    later save of that same step used to remove it, so a resumed run that checkpoints at other steps kept it."""
+    left = make(tmp_path, ".tmp-step_00000006", complete=False)
+    (left / "pytorch_model.bin").write_bytes(b"x" * 1024)
+    final = save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=4), keep=None)
+    assert sorted(p.name for p in checkpoint_root(tmp_path).iterdir()) == [final.name]
+
+
 def test_saving_the_same_step_again_overwrites(tmp_path: Path) -> None:
     first = save_checkpoint(
         FakeAccelerator(), tmp_path, TrainerState(completed_steps=5, batches_in_epoch=1, run_id=RUN), keep=None
@@ -277,7 +286,7 @@ def test_saving_the_same_step_again_overwrites(tmp_path: Path) -> None:
 
 
 def test_save_applies_the_keep_limit(tmp_path: Path) -> None:
-    stray = make(tmp_path, ".tmp-step_00000099")  # someone else's unfinished save: not ours to delete
+    stray = make(tmp_path, "step_00000099-by-hand")  # a folder of the user's: not ours to delete
     for step in (1, 2, 3, 4):
         save_checkpoint(FakeAccelerator(), tmp_path, TrainerState(completed_steps=step, run_id=RUN), keep=2)
     assert names(complete_checkpoints(tmp_path)) == ["step_00000003", "step_00000004"]
