@@ -22,7 +22,9 @@ from qa_train.strategy.zero_files import DeepSpeedFiles, ZeroFilesError
 
 PROBE = Path(__file__).with_name("deepspeed_checkpoint_probe.py")
 PORTS = iter(range(port(29790), port(29796)))
-CASES = [(2, "none"), (3, "none"), (3, "offload")]
+# ZeRO-3 without offload writes the same files with one flat group per parameter group, a layout the offload case's
+# sub-groups include; test_resume_anywhere_runs.py holds its conversion to the uninterrupted run's losses.
+CASES = [(2, "none"), (3, "offload")]
 
 
 @pytest.fixture(scope="module")
