@@ -2,13 +2,17 @@
 model's own weight names, so the export reloads as the trained model and a checkpoint resumes either way; a backend
 that cannot compile is one line and exit 2.
 
-The run compiles with the eager backend (dynamo captures the graphs and runs them as they are): the wrapper that
+The runs compile with the eager backend (dynamo captures the graphs and runs them as they are): the wrapper that
 would rename the weights is the same for every backend, and inductor's C++ kernel builds would cost ~40 s of the
-suite's CPU time on a fresh machine to prove nothing more here (the benchmarks' torch-compile ablation runs it)."""
+suite's CPU time on a fresh machine to prove nothing more here (the benchmarks' torch-compile ablation runs it).
+Inductor's cache is held by a two-layer network's compile instead."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +63,42 @@ def test_a_backend_that_cannot_compile_is_one_line_and_exit_2(tmp_path: Path) ->
     [line] = error_lines(proc.stderr)
     assert line.startswith("qa_train: error: --torch_compile_backend tvm: compiling the model failed (ImportError: ")
     assert list(out.iterdir()) == []
+
+
+RUN = """
+import json, sys, torch
+from qa_train.config.settings import SystemArgs
+from qa_train.model.modeling import allow_graphs_per_width, compile_figures, compile_model
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+net = Net()
+compile_model(net, SystemArgs(torch_compile_mode="reduce-overhead"), dynamic=True)
+net(torch.randn(4, 8)).sum().backward()  # the first step compiles the forward and the backward
+allow_graphs_per_width(int(sys.argv[1]))  # as the trainer does after it
+print(json.dumps(compile_figures()))
+"""
+
+
+def test_a_warm_compile_loads_its_kernels_under_other_padded_widths(tmp_path) -> None:
+    """A GPU compile with CUDA graphs took 48 s after a run that had filled inductor's cache, and nothing said
+    whether the cache was used: the figures count the graphs inductor built and the ones it loaded. They showed
+    why: the warning limit raised for the padded widths was part of inductor's cache key, so another
+    --pad_to_multiple_of (41 widths, then 11) rebuilt every kernel. Two runs' processes, one empty cache folder,
+    a real inductor compile (CUDA graphs need a GPU; their mode's cache key is the same on the CPU)."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    figures = []
+    for widths in ("41", "11"):
+        proc = subprocess.run([sys.executable, "-c", RUN, widths], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        figures.append(json.loads(proc.stdout.splitlines()[-1]))
+    (cold_s, cold_graphs, cold_hits, cold_misses), (_, warm_graphs, warm_hits, warm_misses) = figures
+    assert cold_s > 0 and cold_graphs == warm_graphs == 1
+    assert (cold_hits, cold_misses) == (0, 2), "an empty cache: the forward and the backward were built"
+    assert (warm_hits, warm_misses) == (2, 0), "the same model again: both loaded from the cache"

@@ -102,50 +102,6 @@ def test_cuda_graphs_asked_for_without_cuda_are_said_to_be_left_out(caplog) -> N
     ]
 
 
-RUN = """
-import json, sys, torch
-from qa_train.config.settings import SystemArgs
-from qa_train.model.modeling import allow_graphs_per_width, compile_figures, compile_model
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 2)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-net = Net()
-compile_model(net, SystemArgs(torch_compile_mode="reduce-overhead"), dynamic=True)
-net(torch.randn(4, 8)).sum().backward()  # the first step compiles the forward and the backward
-allow_graphs_per_width(int(sys.argv[1]))  # as the trainer does after it
-print(json.dumps(compile_figures()))
-"""
-
-
-def test_a_warm_compile_loads_its_kernels_under_other_padded_widths(tmp_path) -> None:
-    """A GPU compile with CUDA graphs took 48 s after a run that had filled inductor's cache, and nothing said
-    whether the cache was used: the figures count the graphs inductor built and the ones it loaded. They showed
-    why: the warning limit raised for the padded widths was part of inductor's cache key, so another
-    --pad_to_multiple_of (41 widths, then 11) rebuilt every kernel. Two runs' processes, one empty cache folder,
-    a real inductor compile (CUDA graphs need a GPU; their mode's cache key is the same on the CPU)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    figures = []
-    for widths in ("41", "11"):
-        proc = subprocess.run([sys.executable, "-c", RUN, widths], env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        figures.append(json.loads(proc.stdout.splitlines()[-1]))
-    (cold_s, cold_graphs, cold_hits, cold_misses), (_, warm_graphs, warm_hits, warm_misses) = figures
-    assert cold_s > 0 and cold_graphs == warm_graphs == 1
-    assert (cold_hits, cold_misses) == (0, 2), "an empty cache: the forward and the backward were built"
-    assert (warm_hits, warm_misses) == (2, 0), "the same model again: both loaded from the cache"
-
-
 def test_the_summary_says_whether_the_compile_built_or_loaded_its_kernels() -> None:
     from qa_train.observe.recorder import summary_table
     from qa_train.observe.schema import RunMetrics
