@@ -361,6 +361,14 @@ class OptimArgs:
             "adam_epsilon",
         )
         _finite(self, "learning_rate", "weight_decay", "num_train_epochs", "adam_epsilon")
+        # torch takes 0, but a weight whose gradient is still 0 (an embedding row of a token not yet seen: every
+        # vocabulary has them) gets 0 / (sqrt(0) + 0), nan at the first step, refused only as a divergence.
+        _require(
+            self.adam_epsilon != 0,
+            "adam_epsilon",
+            "must be above 0: AdamW divides by sqrt(v) + eps, and v is 0 for every weight with no gradient yet "
+            "(embedding rows of unseen tokens), which 0 turns into nan at the first step",
+        )
         # torch.optim.AdamW's own limits: it would refuse them with a traceback once the model is built, after
         # --overwrite_output_dir has removed the old run.
         for name in ("adam_beta1", "adam_beta2"):

@@ -63,6 +63,7 @@ from qa_train.config.settings import ConfigError, every_n_steps
         (["--adam_beta1", "1.5"], "--adam_beta1: must be in \\[0, 1\\)"),
         (["--adam_beta2", "1"], "--adam_beta2: must be in \\[0, 1\\)"),
         (["--adam_epsilon", "-1e-8"], "--adam_epsilon: must not be negative"),
+        (["--adam_epsilon", "0"], "--adam_epsilon: must be above 0: AdamW divides by sqrt\\(v\\) \\+ eps"),
         (["--num_train_epochs", "inf"], "--num_train_epochs: must be a finite number"),
         (["--learning_rate", "inf"], "--learning_rate: must be a finite number"),
         (["--weight_decay", "inf"], "--weight_decay: must be a finite number"),
