@@ -361,6 +361,14 @@ class OptimArgs:
             "adam_epsilon",
         )
         _finite(self, "learning_rate", "weight_decay", "num_train_epochs", "adam_epsilon")
+        # 0 epochs is 0 steps: the untrained model exported as a finished run, its summary blaming --max_train_steps 0
+        # (the spelling that asks for that on purpose). Under --max_train_steps the epochs are not read.
+        _require(
+            self.num_train_epochs != 0 or self.max_train_steps is not None,
+            "num_train_epochs",
+            "is 0, so the run would train no step: give a positive number (--max_train_steps 0 evaluates and "
+            "exports the model as built)",
+        )
         # torch takes 0, but a weight whose gradient is still 0 (an embedding row of a token not yet seen: every
         # vocabulary has them) gets 0 / (sqrt(0) + 0), nan at the first step, refused only as a divergence.
         _require(

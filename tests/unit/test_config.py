@@ -65,6 +65,7 @@ from qa_train.config.settings import ConfigError, every_n_steps
         (["--adam_epsilon", "-1e-8"], "--adam_epsilon: must not be negative"),
         (["--adam_epsilon", "0"], "--adam_epsilon: must be above 0: AdamW divides by sqrt\\(v\\) \\+ eps"),
         (["--num_train_epochs", "inf"], "--num_train_epochs: must be a finite number"),
+        (["--num_train_epochs", "0"], "--num_train_epochs: is 0, so the run would train no step"),
         (["--learning_rate", "inf"], "--learning_rate: must be a finite number"),
         (["--weight_decay", "inf"], "--weight_decay: must be a finite number"),
         # Logging the model needs a W&B run and an exported model; without either the flag did nothing.
