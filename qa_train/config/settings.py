@@ -54,6 +54,8 @@ WANDB_WATCH_VALUES = ("gradients", "parameters", "all", "false")
 WANDB_MODES = ("online", "offline", "shared", "disabled", "dryrun", "run")  # wandb.Settings' mode (0.31), as spelled
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
+# Where transformers' polynomial schedule ends (get_scheduler's lr_end); it refuses a peak not above it.
+POLYNOMIAL_LR_END = 1e-7
 # Trainer's names (transformers.training_args.OptimizerNames) for the ones offered here.
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adafactor", "adamw_bnb_8bit")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
@@ -342,7 +344,13 @@ class OptimArgs:
         default=None, metadata={"help": "Optimizer steps in total; overrides --num_train_epochs."}
     )
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
-    lr_scheduler_type: str = field(default="linear", metadata={"help": f"One of {', '.join(SCHEDULERS)}."})
+    lr_scheduler_type: str = field(
+        default="linear",
+        metadata={
+            "help": f"One of {', '.join(SCHEDULERS)}. polynomial decays to {POLYNOMIAL_LR_END:g} (transformers' "
+            "lr_end), so it needs a higher --learning_rate."
+        },
+    )
     num_warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})
     warmup_ratio: float = field(
         default=0.0, metadata={"help": "Warm-up as a fraction of all steps (if --num_warmup_steps is 0)."}
@@ -393,6 +401,13 @@ class OptimArgs:
             self.lr_scheduler_type in SCHEDULERS,
             "lr_scheduler_type",
             f"{self.lr_scheduler_type!r} is not one of {', '.join(SCHEDULERS)}",
+        )
+        # transformers raises this only once the model is built (after --overwrite_output_dir removed the old run).
+        _require(
+            self.lr_scheduler_type != "polynomial" or self.learning_rate > POLYNOMIAL_LR_END,
+            "learning_rate",
+            f"{self.learning_rate:g} is not above {POLYNOMIAL_LR_END:g}, where --lr_scheduler_type polynomial "
+            "decays to (transformers' lr_end): raise it, or choose another schedule",
         )
 
 

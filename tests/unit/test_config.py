@@ -25,6 +25,10 @@ from qa_train.config.settings import ConfigError, every_n_steps
         (["--learning_rate", "0"], "--learning_rate"),
         (["--warmup_ratio", "1.5"], "--warmup_ratio"),
         (["--lr_scheduler_type", "zigzag"], "--lr_scheduler_type"),
+        (
+            ["--lr_scheduler_type", "polynomial", "--learning_rate", "1e-7"],
+            "^--learning_rate: 1e-07 is not above 1e-07, where --lr_scheduler_type polynomial decays to",
+        ),
         (["--checkpointing_steps", "often"], "--checkpointing_steps"),
         (["--resume_from_checkpoint", "/nonexistent/ckpt"], "--resume_from_checkpoint"),
         (["--save_total_limit", "0"], "--save_total_limit"),
