@@ -402,6 +402,15 @@ class OptimArgs:
             "lr_scheduler_type",
             f"{self.lr_scheduler_type!r} is not one of {', '.join(SCHEDULERS)}",
         )
+        # transformers' constant schedule takes no warm-up (get_scheduler returns it before reading one): a warm-up
+        # given with it was dropped without a word.
+        if self.lr_scheduler_type == "constant":
+            for name in ("num_warmup_steps", "warmup_ratio"):
+                _require(
+                    not getattr(self, name),
+                    name,
+                    "is a warm-up, and --lr_scheduler_type constant has none: use constant_with_warmup, or drop it",
+                )
         # transformers raises this only once the model is built (after --overwrite_output_dir removed the old run).
         _require(
             self.lr_scheduler_type != "polynomial" or self.learning_rate > POLYNOMIAL_LR_END,

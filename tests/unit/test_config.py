@@ -25,6 +25,9 @@ from qa_train.config.settings import ConfigError, every_n_steps
         (["--learning_rate", "0"], "--learning_rate"),
         (["--warmup_ratio", "1.5"], "--warmup_ratio"),
         (["--lr_scheduler_type", "zigzag"], "--lr_scheduler_type"),
+        # transformers' constant schedule has no warm-up: it was dropped silently.
+        (["--lr_scheduler_type", "constant", "--warmup_ratio", "0.1"], "^--warmup_ratio: is a warm-up, and --lr_sch"),
+        (["--lr_scheduler_type", "constant", "--num_warmup_steps", "5"], "^--num_warmup_steps: is a warm-up, and"),
         (
             ["--lr_scheduler_type", "polynomial", "--learning_rate", "1e-7"],
             "^--learning_rate: 1e-07 is not above 1e-07, where --lr_scheduler_type polynomial decays to",
@@ -679,6 +682,8 @@ def test_offline_demo_gives_way_to_a_named_dataset_and_to_no_eval() -> None:
     assert quiet.data.train_file is not None
     first = parse_args(["--offline_demo", "--no_eval", "--eval_on_start"])
     assert first.data.validation_file is not None, "a first evaluation reads the demo's dev set"
+    constant = parse_args(["--offline_demo", "--lr_scheduler_type", "constant"]).optim
+    assert (constant.lr_scheduler_type, constant.warmup_ratio) == ("constant", 0.0), "the demo's warm-up gives way"
 
 
 @pytest.mark.parametrize(
