@@ -336,9 +336,9 @@ class OptimArgs:
             "installed). A DeepSpeed JSON with its own optimizer section takes the AdamW ones' place."
         },
     )
-    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
-    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
-    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1 (not read by adafactor)."})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2 (not read by adafactor)."})
+    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon (not read by adafactor)."})
     num_train_epochs: float = field(default=2.0, metadata={"help": "Epochs over the training windows."})
     max_train_steps: int | None = field(
         default=None, metadata={"help": "Optimizer steps in total; overrides --num_train_epochs."}
@@ -402,6 +402,15 @@ class OptimArgs:
             "lr_scheduler_type",
             f"{self.lr_scheduler_type!r} is not one of {', '.join(SCHEDULERS)}",
         )
+        # Trainer's Adafactor is built from --learning_rate alone (torch_optimizer): AdamW's settings would do nothing.
+        if self.optim == "adafactor":
+            for name in ("adam_beta1", "adam_beta2", "adam_epsilon"):
+                _require(
+                    not _changed(self, name),
+                    name,
+                    "is AdamW's, and --optim adafactor (transformers' Adafactor, as Trainer builds it) does not read "
+                    "it: drop it, or choose an adamw optimizer",
+                )
         # transformers' constant schedule takes no warm-up (get_scheduler returns it before reading one): a warm-up
         # given with it was dropped without a word.
         if self.lr_scheduler_type == "constant":

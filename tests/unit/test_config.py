@@ -72,6 +72,10 @@ from qa_train.config.settings import ConfigError, every_n_steps
         (["--adam_epsilon", "-1e-8"], "--adam_epsilon: must not be negative"),
         (["--adam_epsilon", "0"], "--adam_epsilon: must be above 0: AdamW divides by sqrt\\(v\\) \\+ eps"),
         (["--num_train_epochs", "inf"], "--num_train_epochs: must be a finite number"),
+        # Adafactor is built from the learning rate alone: these were taken and did nothing.
+        (["--optim", "adafactor", "--adam_beta1", "0.8"], "^--adam_beta1: is AdamW's, and --optim adafactor"),
+        (["--optim", "adafactor", "--adam_beta2", "0.99"], "^--adam_beta2: is AdamW's, and --optim adafactor"),
+        (["--optim", "adafactor", "--adam_epsilon", "1e-6"], "^--adam_epsilon: is AdamW's, and --optim adafactor"),
         (["--num_train_epochs", "0"], "--num_train_epochs: is 0, so the run would train no step"),
         (["--learning_rate", "inf"], "--learning_rate: must be a finite number"),
         (["--weight_decay", "inf"], "--weight_decay: must be a finite number"),
