@@ -231,7 +231,7 @@ def demo_defaults(given: dict[str, Any]) -> dict[str, Any]:
     """--offline_demo's settings under what was given: a model named leaves the demo's config and tokenizer out (its
     own are used), a dataset named the demo's files (its splits are read: the demo's files would silently take their
     place), --do_train false what only training reads, --no_eval what only evaluation reads, and
-    --lr_scheduler_type constant the warm-up."""
+    --lr_scheduler_type constant or --num_warmup_steps the warm-up."""
     left_out: set[str] = set()
     if given.get("model_name_or_path"):
         left_out |= {"config_name", "tokenizer_name"}
@@ -239,7 +239,7 @@ def demo_defaults(given: dict[str, Any]) -> dict[str, Any]:
         left_out |= {"train_file", "validation_file"}
     if given.get("do_train") is False:
         left_out |= DEMO_TRAINING_ONLY
-    if given.get("lr_scheduler_type") == "constant":  # a schedule without warm-up
+    if given.get("lr_scheduler_type") == "constant" or given.get("num_warmup_steps"):  # none, or one of its own
         left_out.add("warmup_ratio")
     if given.get("do_eval") is False:
         left_out |= DEMO_EVALUATION_ONLY - ({"validation_file"} if given.get("eval_on_start") else set())

@@ -353,7 +353,7 @@ class OptimArgs:
     )
     num_warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})
     warmup_ratio: float = field(
-        default=0.0, metadata={"help": "Warm-up as a fraction of all steps (if --num_warmup_steps is 0)."}
+        default=0.0, metadata={"help": "Warm-up as a fraction of all steps (instead of --num_warmup_steps)."}
     )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm; 0 disables."})
 
@@ -401,6 +401,12 @@ class OptimArgs:
             self.lr_scheduler_type in SCHEDULERS,
             "lr_scheduler_type",
             f"{self.lr_scheduler_type!r} is not one of {', '.join(SCHEDULERS)}",
+        )
+        # step_plan takes --num_warmup_steps where it is given: a --warmup_ratio beside it was dropped without a word.
+        _require(
+            not (self.num_warmup_steps and self.warmup_ratio),
+            "warmup_ratio",
+            f"{self.warmup_ratio:g} and --num_warmup_steps {self.num_warmup_steps} both set the warm-up: give one",
         )
         # Trainer's Adafactor is built from --learning_rate alone (torch_optimizer): AdamW's settings would do nothing.
         if self.optim == "adafactor":

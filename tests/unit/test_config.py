@@ -28,6 +28,11 @@ from qa_train.config.settings import ConfigError, every_n_steps
         # transformers' constant schedule has no warm-up: it was dropped silently.
         (["--lr_scheduler_type", "constant", "--warmup_ratio", "0.1"], "^--warmup_ratio: is a warm-up, and --lr_sch"),
         (["--lr_scheduler_type", "constant", "--num_warmup_steps", "5"], "^--num_warmup_steps: is a warm-up, and"),
+        # --num_warmup_steps won, and the ratio was dropped silently.
+        (
+            ["--num_warmup_steps", "5", "--warmup_ratio", "0.1"],
+            "^--warmup_ratio: 0.1 and --num_warmup_steps 5 both set the warm-up: give one$",
+        ),
         (
             ["--lr_scheduler_type", "polynomial", "--learning_rate", "1e-7"],
             "^--learning_rate: 1e-07 is not above 1e-07, where --lr_scheduler_type polynomial decays to",
@@ -688,6 +693,8 @@ def test_offline_demo_gives_way_to_a_named_dataset_and_to_no_eval() -> None:
     assert first.data.validation_file is not None, "a first evaluation reads the demo's dev set"
     constant = parse_args(["--offline_demo", "--lr_scheduler_type", "constant"]).optim
     assert (constant.lr_scheduler_type, constant.warmup_ratio) == ("constant", 0.0), "the demo's warm-up gives way"
+    steps = parse_args(["--offline_demo", "--num_warmup_steps", "5"]).optim
+    assert (steps.num_warmup_steps, steps.warmup_ratio) == (5, 0.0), "the demo's warm-up ratio gives way"
 
 
 @pytest.mark.parametrize(
