@@ -61,6 +61,7 @@ from qa_train.model.optimization import (
     StepPlan,
     batches_per_rank,
     build_optimizer,
+    check_global_batch,
     hyperparameters,
     optimizer_order,
     reapply,
@@ -257,6 +258,13 @@ class Trainer:
         args, accelerator = self.args, self.accelerator
         import_model_code(self.model_config)
         self.host_memory.mark_baseline()  # training memory is what the run adds above this
+        if self.inputs.train_features is not None:
+            check_global_batch(
+                args.optim,
+                len(self.inputs.train_features),
+                args.data.per_device_train_batch_size,
+                accelerator.num_processes,
+            )
         self.steps = (
             step_plan(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
             if self.train_dl is not None
