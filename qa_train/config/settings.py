@@ -800,8 +800,8 @@ class SystemArgs:
     ddp_timeout: float = field(
         default=1800,
         metadata={
-            "help": "Seconds a rank waits in a collective (all-reduce, barrier) for the others before the run "
-            "stops with an error: a rank that hangs or died ends the job instead of holding every GPU. "
+            "help": "Seconds (1 at least) a rank waits in a collective (all-reduce, barrier) for the others before "
+            "the run stops with an error: a rank that hangs or died ends the job instead of holding every GPU. "
             "As transformers' Trainer (1800); NCCL's own default would be 600. Raise it where one rank works "
             "alone for long (featurising a large dataset first, uploading a model)."
         },
@@ -818,6 +818,14 @@ class SystemArgs:
             "ddp_timeout",
             f"must be a positive number of seconds up to 1e9, got {self.ddp_timeout:g}",
         )  # nan and inf too
+        # torch forms the process group (TCPStore, gloo's mesh) under this timeout, in whole milliseconds: 0.01 s
+        # failed there with a traceback on every rank before any collective.
+        _require(
+            self.ddp_timeout >= 1,
+            "ddp_timeout",
+            f"{self.ddp_timeout:g} s is too short for the ranks even to connect (torch forms the process group under "
+            "it too): give 1 s at least",
+        )
         _require(self.seed < 2**32, "seed", f"must be below 2**32 (numpy's limit), got {self.seed}")
         _require(
             self.log_level in LOG_LEVELS,

@@ -542,6 +542,16 @@ def test_ddp_timeout_must_be_a_positive_finite_number_of_seconds(value: str) -> 
         parse_args(["--ddp_timeout", value])
 
 
+@pytest.mark.parametrize("value", ["0.0001", "0.01", "0.999"])
+def test_a_ddp_timeout_under_a_second_is_refused_before_the_ranks_connect(value: str) -> None:
+    """Under a launch the ranks failed to form their process group (TCPStore's or gloo's connect timed out after
+    0 ms or 10 ms) with a traceback on every rank."""
+    said = f"--ddp_timeout: {float(value):g} s is too short for the ranks even to connect"
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        parse_args(["--ddp_timeout", value])
+    assert parse_args(["--ddp_timeout", "1"]).system.ddp_timeout == 1
+
+
 @pytest.mark.parametrize(
     ("message", "expected"),
     [
