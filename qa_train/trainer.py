@@ -61,7 +61,7 @@ from qa_train.model.optimization import (
     StepPlan,
     batches_per_rank,
     build_optimizer,
-    check_global_batch,
+    global_batch_waste,
     hyperparameters,
     optimizer_order,
     reapply,
@@ -258,13 +258,15 @@ class Trainer:
         args, accelerator = self.args, self.accelerator
         import_model_code(self.model_config)
         self.host_memory.mark_baseline()  # training memory is what the run adds above this
-        if self.inputs.train_features is not None:
-            check_global_batch(
+        if self.inputs.train_features is not None and self.is_main:
+            waste = global_batch_waste(
                 args.optim,
                 len(self.inputs.train_features),
                 args.data.per_device_train_batch_size,
                 accelerator.num_processes,
             )
+            if waste is not None:
+                log.warning(waste)
         self.steps = (
             step_plan(args.optim, batches_per_rank(len(self.train_dl), accelerator.num_processes))
             if self.train_dl is not None

@@ -42,19 +42,20 @@ def step_plan(optim: OptimArgs, batches_per_epoch: int) -> StepPlan:
     return StepPlan(per_epoch, total, math.ceil(total / per_epoch) if total else 0, warmup)
 
 
-def check_global_batch(optim: OptimArgs, windows: int, per_device: int, processes: int) -> None:
-    """A global batch beyond the epoch's windows: each step would be the whole epoch, filled up to the global batch
-    with pad windows (weight 0) that cost a forward and backward pass each and train nothing (10 windows at 64 x 4
-    computed 256 a step). Known once the data is featurised, before the model is loaded."""
+def global_batch_waste(optim: OptimArgs, windows: int, per_device: int, processes: int) -> str | None:
+    """A warning when the global batch is beyond the epoch's windows: each step is then the whole epoch, filled up to
+    the global batch with pad windows (weight 0) that cost a forward and backward pass each and train nothing (10
+    windows at 64 x 4 computed 256 a step). Said, not refused: a smoke test on a few questions
+    (`--max_train_samples 8` under the default batch of 12) trains correctly, only slower."""
     global_batch = per_device * optim.gradient_accumulation_steps * processes
-    if global_batch > windows and optim.max_train_steps != 0:  # --max_train_steps 0 takes no step to pad
-        raise ConfigError(
-            f"--per_device_train_batch_size: a global batch of {global_batch} windows ({per_device} per device x "
-            f"{optim.gradient_accumulation_steps} accumulation x {processes} process(es)) is more than the "
-            f"{windows} training windows, so every step would pad them with {global_batch - windows} windows that "
-            f"train nothing: lower it or --gradient_accumulation_steps to {windows} windows in all at most, or "
-            "train on more questions"
-        )
+    if global_batch <= windows or optim.max_train_steps == 0:  # --max_train_steps 0 takes no step to pad
+        return None
+    return (
+        f"--per_device_train_batch_size: a global batch of {global_batch} windows ({per_device} per device x "
+        f"{optim.gradient_accumulation_steps} accumulation x {processes} process(es)) is more than the {windows} "
+        f"training windows: every step pads them with {global_batch - windows} windows that train nothing (lower "
+        f"it or --gradient_accumulation_steps to {windows} windows in all at most to spare their compute)"
+    )
 
 
 # torch's normalisation layers by type; RMSNorm (absent before torch 2.4) and the families' own norms
