@@ -64,7 +64,8 @@ export QA_TRAIN_CACHE=${QA_TRAIN_CACHE:-/tmp/qa_train_cache}
 # A dry run shrinks every run (the flags go last, so they win) and runs on CPU.
 small=() small_eval=() bench_small=() cpu=() strategy_steps=60 ablation_steps=100 ablation_repeats=${ABLATION_REPEATS:-2}
 if [[ ${DRY:-0} == 1 ]]; then
-  small=(--max_train_samples 300 --max_train_steps 3 --per_device_train_batch_size 4)
+  # No warm-up: the accuracy runs' 500 steps would be refused as longer than 3.
+  small=(--max_train_samples 300 --max_train_steps 3 --per_device_train_batch_size 4 --num_warmup_steps 0)
   small_eval=(--max_eval_samples 40 --per_device_eval_batch_size 8)  # only where the run evaluates: --no_eval refuses them
   bench_small=(--max_train_samples 300 --per_device_train_batch_size 2 --max_seq_length 128 --doc_stride 32
                --throughput_warmup_steps 0)
