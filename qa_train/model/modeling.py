@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import logging
 import math
 import re
@@ -61,12 +62,29 @@ def loading(flag: str, source: str, what: str = "it") -> Iterator[None]:
     config) as one ConfigError line naming the flag, instead of a traceback."""
     if local_path(source) and not Path(source).expanduser().exists():  # before transformers asks the hub for it
         raise ConfigError(f"{flag} {source}: no such directory")
+    _check_config_object(flag, source)
     try:
         yield
     except ConfigError:
         raise
     except (OSError, ValueError) as err:
         raise ConfigError(f"{flag} {source}: cannot load {what} ({one_line(err)})") from None
+
+
+# JSON's names for what json.loads returns, for a config.json that holds something other than an object.
+JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+def _check_config_object(flag: str, source: str) -> None:
+    """A local config.json that parses but is not an object (a list, a string): transformers passes it on as keyword
+    arguments and fails with a TypeError traceback, in the tokenizer's loading as well as the config's."""
+    try:
+        value = json.loads((Path(source).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no such file (a hub id, a tokenizer folder), or not JSON: transformers says so
+        return
+    if not isinstance(value, dict):
+        kind = JSON_KINDS.get(type(value), "null")
+        raise ConfigError(f"{flag} {source}: config.json holds {kind}, not a JSON object of config keys")
 
 
 def check_weights(args: ModelArgs) -> None:
