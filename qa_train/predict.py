@@ -65,6 +65,7 @@ class Predictor:
             load_model_config,
             load_tokenizer,
             uses_token_types,
+            weight_shapes,
         )
         from qa_train.strategy.build import resolve_mixed_precision
 
@@ -84,6 +85,7 @@ class Predictor:
             self.tokenizer = load_tokenizer(model_args)
             config = load_model_config(model_args)
         check_positions(config, self.tokenizer, self.data.max_seq_length, self.data.doc_stride)
+        weight_shapes("MODEL_DIR", model_dir)
         on_cuda = device != "cpu" and torch.cuda.is_available()
         precision = resolve_mixed_precision(
             mixed_precision, dict(os.environ), on_cuda, on_cuda and torch.cuda.is_bf16_supported()

@@ -105,6 +105,40 @@ def check_weights(args: ModelArgs) -> None:
             f"--model_name_or_path {source}: no weights ({', '.join(WEIGHT_FILES[::2])}"
             "); to train from random initialisation, pass the folder as --config_name instead"
         )
+    weight_shapes("--model_name_or_path", source)
+
+
+def weight_shapes(flag: str, source: str) -> dict[str, tuple[int, ...]]:
+    """Each weight's shape by its name in a local folder's safetensors files (the one from_pretrained reads, or the
+    shards its index names), from their headers alone; {} for a hub id or other formats. A file whose header cannot
+    be read (a truncated download or copy) or a shard the index names but the folder lacks is refused here:
+    from_pretrained met them only once the data was featurised, the former as a SafetensorError traceback."""
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(source).expanduser()
+    single, index = folder / WEIGHT_FILES[0], folder / WEIGHT_FILES[1]
+    if single.is_file():  # from_pretrained's order: the single file before a sharded index
+        files = [single]
+    elif index.is_file():
+        try:
+            files = [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ConfigError(f"{flag} {source}: {index.name} is not a safetensors index ({one_line(err)})") from None
+    else:
+        return {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        if not path.is_file():
+            raise ConfigError(f"{flag} {source}: {index.name} names the shard {path.name}, which is not in the folder")
+        try:
+            with safe_open(path, framework="pt") as weights:
+                shapes.update((key, tuple(weights.get_slice(key).get_shape())) for key in weights.keys())
+        except (SafetensorError, OSError) as err:
+            raise ConfigError(
+                f"{flag} {source}: {path.name} is not a readable safetensors file ({one_line(err)}): "
+                "truncated or damaged; copy or download it again"
+            ) from None
+    return shapes
 
 
 def _check_cached_weights(args: ModelArgs, hub_id: str) -> None:

@@ -4,7 +4,10 @@ file, before any window is made or weight loaded, instead of a traceback after t
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -68,3 +71,50 @@ def test_a_config_json_that_is_not_an_object_is_refused(
     message = refused_by_training(tmp_path, monkeypatch, "--config_name", str(altered), "--tokenizer_name", str(model))
     assert message == f"--config_name {altered}: {says}"
     assert refused_by_predict(altered, capsys) == f"MODEL_DIR {altered}: {says}"
+
+
+def _truncated(weights: Path) -> None:
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+def _not_safetensors(weights: Path) -> None:
+    weights.write_bytes(b"<html>404 Not Found</html>")
+
+
+def _one_shard_missing(weights: Path) -> None:
+    """Two shards and their index, as save_pretrained's max_shard_size writes them, less the second shard."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(weights)
+    names = sorted(tensors)
+    shards = {name: f"model-0000{1 + i % 2}-of-00002.safetensors" for i, name in enumerate(names)}
+    save_file(
+        {n: t for n, t in tensors.items() if shards[n].startswith("model-00001")}, weights.parent / shards[names[0]]
+    )
+    (weights.parent / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": shards}))
+    weights.unlink()
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (_truncated, r"model.safetensors is not a readable safetensors file \(SafetensorError: .*\): truncated or "),
+        (_not_safetensors, r"model.safetensors is not a readable safetensors file \(SafetensorError: "),
+        (_one_shard_missing, r"model.safetensors.index.json names the shard model-00002-of-00002.safetensors, which "),
+    ],
+)
+def test_weights_that_cannot_be_read_are_refused_before_the_data_is_featurised(
+    damage: Callable[[Path], None],
+    says: str,
+    model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A truncated or foreign model.safetensors was a SafetensorError traceback once the data was featurised (in
+    predict too), and a missing shard a refusal only then."""
+    altered = copy(model, tmp_path)
+    damage(altered / "model.safetensors")
+    message = refused_by_training(tmp_path, monkeypatch, "--model_name_or_path", str(altered))
+    assert re.match(rf"--model_name_or_path {re.escape(str(altered))}: {says}", message), message
+    assert re.match(rf"MODEL_DIR {re.escape(str(altered))}: {says}", refused_by_predict(altered, capsys))
