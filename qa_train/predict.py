@@ -61,6 +61,7 @@ class Predictor:
 
         from qa_train.model.modeling import (
             check_positions,
+            check_weight_shapes,
             load_model,
             load_model_config,
             load_tokenizer,
@@ -85,7 +86,7 @@ class Predictor:
             self.tokenizer = load_tokenizer(model_args)
             config = load_model_config(model_args)
         check_positions(config, self.tokenizer, self.data.max_seq_length, self.data.doc_stride)
-        weight_shapes("MODEL_DIR", model_dir)
+        check_weight_shapes(weight_shapes("MODEL_DIR", model_dir), config, f"MODEL_DIR {model_dir}", "its config.json")
         on_cuda = device != "cpu" and torch.cuda.is_available()
         precision = resolve_mixed_precision(
             mixed_precision, dict(os.environ), on_cuda, on_cuda and torch.cuda.is_bf16_supported()

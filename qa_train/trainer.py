@@ -161,7 +161,7 @@ class Trainer:
         with loading("--config_name" if m.config_name else "--model_name_or_path", m.config_source):
             self.model_config = load_model_config(m)
         check_checkpointing(self.model_config, args.system.gradient_checkpointing)
-        check_weights(m)
+        check_weights(m, self.model_config)
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
         self.mixed_precision = build.launch_precision(args.system.mixed_precision)
         build.check_launcher_overrides(args)

@@ -87,9 +87,9 @@ def _check_config_object(flag: str, source: str) -> None:
         raise ConfigError(f"{flag} {source}: config.json holds {kind}, not a JSON object of config keys")
 
 
-def check_weights(args: ModelArgs) -> None:
-    """A local --model_name_or_path without weights: from_pretrained would fail only once the model is built, after
-    --overwrite_output_dir has removed the old run."""
+def check_weights(args: ModelArgs, config=None) -> None:
+    """A local --model_name_or_path without weights, or (given the run's `config`) with weights of other shapes:
+    from_pretrained would fail only once the model is built, after --overwrite_output_dir has removed the old run."""
     source = args.model_name_or_path
     if source is None:  # from scratch: nothing to load
         return
@@ -105,7 +105,10 @@ def check_weights(args: ModelArgs) -> None:
             f"--model_name_or_path {source}: no weights ({', '.join(WEIGHT_FILES[::2])}"
             "); to train from random initialisation, pass the folder as --config_name instead"
         )
-    weight_shapes("--model_name_or_path", source)
+    shapes = weight_shapes("--model_name_or_path", source)
+    if config is not None:
+        fits = f"--config_name {args.config_name}" if args.config_name else "its config.json"
+        check_weight_shapes(shapes, config, f"--model_name_or_path {source}", fits)
 
 
 def weight_shapes(flag: str, source: str) -> dict[str, tuple[int, ...]]:
@@ -139,6 +142,34 @@ def weight_shapes(flag: str, source: str) -> dict[str, tuple[int, ...]]:
                 "truncated or damaged; copy or download it again"
             ) from None
     return shapes
+
+
+def check_weight_shapes(shapes: dict[str, tuple[int, ...]], config, weights: str, fits: str) -> None:
+    """Weights (`shapes`, by name) that the config would build in other shapes: a vocab_size or hidden_size edited in
+    config.json, a --config_name of another model size. from_pretrained refused them only once the data was
+    featurised, in a RuntimeError traceback pointing at a report above it. Names transformers would rename are
+    not compared: from_pretrained still checks those."""
+    import copy
+
+    import torch
+
+    if not shapes:
+        return
+    with torch.device("meta"):  # the shapes without the memory
+        model = qa_model_class(config)(copy.deepcopy(config))
+    built = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    base = f"{model.base_model_prefix}."  # a base model's checkpoint (BertModel) names its weights without it
+    wrong = [
+        f"{name} is {list(shape)} in the weights, {list(want)} by the config"
+        for name, shape in sorted(shapes.items())
+        if (want := built.get(name, built.get(base + name))) is not None and want != shape
+    ]
+    if wrong:
+        more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise ConfigError(
+            f"{weights}: its weights do not fit {fits}: {wrong[0]}{more}; a config edited after the weights were "
+            "saved, or the config of another model size"
+        )
 
 
 def _check_cached_weights(args: ModelArgs, hub_id: str) -> None:
@@ -456,14 +487,22 @@ def load_model(args: ModelArgs, tokenizer, config, *, trained: bool = False):
         )
     else:
         with _quiet_load_report(trained):
-            model, info = AutoModelForQuestionAnswering.from_pretrained(
-                args.model_name_or_path,
-                config=config,
-                attn_implementation=attention,
-                dtype=torch.float32,
-                output_loading_info=True,
-                **hub_options(args),
-            )
+            try:
+                model, info = AutoModelForQuestionAnswering.from_pretrained(
+                    args.model_name_or_path,
+                    config=config,
+                    attn_implementation=attention,
+                    dtype=torch.float32,
+                    output_loading_info=True,
+                    **hub_options(args),
+                )
+            except RuntimeError as err:  # shapes check_weights could not read (pytorch_model.bin, a hub id's files)
+                if "ignore_mismatched_sizes" not in str(err):
+                    raise
+                raise ConfigError(
+                    f"{args.model_name_or_path}: its weights do not fit the model's config (a tensor of another "
+                    "shape): a config edited after the weights were saved, or the config of another model size"
+                ) from None
         missing = sorted(info["missing_keys"])
         if trained and missing:
             shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import high_padding_model, tiny_flags
+from conftest import high_padding_model, tiny_flags, write_config
 
 from qa_train import predict, trainer
 from qa_train.config.flags import parse_args
@@ -118,3 +118,56 @@ def test_weights_that_cannot_be_read_are_refused_before_the_data_is_featurised(
     message = refused_by_training(tmp_path, monkeypatch, "--model_name_or_path", str(altered))
     assert re.match(rf"--model_name_or_path {re.escape(str(altered))}: {says}", message), message
     assert re.match(rf"MODEL_DIR {re.escape(str(altered))}: {says}", refused_by_predict(altered, capsys))
+
+
+@pytest.mark.parametrize(
+    ("sizes", "says"),
+    [
+        (
+            {"vocab_size": 5000},
+            "bert.embeddings.word_embeddings.weight is [3707, 128] in the weights, [5000, 128] by the config;",
+        ),
+        ({"hidden_size": 64, "intermediate_size": 256}, "bert.embeddings.LayerNorm.bias is [128] in the weights, "),
+    ],
+)
+def test_weights_the_config_does_not_fit_are_refused_before_the_data_is_featurised(
+    sizes: dict[str, int],
+    says: str,
+    model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A config.json edited after the weights were saved, or a --config_name of another size: from_pretrained's
+    RuntimeError traceback (`ignore_mismatched_sizes`), after the data was featurised."""
+    altered = copy(model, tmp_path)
+    config = json.loads((altered / "config.json").read_text())
+    (altered / "config.json").write_text(json.dumps({**config, **sizes}))
+    message = refused_by_training(tmp_path, monkeypatch, "--model_name_or_path", str(altered))
+    assert message.startswith(f"--model_name_or_path {altered}: its weights do not fit its config.json: {says}")
+    other = write_config(tmp_path / "other-size", **sizes)
+    message = refused_by_training(
+        tmp_path, monkeypatch, "--model_name_or_path", str(model), "--config_name", str(other)
+    )
+    assert message.startswith(f"--model_name_or_path {model}: its weights do not fit --config_name {other}: {says}")
+    assert refused_by_predict(altered, capsys).startswith(
+        f"MODEL_DIR {altered}: its weights do not fit its config.json: {says}"
+    )
+
+
+def test_a_pytorch_bin_the_config_does_not_fit_is_refused_in_one_line(model: Path, tmp_path: Path) -> None:
+    """pytorch_model.bin's shapes cannot be read without loading it: from_pretrained's refusal becomes one line."""
+    import torch
+    from safetensors.torch import load_file
+
+    from qa_train.config.settings import ModelArgs
+    from qa_train.model.modeling import load_model, load_model_config, load_tokenizer
+
+    altered = copy(model, tmp_path)
+    torch.save(load_file(altered / "model.safetensors"), altered / "pytorch_model.bin")
+    (altered / "model.safetensors").unlink()
+    config = json.loads((altered / "config.json").read_text())
+    (altered / "config.json").write_text(json.dumps({**config, "vocab_size": 5000}))
+    args = ModelArgs(model_name_or_path=str(altered))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(altered))}: its weights do not fit the model's config"):
+        load_model(args, load_tokenizer(args), load_model_config(args))
