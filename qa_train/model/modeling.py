@@ -56,6 +56,11 @@ def local_path(name: str) -> bool:
     return path.exists() or not HUB_ID.fullmatch(name) or (path.parent != Path(".") and path.parent.is_dir())
 
 
+class SourceError(ConfigError):
+    """What is wrong with a model, config or tokenizer folder, in words that do not name it: loading() prefixes the
+    flag and the folder it was given as (a training flag, or predict's MODEL_DIR)."""
+
+
 @contextlib.contextmanager
 def loading(flag: str, source: str, what: str = "it") -> Iterator[None]:
     """transformers' own failures (a missing folder or hub id, no tokenizer files or weights, a JSON that is not a
@@ -65,6 +70,8 @@ def loading(flag: str, source: str, what: str = "it") -> Iterator[None]:
     _check_config_object(flag, source)
     try:
         yield
+    except SourceError as err:
+        raise ConfigError(f"{flag} {source}: {err}") from None
     except ConfigError:
         raise
     except (OSError, ValueError) as err:
@@ -223,7 +230,27 @@ def load_model_config(args: ModelArgs):
 
     config = AutoConfig.from_pretrained(args.config_source, **hub_options(args))
     resolve_attention(args, config)
+    _check_two_outputs(config)
     return config
+
+
+def _check_two_outputs(config) -> None:
+    """A config with a classifier's labels (num_labels 3, an id2label of 3) gives most QA heads that many outputs, and
+    the forward's unpacking of start and end logits failed at the first step, after the data was featurised.
+    Decoder families' heads have 2 outputs whatever num_labels says: the head built (on the meta device) decides."""
+    import copy
+
+    import torch
+
+    if config.num_labels == 2:
+        return
+    with torch.device("meta"):
+        head = getattr(qa_model_class(config)(copy.deepcopy(config)), "qa_outputs", None)
+    if isinstance(head, torch.nn.Linear) and head.out_features != 2:
+        raise SourceError(
+            f"config.json has num_labels {config.num_labels} (its id2label), and a question-answering head needs 2 "
+            "(start and end logits): set num_labels to 2, or remove id2label and label2id"
+        )
 
 
 def qa_model_class(config) -> type[PreTrainedModel]:

@@ -171,3 +171,39 @@ def test_a_pytorch_bin_the_config_does_not_fit_is_refused_in_one_line(model: Pat
     args = ModelArgs(model_name_or_path=str(altered))
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(altered))}: its weights do not fit the model's config"):
         load_model(args, load_tokenizer(args), load_model_config(args))
+
+
+@pytest.mark.parametrize("labels", [{"num_labels": 3}, {"num_labels": 1}, {"id2label": {"0": "a", "1": "b", "2": "c"}}])
+def test_a_config_with_a_classifiers_labels_is_refused(
+    labels: dict[str, object],
+    model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """num_labels other than 2 gave BERT's head that many outputs: from --config_name, `too many values to unpack`
+    at the first step after the data was featurised; beside weights, a shape mismatch traceback."""
+    altered = copy(model, tmp_path)
+    config = json.loads((altered / "config.json").read_text())
+    (altered / "config.json").write_text(json.dumps({**config, **labels}))
+    n = 1 if labels.get("num_labels") == 1 else 3
+    says = (
+        f"config.json has num_labels {n} (its id2label), and a question-answering head needs 2 (start and end "
+        "logits): set num_labels to 2, or remove id2label and label2id"
+    )
+    message = refused_by_training(tmp_path, monkeypatch, "--config_name", str(altered), "--tokenizer_name", str(model))
+    assert message == f"--config_name {altered}: {says}"
+    message = refused_by_training(tmp_path, monkeypatch, "--model_name_or_path", str(altered))
+    assert message == f"--model_name_or_path {altered}: {says}"
+    assert refused_by_predict(altered, capsys) == f"MODEL_DIR {altered}: {says}"
+
+
+def test_a_head_of_two_outputs_whatever_num_labels_says_is_not_refused(tmp_path: Path) -> None:
+    """GPT-2's QA head has 2 outputs whatever its config's num_labels: the head built decides, not the number."""
+    from transformers import GPT2Config
+
+    from qa_train.config.settings import ModelArgs
+    from qa_train.model.modeling import load_model_config
+
+    GPT2Config(n_layer=1, n_embd=32, n_head=2, num_labels=3).save_pretrained(tmp_path / "gpt2")
+    assert load_model_config(ModelArgs(config_name=str(tmp_path / "gpt2"))).num_labels == 3
