@@ -61,6 +61,7 @@ class Predictor:
 
         from qa_train.model.modeling import (
             check_positions,
+            check_vocab,
             check_weight_shapes,
             load_model,
             load_model_config,
@@ -86,6 +87,7 @@ class Predictor:
             self.tokenizer = load_tokenizer(model_args)
             config = load_model_config(model_args)
         check_positions(config, self.tokenizer, self.data.max_seq_length, self.data.doc_stride)
+        check_vocab(config, self.tokenizer, f"MODEL_DIR {model_dir}", f"MODEL_DIR {model_dir}")
         check_weight_shapes(weight_shapes("MODEL_DIR", model_dir), config, f"MODEL_DIR {model_dir}", "its config.json")
         on_cuda = device != "cpu" and torch.cuda.is_available()
         precision = resolve_mixed_precision(

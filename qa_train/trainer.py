@@ -42,6 +42,7 @@ from qa_train.model.modeling import (
     allow_graphs_per_width,
     check_checkpointing,
     check_positions,
+    check_vocab,
     check_weights,
     compile_figures,
     compile_model,
@@ -156,12 +157,21 @@ class Trainer:
         self.args = args
         # Preflight on every rank before any process group: limits and records are refused in one line.
         m = args.model  # each caller names what it loads from (predict says MODEL_DIR)
-        with loading("--tokenizer_name" if m.tokenizer_name else "--model_name_or_path", m.tokenizer_source):
+        tokenizer_flag = "--tokenizer_name" if m.tokenizer_name else "--model_name_or_path"
+        with loading(tokenizer_flag, m.tokenizer_source):
             self.tokenizer = load_tokenizer(m)
-        with loading("--config_name" if m.config_name else "--model_name_or_path", m.config_source):
+        config_flag = "--config_name" if m.config_name else "--model_name_or_path"
+        with loading(config_flag, m.config_source):
             self.model_config = load_model_config(m)
         check_checkpointing(self.model_config, args.system.gradient_checkpointing)
         check_weights(m, self.model_config)
+        if not m.from_scratch:  # from scratch, the embeddings are sized to the tokenizer
+            check_vocab(
+                self.model_config,
+                self.tokenizer,
+                f"{tokenizer_flag} {m.tokenizer_source}",
+                f"{config_flag} {m.config_source}",
+            )
         check_positions(self.model_config, self.tokenizer, args.data.max_seq_length, args.data.doc_stride)
         self.mixed_precision = build.launch_precision(args.system.mixed_precision)
         build.check_launcher_overrides(args)

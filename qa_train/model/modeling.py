@@ -457,6 +457,19 @@ def check_positions(config, tokenizer, max_seq_length: int, doc_stride: int | No
         question_room(PairTemplate.from_tokenizer(tokenizer), max_seq_length, doc_stride)
 
 
+def check_vocab(config, tokenizer, tokenizer_from: str, model_from: str) -> None:
+    """A tokenizer with more tokens than the pretrained model has embeddings (another model's, or tokens added to
+    it): its ids past vocab_size would index past the embedding table. Refused before the data is featurised; it
+    was refused only once the weights were loaded. From scratch the vocabulary is sized to the tokenizer instead."""
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        model = "" if model_from == tokenizer_from else f" ({model_from})"
+        raise ConfigError(
+            f"{tokenizer_from}: the tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size {vocab}"
+            f"{model}: ids from {vocab} on have no embedding; use the model's own tokenizer"
+        )
+
+
 def window_losses(outputs, starts, ends, attention_mask):
     """Each window's span loss, as transformers' question-answering heads average it over a batch: the cross-entropy
     of the start and of the end position, halved; a position outside the window (qa_train's windows have none: an
@@ -537,10 +550,6 @@ def load_model(args: ModelArgs, tokenizer, config, *, trained: bool = False):
                 f"{args.model_name_or_path}: not a trained question-answering model: its weights lack {shown} "
                 "(randomly initialised, they would answer at random); fine-tune it with qa-train first"
             )
-    if model.config.vocab_size < len(tokenizer):
-        raise ConfigError(
-            f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model.config.vocab_size}"
-        )
     return model
 
 

@@ -207,3 +207,35 @@ def test_a_head_of_two_outputs_whatever_num_labels_says_is_not_refused(tmp_path:
 
     GPT2Config(n_layer=1, n_embd=32, n_head=2, num_labels=3).save_pretrained(tmp_path / "gpt2")
     assert load_model_config(ModelArgs(config_name=str(tmp_path / "gpt2"))).num_labels == 3
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_before_the_data_is_featurised(
+    model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    own_logging: None,  # the run from scratch gets as far as setting up its logging
+) -> None:
+    """Another model's tokenizer, or tokens added to this one: its ids past vocab_size have no embedding. Refused
+    only once the data was featurised and the weights loaded, in a line that named no flag."""
+    from transformers import AutoTokenizer
+
+    altered = copy(model, tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(altered)
+    tokenizer.add_tokens([f"added{i}" for i in range(50)])
+    tokenizer.save_pretrained(altered)
+    says = "the tokenizer has 3757 tokens, more than the model's vocab_size 3707"
+    message = refused_by_training(
+        tmp_path, monkeypatch, "--model_name_or_path", str(model), "--tokenizer_name", str(altered)
+    )
+    assert message == (
+        f"--tokenizer_name {altered}: {says} (--model_name_or_path {model}): ids from 3707 on have no embedding; "
+        "use the model's own tokenizer"
+    )
+    assert refused_by_predict(altered, capsys) == (
+        f"MODEL_DIR {altered}: {says}: ids from 3707 on have no embedding; use the model's own tokenizer"
+    )
+    # From scratch the embeddings are sized to the tokenizer: nothing to refuse.
+    flags = ["--config_name", str(model), "--tokenizer_name", str(altered), "--max_train_steps", "1"]
+    with pytest.raises(AssertionError, match="featurised"):
+        refused_by_training(tmp_path, monkeypatch, *flags)
