@@ -550,7 +550,22 @@ def load_model(args: ModelArgs, tokenizer, config, *, trained: bool = False):
                 f"{args.model_name_or_path}: not a trained question-answering model: its weights lack {shown} "
                 "(randomly initialised, they would answer at random); fine-tune it with qa-train first"
             )
+        _check_finite(model, str(args.model_name_or_path))
     return model
+
+
+def _check_finite(model, source: str) -> None:
+    """Weights holding nan or inf (a checkpoint saved after its training diverged, bytes damaged in place): training
+    stopped at its first step as "diverged, lower the learning rate", and predict ended in a traceback from the
+    answer's softmax. One pass over the weights, already in memory (ZeRO-3's partitioned ones are empty here)."""
+    import torch
+
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ConfigError(
+                f"{source}: its weights hold nan or inf (first in {name}): saved from a diverged run, or damaged; "
+                "use an earlier checkpoint of it"
+            )
 
 
 def flop_coefficients(config) -> tuple[float, float]:

@@ -239,3 +239,28 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_before_the_dat
     flags = ["--config_name", str(model), "--tokenizer_name", str(altered), "--max_train_steps", "1"]
     with pytest.raises(AssertionError, match="featurised"):
         refused_by_training(tmp_path, monkeypatch, *flags)
+
+
+def test_weights_holding_nan_are_refused_not_blamed_on_the_learning_rate(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Training from them said it diverged at step 1 and advised a lower --learning_rate; predict ended in a
+    ValueError traceback from the softmax of the answer's logits."""
+    from safetensors.torch import load_file, save_file
+
+    from qa_train.config.settings import ModelArgs
+    from qa_train.model.modeling import load_model, load_model_config, load_tokenizer
+
+    altered = copy(model, tmp_path)
+    weights = load_file(altered / "model.safetensors")
+    weights["bert.encoder.layer.0.attention.self.query.weight"][0, 0] = float("nan")
+    save_file(weights, altered / "model.safetensors", metadata={"format": "pt"})
+    says = (
+        f"{altered}: its weights hold nan or inf (first in bert.encoder.layer.0.attention.self.query.weight): saved "
+        "from a diverged run, or damaged; use an earlier checkpoint of it"
+    )
+    args = ModelArgs(model_name_or_path=str(altered))
+    with pytest.raises(ConfigError) as refused:
+        load_model(args, load_tokenizer(args), load_model_config(args))
+    assert str(refused.value) == says
+    assert refused_by_predict(altered, capsys) == says
