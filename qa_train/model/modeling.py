@@ -211,12 +211,13 @@ def load_tokenizer(args: ModelArgs):
 
     name = args.tokenizer_source
     tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True, **hub_options(args))
+    # SourceError: the folder may have been given as --model_name_or_path or predict's MODEL_DIR.
     if not tokenizer.is_fast:
-        raise ConfigError(f"--tokenizer_name {name!r}: a fast tokenizer is needed for offset mappings")
+        raise SourceError("a fast tokenizer is needed for offset mappings")
     # transformers 5 can silently build a near-empty vocab from a bad vocab file: every word -> [UNK].
     if len(tokenizer) < 100:
-        raise ConfigError(
-            f"--tokenizer_name {name!r}: vocabulary has only {len(tokenizer)} tokens; "
+        raise SourceError(
+            f"the tokenizer's vocabulary has only {len(tokenizer)} tokens; "
             "check that the folder holds tokenizer.json or a valid vocab.txt"
         )
     PairTemplate.from_tokenizer(tokenizer)  # refuses a layout the windows cannot hold, before any data is read

@@ -264,3 +264,23 @@ def test_weights_holding_nan_are_refused_not_blamed_on_the_learning_rate(
         load_model(args, load_tokenizer(args), load_model_config(args))
     assert str(refused.value) == says
     assert refused_by_predict(altered, capsys) == says
+
+
+def test_a_broken_tokenizer_is_refused_naming_the_flag_it_came_from(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty vocab.txt without tokenizer.json: the refusal said --tokenizer_name, also for a folder given as
+    --model_name_or_path, and in predict, which has no such flag."""
+    altered = copy(model, tmp_path)
+    (altered / "tokenizer.json").unlink()
+    (altered / "vocab.txt").write_text("")
+    says = (
+        "the tokenizer's vocabulary has only 5 tokens; check that the folder holds tokenizer.json or a valid vocab.txt"
+    )
+    message = refused_by_training(tmp_path, monkeypatch, "--model_name_or_path", str(altered))
+    assert message == f"--model_name_or_path {altered}: {says}"
+    message = refused_by_training(
+        tmp_path, monkeypatch, "--model_name_or_path", str(model), "--tokenizer_name", str(altered)
+    )
+    assert message == f"--tokenizer_name {altered}: {says}"
+    assert refused_by_predict(altered, capsys) == f"MODEL_DIR {altered}: {says}"
