@@ -216,6 +216,15 @@ class ModelArgs:
                 "config_name",
                 f"{self.config_name!r} has no config.json",
             )
+        # A file where a folder belongs (its model.safetensors, its config.json): transformers, reading it as a
+        # config or a hub id, said "not a valid JSON file" or "Repo id must be in the form ...".
+        for flag, what in (("model_name_or_path", "the model"), ("tokenizer_name", "the tokenizer")):
+            name = getattr(self, flag)
+            _require(
+                name is None or not Path(name).expanduser().is_file(),
+                flag,
+                f"{name} is a file; name the folder that holds {what} ({Path(name or '').parent})",
+            )
         if self.model_name_or_path is None and self.config_name is None:
             self.model_name_or_path = DEFAULT_MODEL
 

@@ -284,3 +284,15 @@ def test_a_broken_tokenizer_is_refused_naming_the_flag_it_came_from(
     )
     assert message == f"--tokenizer_name {altered}: {says}"
     assert refused_by_predict(altered, capsys) == f"MODEL_DIR {altered}: {says}"
+
+
+@pytest.mark.parametrize(
+    ("flag", "file"), [("--model_name_or_path", "model.safetensors"), ("--tokenizer_name", "tokenizer.json")]
+)
+def test_a_file_where_a_model_or_tokenizer_folder_belongs_is_refused(flag: str, file: str, model: Path) -> None:
+    """transformers read the file as a config or a hub id: `It looks like the config file at ... is not a valid JSON
+    file`, or `Repo id must be in the form 'repo_name' or 'namespace/repo_name'`."""
+    what = "the model" if flag == "--model_name_or_path" else "the tokenizer"
+    with pytest.raises(ConfigError) as refused:
+        parse_args([*tiny_flags(Path("out"), "--no_eval"), flag, str(model / file)])
+    assert str(refused.value) == f"{flag}: {model / file} is a file; name the folder that holds {what} ({model})"
