@@ -61,6 +61,12 @@ class SourceError(ConfigError):
     flag and the folder it was given as (a training flag, or predict's MODEL_DIR)."""
 
 
+def home(name: str) -> str:
+    """`name` with a leading `~` expanded: the shell leaves it in --flag=~/x and in quotes, and transformers, which
+    does not expand it, took `~/x` for a malformed hub id. Messages keep the name as given."""
+    return str(Path(name).expanduser()) if name.startswith("~") else name
+
+
 @contextlib.contextmanager
 def loading(flag: str, source: str, what: str = "it") -> Iterator[None]:
     """transformers' own failures (a missing folder or hub id, no tokenizer files or weights, a JSON that is not a
@@ -210,7 +216,7 @@ def load_tokenizer(args: ModelArgs):
     from transformers import AutoTokenizer
 
     name = args.tokenizer_source
-    tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True, **hub_options(args))
+    tokenizer = AutoTokenizer.from_pretrained(home(name), use_fast=True, **hub_options(args))
     # SourceError: the folder may have been given as --model_name_or_path or predict's MODEL_DIR.
     if not tokenizer.is_fast:
         raise SourceError("a fast tokenizer is needed for offset mappings")
@@ -229,7 +235,7 @@ def load_model_config(args: ModelArgs):
     without a QA head or an attention kernel it lacks is refused here, before any data is read."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(args.config_source, **hub_options(args))
+    config = AutoConfig.from_pretrained(home(args.config_source), **hub_options(args))
     resolve_attention(args, config)
     _check_two_outputs(config)
     return config
@@ -530,7 +536,7 @@ def load_model(args: ModelArgs, tokenizer, config, *, trained: bool = False):
         with _quiet_load_report(trained):
             try:
                 model, info = AutoModelForQuestionAnswering.from_pretrained(
-                    args.model_name_or_path,
+                    home(str(args.model_name_or_path)),
                     config=config,
                     attn_implementation=attention,
                     dtype=torch.float32,

@@ -296,3 +296,21 @@ def test_a_file_where_a_model_or_tokenizer_folder_belongs_is_refused(flag: str, 
     with pytest.raises(ConfigError) as refused:
         parse_args([*tiny_flags(Path("out"), "--no_eval"), flag, str(model / file)])
     assert str(refused.value) == f"{flag}: {model / file} is a file; name the folder that holds {what} ({model})"
+
+
+def test_a_model_folder_under_home_loads_through_a_tilde(
+    model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    own_logging: None,  # the run gets as far as setting up its logging
+) -> None:
+    """`--model_name_or_path=~/m` (the shell expands no `~` after `=`, nor in quotes): qa_train's checks found the
+    folder, but transformers took `~/m` for a hub id and refused it (`Repo id must use alphanumeric chars`)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(model, tmp_path / "m")
+    assert predict.main(["~/m", "-q", "Who?", "-c", "Somebody.", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["answer"]
+    for flags in (["--model_name_or_path", "~/m"], ["--config_name", "~/m", "--tokenizer_name", "~/m"]):
+        with pytest.raises(AssertionError, match="featurised"):  # past the preflight: its model loads
+            refused_by_training(tmp_path, monkeypatch, *flags)
