@@ -73,6 +73,8 @@ def loading(flag: str, source: str, what: str = "it") -> Iterator[None]:
     config) as one ConfigError line naming the flag, instead of a traceback."""
     if local_path(source) and not Path(source).expanduser().exists():  # before transformers asks the hub for it
         raise ConfigError(f"{flag} {source}: no such directory")
+    from huggingface_hub.errors import StrictDataclassError
+
     _check_config_object(flag, source)
     try:
         yield
@@ -82,6 +84,10 @@ def loading(flag: str, source: str, what: str = "it") -> Iterator[None]:
         raise
     except (OSError, ValueError) as err:
         raise ConfigError(f"{flag} {source}: cannot load {what} ({one_line(err)})") from None
+    except StrictDataclassError as err:  # a config value of the wrong type ("hidden_size": "128"): no ValueError
+        # Its first line names only the field; the next says what is wrong with it.
+        said = " ".join(str(err).split())
+        raise ConfigError(f"{flag} {source}: config.json does not validate ({said})") from None
 
 
 # JSON's names for what json.loads returns, for a config.json that holds something other than an object.

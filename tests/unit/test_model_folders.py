@@ -314,3 +314,21 @@ def test_a_model_folder_under_home_loads_through_a_tilde(
     for flags in (["--model_name_or_path", "~/m"], ["--config_name", "~/m", "--tokenizer_name", "~/m"]):
         with pytest.raises(AssertionError, match="featurised"):  # past the preflight: its model loads
             refused_by_training(tmp_path, monkeypatch, *flags)
+
+
+def test_a_config_value_of_the_wrong_type_is_refused(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """transformers 5 validates a config's fields as a strict dataclass, whose error is no ValueError: a traceback."""
+    altered = copy(model, tmp_path)
+    config = json.loads((altered / "config.json").read_text())
+    (altered / "config.json").write_text(json.dumps({**config, "hidden_size": "128"}))
+    says = (
+        "config.json does not validate (Validation error for field 'hidden_size': TypeError: Field 'hidden_size' "
+        "expected int, got str (value: '128'))"
+    )
+    message = refused_by_training(tmp_path, monkeypatch, "--model_name_or_path", str(altered))
+    assert message == f"--model_name_or_path {altered}: {says}"
+    message = refused_by_training(tmp_path, monkeypatch, "--config_name", str(altered), "--tokenizer_name", str(model))
+    assert message == f"--config_name {altered}: {says}"
+    assert refused_by_predict(altered, capsys) == f"MODEL_DIR {altered}: {says}"
