@@ -243,22 +243,27 @@ def load_model_config(args: ModelArgs):
 
     config = AutoConfig.from_pretrained(home(args.config_source), **hub_options(args))
     resolve_attention(args, config)
-    _check_two_outputs(config)
+    _check_builds(config)
     return config
 
 
-def _check_two_outputs(config) -> None:
-    """A config with a classifier's labels (num_labels 3, an id2label of 3) gives most QA heads that many outputs, and
-    the forward's unpacking of start and end logits failed at the first step, after the data was featurised.
-    Decoder families' heads have 2 outputs whatever num_labels says: the head built (on the meta device) decides."""
+def _check_builds(config) -> None:
+    """The config's QA model, built on the meta device (shapes, no memory; milliseconds for BERT-large). A config
+    that builds none (a hidden_size no multiple of num_attention_heads) failed only in load_model, after the data
+    was featurised, and named --model_name_or_path even from scratch. A config with a classifier's labels
+    (num_labels 3, an id2label of 3) gives most QA heads that many outputs: the forward's unpacking of start and end
+    logits failed at the first step. Decoder families' heads have 2 outputs whatever num_labels says: the head
+    built decides."""
     import copy
 
     import torch
 
-    if config.num_labels == 2:
-        return
-    with torch.device("meta"):
-        head = getattr(qa_model_class(config)(copy.deepcopy(config)), "qa_outputs", None)
+    try:
+        with torch.device("meta"):
+            model = qa_model_class(config)(copy.deepcopy(config))
+    except (ValueError, TypeError, ZeroDivisionError, RuntimeError) as err:
+        raise SourceError(f"config.json does not build a model ({one_line(err)})") from None
+    head = getattr(model, "qa_outputs", None)
     if isinstance(head, torch.nn.Linear) and head.out_features != 2:
         raise SourceError(
             f"config.json has num_labels {config.num_labels} (its id2label), and a question-answering head needs 2 "

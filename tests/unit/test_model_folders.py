@@ -332,3 +332,20 @@ def test_a_config_value_of_the_wrong_type_is_refused(
     message = refused_by_training(tmp_path, monkeypatch, "--config_name", str(altered), "--tokenizer_name", str(model))
     assert message == f"--config_name {altered}: {says}"
     assert refused_by_predict(altered, capsys) == f"MODEL_DIR {altered}: {says}"
+
+
+def test_a_config_that_builds_no_model_is_refused_before_the_data_is_featurised(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hidden_size that is no multiple of num_attention_heads failed in load_model, after the data was
+    featurised, and from --config_name alone the line named `--model_name_or_path :`."""
+    altered = copy(model, tmp_path)
+    config = json.loads((altered / "config.json").read_text())
+    (altered / "config.json").write_text(json.dumps({**config, "hidden_size": 130, "num_attention_heads": 4}))
+    says = (
+        "config.json does not build a model (ValueError: The hidden size (130) is not a multiple of the number of "
+        "attention heads (4))"
+    )
+    message = refused_by_training(tmp_path, monkeypatch, "--config_name", str(altered), "--tokenizer_name", str(model))
+    assert message == f"--config_name {altered}: {says}"
+    assert refused_by_predict(altered, capsys) == f"MODEL_DIR {altered}: {says}"
