@@ -568,8 +568,26 @@ def load_model(args: ModelArgs, tokenizer, config, *, trained: bool = False):
                 f"{args.model_name_or_path}: not a trained question-answering model: its weights lack {shown} "
                 "(randomly initialised, they would answer at random); fine-tune it with qa-train first"
             )
+        _check_some_loaded(model, info, args)
         _check_finite(model, str(args.model_name_or_path))
     return model
+
+
+def _check_some_loaded(model, info: dict, args: ModelArgs) -> None:
+    """Weights of which not one fits the model's encoder (a --config_name of another family beside
+    --model_name_or_path: RobertaForQuestionAnswering finds bert.* weights): transformers printed its table of
+    missing and unexpected weights and the run fine-tuned a randomly initialised model to the end, exit 0."""
+    base = f"{model.base_model_prefix}."
+    encoder = [name for name in model.state_dict() if name.startswith(base)]
+    missing = set(info["missing_keys"])
+    if encoder and all(name in missing for name in encoder):
+        unexpected = sorted(info["unexpected_keys"])
+        held = f" (it holds {unexpected[0]} and {len(unexpected) - 1} more unused)" if unexpected else ""
+        fits = f"--config_name {args.config_name}" if args.config_name else "its config.json"
+        raise ConfigError(
+            f"{args.model_name_or_path}: none of its weights fit the {type(model).__name__} of {fits}{held}: "
+            "the config of another model family; without one of its own, the encoder would train from random weights"
+        )
 
 
 def _check_finite(model, source: str) -> None:

@@ -349,3 +349,20 @@ def test_a_config_that_builds_no_model_is_refused_before_the_data_is_featurised(
     message = refused_by_training(tmp_path, monkeypatch, "--config_name", str(altered), "--tokenizer_name", str(model))
     assert message == f"--config_name {altered}: {says}"
     assert refused_by_predict(altered, capsys) == f"MODEL_DIR {altered}: {says}"
+
+
+def test_weights_of_another_family_than_the_config_are_refused(model: Path, tmp_path: Path) -> None:
+    """BERT's weights under --config_name of a RoBERTa config of the same sizes: transformers printed its table of
+    unexpected and missing weights, and the run fine-tuned a randomly initialised encoder to exit 0."""
+    from qa_train.config.settings import ModelArgs
+    from qa_train.model.modeling import load_model, load_model_config, load_tokenizer
+
+    roberta = write_config(tmp_path / "roberta", model_type="roberta", max_position_embeddings=514, pad_token_id=1)
+    args = ModelArgs(model_name_or_path=str(model), config_name=str(roberta), tokenizer_name=str(model))
+    with pytest.raises(ConfigError) as refused:
+        load_model(args, load_tokenizer(args), load_model_config(args))
+    assert str(refused.value).startswith(
+        f"{model}: none of its weights fit the RobertaForQuestionAnswering of --config_name {roberta} (it holds bert."
+    )
+    own = ModelArgs(model_name_or_path=str(model))
+    load_model(own, load_tokenizer(own), load_model_config(own))  # under its own config they load
