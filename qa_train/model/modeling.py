@@ -263,6 +263,14 @@ def _check_builds(config) -> None:
             model = qa_model_class(config)(copy.deepcopy(config))
     except (ValueError, TypeError, ZeroDivisionError, RuntimeError) as err:
         raise SourceError(f"config.json does not build a model ({one_line(err)})") from None
+    # An encoder-decoder's QA head (T5's, BART's) reads a decoder fed the input shifted right after this token:
+    # T5Config no longer defaults it (hub T5 configs still hold it), and the first step ended in an AttributeError.
+    # Absent, not None: MBart's is None and unused (it starts from the language code).
+    if config.is_encoder_decoder and not hasattr(config, "decoder_start_token_id"):
+        raise SourceError(
+            f"config.json has no decoder_start_token_id, which {type(model).__name__} feeds its decoder first "
+            f"(T5's is its pad_token_id, {getattr(config, 'pad_token_id', None)}); add it"
+        )
     head = getattr(model, "qa_outputs", None)
     if isinstance(head, torch.nn.Linear) and head.out_features != 2:
         raise SourceError(

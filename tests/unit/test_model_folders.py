@@ -366,3 +366,25 @@ def test_weights_of_another_family_than_the_config_are_refused(model: Path, tmp_
     )
     own = ModelArgs(model_name_or_path=str(model))
     load_model(own, load_tokenizer(own), load_model_config(own))  # under its own config they load
+
+
+def test_an_encoder_decoder_config_without_a_decoder_start_token_is_refused(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A T5Config saved by transformers 5 holds no decoder_start_token_id: from --config_name the run featurised its
+    data and ended at the first step in an AttributeError traceback. With it (as hub T5 configs have it), it builds."""
+    from transformers import T5Config
+
+    from qa_train.config.settings import ModelArgs
+    from qa_train.model.modeling import load_model_config
+
+    t5 = tmp_path / "t5"
+    T5Config(num_layers=1, d_model=32, num_heads=2, d_kv=16, d_ff=64, vocab_size=3707).save_pretrained(t5)
+    message = refused_by_training(tmp_path, monkeypatch, "--config_name", str(t5), "--tokenizer_name", str(model))
+    assert message == (
+        f"--config_name {t5}: config.json has no decoder_start_token_id, which T5ForQuestionAnswering feeds its "
+        "decoder first (T5's is its pad_token_id, 0); add it"
+    )
+    config = json.loads((t5 / "config.json").read_text())
+    (t5 / "config.json").write_text(json.dumps({**config, "decoder_start_token_id": 0}))
+    load_model_config(ModelArgs(config_name=str(t5)))
