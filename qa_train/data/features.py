@@ -75,10 +75,11 @@ def _check_layout(tokenizer, pair_ids: np.ndarray, prefix: np.ndarray) -> None:
     if getattr(tokenizer, "padding_side", "right") != "right":
         unsupported.append(f"padding_side={tokenizer.padding_side!r}")
     if unsupported:
+        # No flag named: the folder may be --tokenizer_name's, --model_name_or_path's or predict's MODEL_DIR, which
+        # load_tokenizer's caller (modeling.loading) puts in front.
         raise ConfigError(
-            f"--tokenizer_name {tokenizer.name_or_path!r} ({type(tokenizer).__name__}): "
-            f"{' and '.join(unsupported)} not supported; qa_train needs the classifier token "
-            "first and padding on the right"
+            f"its tokenizer ({type(tokenizer).__name__}) has {' and '.join(unsupported)}, which qa_train does not "
+            "support: it needs the classifier token first and padding on the right"
         )
 
 

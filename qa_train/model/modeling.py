@@ -232,7 +232,10 @@ def load_tokenizer(args: ModelArgs):
             f"the tokenizer's vocabulary has only {len(tokenizer)} tokens; "
             "check that the folder holds tokenizer.json or a valid vocab.txt"
         )
-    PairTemplate.from_tokenizer(tokenizer)  # refuses a layout the windows cannot hold, before any data is read
+    try:  # refuses a layout the windows cannot hold, before any data is read
+        PairTemplate.from_tokenizer(tokenizer)
+    except ConfigError as err:
+        raise SourceError(str(err)) from None
     return tokenizer
 
 
