@@ -274,6 +274,12 @@ def _check_builds(config) -> None:
             f"config.json has no decoder_start_token_id, which {type(model).__name__} feeds its decoder first "
             f"(T5's is its pad_token_id, {getattr(config, 'pad_token_id', None)}); add it"
         )
+    # A size of 0 in config.json (type_vocab_size 0): every id indexes past the table, an IndexError at step 1.
+    empty = [name for name, m in model.named_modules() if isinstance(m, torch.nn.Embedding) and m.num_embeddings == 0]
+    if empty:
+        raise SourceError(
+            f"config.json gives the embedding {empty[0]} no rows (a size of 0): every id would index past it"
+        )
     head = getattr(model, "qa_outputs", None)
     if isinstance(head, torch.nn.Linear) and head.out_features != 2:
         raise SourceError(

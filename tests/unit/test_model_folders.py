@@ -198,6 +198,20 @@ def test_a_config_with_a_classifiers_labels_is_refused(
     assert refused_by_predict(altered, capsys) == f"MODEL_DIR {altered}: {says}"
 
 
+def test_a_config_that_sizes_an_embedding_at_zero_is_refused(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """type_vocab_size 0 built a token-type table of no rows: an IndexError traceback at the first step."""
+    altered = copy(model, tmp_path)
+    config = json.loads((altered / "config.json").read_text())
+    (altered / "config.json").write_text(json.dumps({**config, "type_vocab_size": 0}))
+    message = refused_by_training(tmp_path, monkeypatch, "--config_name", str(altered), "--tokenizer_name", str(model))
+    assert message == (
+        f"--config_name {altered}: config.json gives the embedding bert.embeddings.token_type_embeddings no rows "
+        "(a size of 0): every id would index past it"
+    )
+
+
 def test_a_head_of_two_outputs_whatever_num_labels_says_is_not_refused(tmp_path: Path) -> None:
     """GPT-2's QA head has 2 outputs whatever its config's num_labels: the head built decides, not the number."""
     from transformers import GPT2Config
