@@ -126,8 +126,12 @@ def check_weights(args: ModelArgs, config=None) -> None:
         )
     shapes = weight_shapes("--model_name_or_path", source)
     if config is not None:
-        fits = f"--config_name {args.config_name}" if args.config_name else "its config.json"
-        check_weight_shapes(shapes, config, f"--model_name_or_path {source}", fits)
+        check_weight_shapes(shapes, config, f"--model_name_or_path {source}", _config_named(args))
+
+
+def _config_named(args: ModelArgs) -> str:
+    """The config the weights are held against, as the refusals name it."""
+    return f"--config_name {args.config_name}" if args.config_name else "its config.json"
 
 
 def weight_shapes(flag: str, source: str) -> dict[str, tuple[int, ...]]:
@@ -168,14 +172,9 @@ def check_weight_shapes(shapes: dict[str, tuple[int, ...]], config, weights: str
     config.json, a --config_name of another model size. from_pretrained refused them only once the data was
     featurised, in a RuntimeError traceback pointing at a report above it. Names transformers would rename are
     not compared: from_pretrained still checks those."""
-    import copy
-
-    import torch
-
     if not shapes:
         return
-    with torch.device("meta"):  # the shapes without the memory
-        model = qa_model_class(config)(copy.deepcopy(config))
+    model = meta_model(config)
     built = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     base = f"{model.base_model_prefix}."  # a base model's checkpoint (BertModel) names its weights without it
     wrong = [
@@ -257,13 +256,10 @@ def _check_builds(config) -> None:
     (num_labels 3, an id2label of 3) gives most QA heads that many outputs: the forward's unpacking of start and end
     logits failed at the first step. Decoder families' heads have 2 outputs whatever num_labels says: the head
     built decides."""
-    import copy
-
     import torch
 
     try:
-        with torch.device("meta"):
-            model = qa_model_class(config)(copy.deepcopy(config))
+        model = meta_model(config)
     except (ValueError, TypeError, ZeroDivisionError, RuntimeError) as err:
         raise SourceError(f"config.json does not build a model ({one_line(err)})") from None
     # An encoder-decoder's QA head (T5's, BART's) reads a decoder fed the input shifted right after this token:
@@ -286,6 +282,16 @@ def _check_builds(config) -> None:
             f"config.json has num_labels {config.num_labels} (its id2label), and a question-answering head needs 2 "
             "(start and end logits): set num_labels to 2, or remove id2label and label2id"
         )
+
+
+def meta_model(config) -> PreTrainedModel:
+    """The config's QA model on the meta device: its modules and shapes without the memory (milliseconds)."""
+    import copy
+
+    import torch
+
+    with torch.device("meta"):
+        return qa_model_class(config)(copy.deepcopy(config))
 
 
 def qa_model_class(config) -> type[PreTrainedModel]:
@@ -600,10 +606,10 @@ def _check_some_loaded(model, info: dict, args: ModelArgs) -> None:
     if encoder and all(name in missing for name in encoder):
         unexpected = sorted(info["unexpected_keys"])
         held = f" (it holds {unexpected[0]} and {len(unexpected) - 1} more unused)" if unexpected else ""
-        fits = f"--config_name {args.config_name}" if args.config_name else "its config.json"
         raise ConfigError(
-            f"{args.model_name_or_path}: none of its weights fit the {type(model).__name__} of {fits}{held}: "
-            "the config of another model family; without one of its own, the encoder would train from random weights"
+            f"{args.model_name_or_path}: none of its weights fit the {type(model).__name__} of {_config_named(args)}"
+            f"{held}: the config of another model family; without one of its own, the encoder would train from "
+            "random weights"
         )
 
 
