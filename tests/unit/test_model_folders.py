@@ -24,8 +24,13 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return high_padding_model(tmp_path_factory.mktemp("model") / "qa")
 
 
-def copy(model: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(model, tmp_path / "altered"))
+def copy(model: Path, tmp_path: Path, **config: object) -> Path:
+    """A copy of the model folder, its config.json given these keys."""
+    altered = Path(shutil.copytree(model, tmp_path / "altered"))
+    if config:
+        saved = json.loads((altered / "config.json").read_text())
+        (altered / "config.json").write_text(json.dumps({**saved, **config}))
+    return altered
 
 
 def refused_by_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) -> str:
@@ -140,9 +145,7 @@ def test_weights_the_config_does_not_fit_are_refused_before_the_data_is_featuris
 ) -> None:
     """A config.json edited after the weights were saved, or a --config_name of another size: from_pretrained's
     RuntimeError traceback (`ignore_mismatched_sizes`), after the data was featurised."""
-    altered = copy(model, tmp_path)
-    config = json.loads((altered / "config.json").read_text())
-    (altered / "config.json").write_text(json.dumps({**config, **sizes}))
+    altered = copy(model, tmp_path, **sizes)
     message = refused_by_training(tmp_path, monkeypatch, "--model_name_or_path", str(altered))
     assert message.startswith(f"--model_name_or_path {altered}: its weights do not fit its config.json: {says}")
     other = write_config(tmp_path / "other-size", **sizes)
@@ -163,11 +166,9 @@ def test_a_pytorch_bin_the_config_does_not_fit_is_refused_in_one_line(model: Pat
     from qa_train.config.settings import ModelArgs
     from qa_train.model.modeling import load_model, load_model_config, load_tokenizer
 
-    altered = copy(model, tmp_path)
+    altered = copy(model, tmp_path, vocab_size=5000)
     torch.save(load_file(altered / "model.safetensors"), altered / "pytorch_model.bin")
     (altered / "model.safetensors").unlink()
-    config = json.loads((altered / "config.json").read_text())
-    (altered / "config.json").write_text(json.dumps({**config, "vocab_size": 5000}))
     args = ModelArgs(model_name_or_path=str(altered))
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(altered))}: its weights do not fit the model's config"):
         load_model(args, load_tokenizer(args), load_model_config(args))
@@ -183,9 +184,7 @@ def test_a_config_with_a_classifiers_labels_is_refused(
 ) -> None:
     """num_labels other than 2 gave BERT's head that many outputs: from --config_name, `too many values to unpack`
     at the first step after the data was featurised; beside weights, a shape mismatch traceback."""
-    altered = copy(model, tmp_path)
-    config = json.loads((altered / "config.json").read_text())
-    (altered / "config.json").write_text(json.dumps({**config, **labels}))
+    altered = copy(model, tmp_path, **labels)
     n = 1 if labels.get("num_labels") == 1 else 3
     says = (
         f"config.json has num_labels {n} (its id2label), and a question-answering head needs 2 (start and end "
@@ -202,9 +201,7 @@ def test_a_config_that_sizes_an_embedding_at_zero_is_refused(
     model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """type_vocab_size 0 built a token-type table of no rows: an IndexError traceback at the first step."""
-    altered = copy(model, tmp_path)
-    config = json.loads((altered / "config.json").read_text())
-    (altered / "config.json").write_text(json.dumps({**config, "type_vocab_size": 0}))
+    altered = copy(model, tmp_path, type_vocab_size=0)
     message = refused_by_training(tmp_path, monkeypatch, "--config_name", str(altered), "--tokenizer_name", str(model))
     assert message == (
         f"--config_name {altered}: config.json gives the embedding bert.embeddings.token_type_embeddings no rows "
@@ -334,9 +331,7 @@ def test_a_config_value_of_the_wrong_type_is_refused(
     model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """transformers 5 validates a config's fields as a strict dataclass, whose error is no ValueError: a traceback."""
-    altered = copy(model, tmp_path)
-    config = json.loads((altered / "config.json").read_text())
-    (altered / "config.json").write_text(json.dumps({**config, "hidden_size": "128"}))
+    altered = copy(model, tmp_path, hidden_size="128")
     says = (
         "config.json does not validate (Validation error for field 'hidden_size': TypeError: Field 'hidden_size' "
         "expected int, got str (value: '128'))"
@@ -353,9 +348,7 @@ def test_a_config_that_builds_no_model_is_refused_before_the_data_is_featurised(
 ) -> None:
     """A hidden_size that is no multiple of num_attention_heads failed in load_model, after the data was
     featurised, and from --config_name alone the line named `--model_name_or_path :`."""
-    altered = copy(model, tmp_path)
-    config = json.loads((altered / "config.json").read_text())
-    (altered / "config.json").write_text(json.dumps({**config, "hidden_size": 130, "num_attention_heads": 4}))
+    altered = copy(model, tmp_path, hidden_size=130, num_attention_heads=4)
     says = (
         "config.json does not build a model (ValueError: The hidden size (130) is not a multiple of the number of "
         "attention heads (4))"
