@@ -616,15 +616,15 @@ def _check_some_loaded(model, info: dict, args: ModelArgs) -> None:
 def _check_finite(model, source: str) -> None:
     """Weights holding nan or inf (a checkpoint saved after its training diverged, bytes damaged in place): training
     stopped at its first step as "diverged, lower the learning rate", and predict ended in a traceback from the
-    answer's softmax. One pass over the weights, already in memory (ZeRO-3's partitioned ones are empty here)."""
-    import torch
+    answer's softmax. One pass over the weights, already in memory; under ZeRO-3 each rank reads its partition."""
+    from qa_train.strategy.sharded import first_nonfinite
 
-    for name, tensor in model.state_dict().items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise ConfigError(
-                f"{source}: its weights hold nan or inf (first in {name}): saved from a diverged run, or damaged; "
-                "use an earlier checkpoint of it"
-            )
+    name = first_nonfinite(model)
+    if name is not None:
+        raise ConfigError(
+            f"{source}: its weights hold nan or inf (first in {name}): saved from a diverged run, or damaged; "
+            "use an earlier checkpoint of it"
+        )
 
 
 def flop_coefficients(config) -> tuple[float, float]:

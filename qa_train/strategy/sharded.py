@@ -78,6 +78,15 @@ def built_whole(accelerator) -> Iterator[None]:
         set_hf_deepspeed_config(registered)
 
 
+def held_part(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of a parameter this rank holds: FSDP2's local shard of a DTensor, ZeRO-3's partition (the
+    parameter itself is an empty placeholder outside a gather), or the whole tensor."""
+    if hasattr(tensor, "to_local"):
+        return tensor.to_local()
+    partition = getattr(tensor, "ds_tensor", None)
+    return tensor if partition is None else partition
+
+
 def nonfinite_tensors(params: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
     """How many of the tensors this rank holds have a NaN or Inf, as a tensor on `device` (no host sync)."""
     import torch
@@ -85,10 +94,29 @@ def nonfinite_tensors(params: Iterable[torch.Tensor], device: torch.device) -> t
     bad = torch.zeros((), device=device)
     with torch.no_grad():
         for p in params:
-            local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2: this rank's shard of a DTensor
-            if local.numel():  # ZeRO-3 leaves empty placeholders outside its gather
+            local = held_part(p)
+            if local.numel():
                 bad += (~torch.isfinite(local)).any().to(bad.dtype)
     return bad
+
+
+def first_nonfinite(model) -> str | None:
+    """The name of the first weight holding nan or inf, the same on every rank: one all-gather where the model is
+    partitioned (ZeRO-3 builds it so at load, every rank together), none elsewhere."""
+    import torch
+
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    found = next(
+        (name for name, t in tensors if t.is_floating_point() and not bool(torch.isfinite(held_part(t)).all())),
+        None,
+    )
+    partitioned = any(hasattr(t, "ds_tensor") for _, t in tensors)
+    if not partitioned or not torch.distributed.is_initialized():
+        return found
+    names: list[str | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(names, found)
+    order = {name: i for i, (name, _) in enumerate(tensors)}
+    return min((name for name in names if name is not None), key=order.__getitem__, default=None)
 
 
 def export_state_dict(accelerator, model) -> dict[str, Any] | None:

@@ -1,5 +1,5 @@
-"""qa_train.observe.monitor under FSDP2, in a one-rank gloo process group of its own: DTensors reach the interval
-log and the weight check."""
+"""Sharded parameters in a one-rank gloo process group of its own: FSDP2's DTensors reach the interval log and the
+weight check; ZeRO-3's partitions reach the weight checks at load and before a save."""
 
 from __future__ import annotations
 
@@ -46,3 +46,55 @@ def test_fsdp2_dtensors_reach_the_interval_log_and_the_weight_check(tmp_path) ->
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "grad_norm 5.0" in proc.stdout and "nonfinite 1" in proc.stdout
+
+
+ZERO3_WEIGHTS = r"""
+import sys, torch, deepspeed
+from transformers import AutoConfig, AutoModelForQuestionAnswering
+from transformers.integrations import HfDeepSpeedConfig
+from qa_train.config.settings import ConfigError
+from qa_train.model.modeling import _check_finite
+from qa_train.strategy.sharded import nonfinite_tensors
+
+store, folder, tiny = sys.argv[1:]
+deepspeed.init_distributed("gloo", auto_mpi_discovery=False, init_method="file://" + store, rank=0, world_size=1)
+model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(tiny))
+with torch.no_grad():
+    model.bert.encoder.layer[1].output.dense.weight[0, 0] = float("inf")
+model.save_pretrained(folder)
+config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+registered = HfDeepSpeedConfig(config)  # from_pretrained builds under deepspeed.zero.Init while it lives
+model = AutoModelForQuestionAnswering.from_pretrained(folder)
+print("placeholders", all(p.numel() == 0 for p in model.parameters()))
+try:
+    _check_finite(model, folder)
+except ConfigError as err:
+    print("refused", err)
+engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+print("nonfinite", int(nonfinite_tensors(engine.module.parameters(), torch.device("cpu"))))
+"""
+
+
+def test_zero3_partitions_reach_the_weight_checks(tmp_path) -> None:
+    """Under ZeRO-3 a parameter is an empty placeholder outside a gather, and its values live in the rank's
+    partition: the load's nan/inf check and the check before a checkpoint or export read placeholders and passed
+    a model holding inf."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}  # what a launcher gives zero.Init
+    args = [str(tmp_path / "store"), str(tmp_path / "model"), str(ROOT / "qa_train" / "assets" / "tiny-bert")]
+    proc = subprocess.run(
+        [sys.executable, "-c", ZERO3_WEIGHTS, *args], env=env, capture_output=True, text=True, timeout=200
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "placeholders True" in proc.stdout, proc.stdout
+    assert (
+        f"refused {tmp_path / 'model'}: its weights hold nan or inf (first in "
+        "bert.encoder.layer.1.output.dense.weight)" in proc.stdout
+    ), proc.stdout
+    assert "nonfinite 1" in proc.stdout, proc.stdout
