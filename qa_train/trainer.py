@@ -22,7 +22,7 @@ import torch
 
 from qa_train import __version__
 from qa_train.config.outputdir import clear_previous_run
-from qa_train.config.settings import TrainArgs, every_n_steps
+from qa_train.config.settings import TrainArgs, every_n_steps, unreached_intervals
 from qa_train.core import collector, logs
 from qa_train.core.preemption import StopRequest
 from qa_train.data.batching import windows_in_step
@@ -284,6 +284,8 @@ class Trainer:
         )
         self.log_every = every_n_steps(args.output.logging_steps, self.steps.total_steps)
         self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.steps.total_steps)
+        for warning in unreached_intervals(args, self.steps.total_steps) if self.is_main else []:
+            log.warning(warning)
         with loading("--model_name_or_path", args.model.model_name_or_path or ""):  # a hub id's weights, offline
             model = load_model(args.model, self.tokenizer, self.model_config)
         # The checkpoint is checked against this run before anything is loaded; converted weights go in here,

@@ -724,3 +724,29 @@ def test_an_arguments_file_takes_a_whole_number_for_checkpointing_steps(tmp_path
     path = tmp_path / "args.yaml"
     path.write_text("checkpointing_steps: 500\n")  # YAML reads it as a number
     assert parse_args([str(path)]).output.checkpoint_every == 500
+
+
+@pytest.mark.parametrize(
+    ("argv", "total", "said"),
+    [
+        (["--checkpointing_steps", "50"], 40, ["--checkpointing_steps 50 is more than the run's 40 steps: no check"]),
+        (["--checkpointing_steps", "40"], 40, []),
+        (["--checkpointing_steps", "epoch"], 40, []),
+        (["--eval_strategy", "steps", "--eval_steps", "41"], 40, ["--eval_steps 41 is more than the run's 40 steps"]),
+        (["--eval_strategy", "steps", "--eval_steps", "0.5"], 40, []),
+        # Trainer's habit: --eval_steps falls back on --logging_steps (10 here).
+        (["--eval_strategy", "steps"], 8, ["--eval_steps (by default --logging_steps) 10 is more than the run's 8"]),
+        (["--eval_strategy", "steps"], 10, []),
+        (["--eval_strategy", "steps", "--save_best"], 8, ["--eval_steps (by default --logging_steps) 10 is more"]),
+        (["--do_train", "false", "--do_eval"], 0, []),
+        (["--checkpointing_steps", "50", "--max_train_steps", "0"], 0, []),
+    ],
+)
+def test_an_interval_longer_than_the_run_is_said(argv: list[str], total: int, said: list[str]) -> None:
+    """Trainer says nothing; a run meant to leave checkpoints or scores as it trains found out only at its end."""
+    from qa_train.config.settings import unreached_intervals
+
+    warnings = unreached_intervals(parse_args(argv), total)
+    assert len(warnings) == len(said) and all(w.startswith(s) for w, s in zip(warnings, said, strict=True)), warnings
+    if "--save_best" in argv:
+        assert warnings[0].endswith("no evaluation during training for --save_best to choose from")
