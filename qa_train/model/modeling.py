@@ -135,36 +135,71 @@ def _config_named(args: ModelArgs) -> str:
 
 
 def weight_shapes(flag: str, source: str) -> dict[str, tuple[int, ...]]:
-    """Each weight's shape by its name in a local folder's safetensors files (the one from_pretrained reads, or the
-    shards its index names), from their headers alone; {} for a hub id or other formats. A file whose header cannot
-    be read (a truncated download or copy) or a shard the index names but the folder lacks is refused here:
-    from_pretrained met them only once the data was featurised, the former as a SafetensorError traceback."""
-    from safetensors import SafetensorError, safe_open
-
+    """Each weight's shape by its name in a local folder's weights files (the one from_pretrained reads, or the
+    shards its index names), read without their data: safetensors headers, or a PyTorch zip file's records mapped
+    to the meta device; {} for a hub id or a file of the pre-zip format. A file that cannot be read (a truncated
+    download or copy) or a shard the index names but the folder lacks is refused here: from_pretrained met them only
+    once the data was featurised, as a traceback."""
     folder = Path(source).expanduser()
-    single, index = folder / WEIGHT_FILES[0], folder / WEIGHT_FILES[1]
-    if single.is_file():  # from_pretrained's order: the single file before a sharded index
-        files = [single]
-    elif index.is_file():
-        try:
-            files = [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise ConfigError(f"{flag} {source}: {index.name} is not a safetensors index ({one_line(err)})") from None
-    else:
+    found = next((name for name in WEIGHT_FILES if (folder / name).is_file()), None)  # from_pretrained's order
+    if found is None:
         return {}
+    files = [folder / found]
+    if found.endswith(".index.json"):
+        try:
+            files = [folder / name for name in sorted(set(json.loads(files[0].read_text())["weight_map"].values()))]
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            kind = "safetensors" if found.startswith("model.safetensors") else "PyTorch weights"
+            raise ConfigError(f"{flag} {source}: {found} is not a {kind} index ({one_line(err)})") from None
+    read = _safetensors_shapes if found.startswith("model.safetensors") else _torch_shapes
     shapes: dict[str, tuple[int, ...]] = {}
     for path in files:
         if not path.is_file():
-            raise ConfigError(f"{flag} {source}: {index.name} names the shard {path.name}, which is not in the folder")
+            raise ConfigError(f"{flag} {source}: {found} names the shard {path.name}, which is not in the folder")
         try:
-            with safe_open(path, framework="pt") as weights:
-                shapes.update((key, tuple(weights.get_slice(key).get_shape())) for key in weights.keys())
-        except (SafetensorError, OSError) as err:
+            shapes.update(read(path))
+        except _Unreadable as err:
             raise ConfigError(
-                f"{flag} {source}: {path.name} is not a readable safetensors file ({one_line(err)}): "
-                "truncated or damaged; copy or download it again"
+                f"{flag} {source}: {path.name} is not a readable {err.kind} file ({err.why}): truncated or damaged; "
+                "copy or download it again"
             ) from None
     return shapes
+
+
+class _Unreadable(Exception):
+    def __init__(self, kind: str, why: str) -> None:
+        super().__init__(why)
+        self.kind, self.why = kind, why
+
+
+def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="pt") as weights:
+            return {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}
+    except (SafetensorError, OSError) as err:
+        raise _Unreadable("safetensors", one_line(err)) from None
+
+
+def _torch_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """A pytorch_model.bin's shapes: its records mapped, not read, onto the meta device (milliseconds for any size),
+    under weights_only, as transformers loads it."""
+    import pickle
+
+    import torch
+
+    try:
+        state = torch.load(path, map_location="meta", weights_only=True, mmap=True)
+    except RuntimeError as err:
+        if "_use_new_zipfile_serialization" in str(err):  # the pre-zip format cannot be mapped: from_pretrained checks
+            return {}
+        raise _Unreadable("PyTorch weights", one_line(err)) from None
+    except (pickle.UnpicklingError, OSError, EOFError, ValueError) as err:
+        raise _Unreadable("PyTorch weights", one_line(err)) from None
+    if not isinstance(state, dict):
+        raise _Unreadable("PyTorch weights", f"it holds a {type(state).__name__}, not a dict of tensors")
+    return {key: tuple(t.shape) for key, t in state.items() if isinstance(t, torch.Tensor)}
 
 
 def check_weight_shapes(shapes: dict[str, tuple[int, ...]], config, weights: str, fits: str) -> None:
@@ -577,7 +612,7 @@ def load_model(args: ModelArgs, tokenizer, config, *, trained: bool = False):
                     output_loading_info=True,
                     **hub_options(args),
                 )
-            except RuntimeError as err:  # shapes check_weights could not read (pytorch_model.bin, a hub id's files)
+            except RuntimeError as err:  # shapes check_weights could not read (a hub id's files, a pre-zip .bin)
                 if "ignore_mismatched_sizes" not in str(err):
                     raise
                 raise ConfigError(

@@ -158,18 +158,66 @@ def test_weights_the_config_does_not_fit_are_refused_before_the_data_is_featuris
     )
 
 
-def test_a_pytorch_bin_the_config_does_not_fit_is_refused_in_one_line(model: Path, tmp_path: Path) -> None:
-    """pytorch_model.bin's shapes cannot be read without loading it: from_pretrained's refusal becomes one line."""
+def as_pytorch_bin(folder: Path, *, zip_format: bool = True) -> Path:
+    """The folder's weights as pytorch_model.bin, in place of model.safetensors."""
     import torch
     from safetensors.torch import load_file
 
+    torch.save(
+        load_file(folder / "model.safetensors"), folder / "pytorch_model.bin", _use_new_zipfile_serialization=zip_format
+    )
+    (folder / "model.safetensors").unlink()
+    return folder / "pytorch_model.bin"
+
+
+def test_a_pytorch_bin_the_config_does_not_fit_is_refused_before_the_data_is_featurised(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Older checkpoints hold pytorch_model.bin; its records give the shapes without their data."""
+    altered = copy(model, tmp_path, vocab_size=5000)
+    as_pytorch_bin(altered)
+    message = refused_by_training(tmp_path, monkeypatch, "--model_name_or_path", str(altered))
+    assert message.startswith(
+        f"--model_name_or_path {altered}: its weights do not fit its config.json: bert.embeddings.word_embeddings."
+        "weight is [3707, 128] in the weights, [5000, 128] by the config;"
+    ), message
+
+
+def test_a_damaged_pytorch_bin_or_a_missing_shard_is_refused_before_the_data_is_featurised(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    altered = copy(model, tmp_path)
+    weights = as_pytorch_bin(altered)
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    message = refused_by_training(tmp_path, monkeypatch, "--model_name_or_path", str(altered))
+    assert re.match(
+        rf"--model_name_or_path {re.escape(str(altered))}: pytorch_model.bin is not a readable PyTorch weights file "
+        r"\(RuntimeError: .*\): truncated or damaged; copy or download it again$",
+        message,
+    ), message
+    index = {"weight_map": {"a": "pytorch_model-00001-of-00002.bin", "b": "pytorch_model-00002-of-00002.bin"}}
+    weights.rename(altered / "pytorch_model-00001-of-00002.bin").write_bytes(whole)
+    (altered / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    message = refused_by_training(tmp_path, monkeypatch, "--model_name_or_path", str(altered))
+    assert message == (
+        f"--model_name_or_path {altered}: pytorch_model.bin.index.json names the shard "
+        "pytorch_model-00002-of-00002.bin, which is not in the folder"
+    )
+
+
+def test_a_pre_zip_pytorch_bin_the_config_does_not_fit_is_refused_in_one_line_at_load(
+    model: Path, tmp_path: Path
+) -> None:
+    """A file of torch's format before 1.6 cannot be mapped without reading it: from_pretrained's refusal is the
+    check, in one line."""
     from qa_train.config.settings import ModelArgs
-    from qa_train.model.modeling import load_model, load_model_config, load_tokenizer
+    from qa_train.model.modeling import check_weights, load_model, load_model_config, load_tokenizer
 
     altered = copy(model, tmp_path, vocab_size=5000)
-    torch.save(load_file(altered / "model.safetensors"), altered / "pytorch_model.bin")
-    (altered / "model.safetensors").unlink()
+    as_pytorch_bin(altered, zip_format=False)
     args = ModelArgs(model_name_or_path=str(altered))
+    check_weights(args, load_model_config(args))  # nothing it can read
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(altered))}: its weights do not fit the model's config"):
         load_model(args, load_tokenizer(args), load_model_config(args))
 
