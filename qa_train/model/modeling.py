@@ -117,14 +117,16 @@ def check_weights(args: ModelArgs, config=None) -> None:
         if local_path(source):  # with --config_name, nothing has tried to load it yet
             what = "is a file, not a model folder" if path.exists() else "no such directory"
             raise ConfigError(f"--model_name_or_path {source}: {what}")
-        _check_cached_weights(args, source)
-        return
-    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        cached = _cached_snapshot(args, source)
+        if cached is None:  # online: from_pretrained downloads the weights, and checks them then
+            return
+        path = cached
+    elif not any((path / name).is_file() for name in WEIGHT_FILES):
         raise ConfigError(
             f"--model_name_or_path {source}: no weights ({', '.join(WEIGHT_FILES[::2])}"
             "); to train from random initialisation, pass the folder as --config_name instead"
         )
-    shapes = weight_shapes("--model_name_or_path", source)
+    shapes = weight_shapes("--model_name_or_path", source, path)
     if config is not None:
         check_weight_shapes(shapes, config, f"--model_name_or_path {source}", _config_named(args))
 
@@ -134,13 +136,13 @@ def _config_named(args: ModelArgs) -> str:
     return f"--config_name {args.config_name}" if args.config_name else "its config.json"
 
 
-def weight_shapes(flag: str, source: str) -> dict[str, tuple[int, ...]]:
+def weight_shapes(flag: str, source: str, folder: Path | None = None) -> dict[str, tuple[int, ...]]:
     """Each weight's shape by its name in a local folder's weights files (the one from_pretrained reads, or the
     shards its index names), read without their data: safetensors headers, or a PyTorch zip file's records mapped
     to the meta device; {} for a hub id or a file of the pre-zip format. A file that cannot be read (a truncated
     download or copy) or a shard the index names but the folder lacks is refused here: from_pretrained met them only
-    once the data was featurised, as a traceback."""
-    folder = Path(source).expanduser()
+    once the data was featurised, as a traceback. `folder`: where `source` is (a hub id's cached snapshot)."""
+    folder = folder or Path(source).expanduser()
     found = next((name for name in WEIGHT_FILES if (folder / name).is_file()), None)  # from_pretrained's order
     if found is None:
         return {}
@@ -225,20 +227,25 @@ def check_weight_shapes(shapes: dict[str, tuple[int, ...]], config, weights: str
         )
 
 
-def _check_cached_weights(args: ModelArgs, hub_id: str) -> None:
-    """Offline (HF_HUB_OFFLINE, as on compute nodes without a network), a hub id whose config and tokenizer are
-    cached but whose weights are not would fail in from_pretrained only after the data was read and windowed."""
+def _cached_snapshot(args: ModelArgs, hub_id: str) -> Path | None:
+    """Offline (HF_HUB_OFFLINE, as on compute nodes without a network), the hub cache's snapshot holding the weights
+    from_pretrained will read, checked as a local folder is. A hub id whose config and tokenizer are cached but whose
+    weights are not would fail in from_pretrained only after the data was read and windowed. None online, where
+    from_pretrained may download newer files than the cache holds."""
     from huggingface_hub import constants, try_to_load_from_cache
 
     if not constants.is_offline_mode():
-        return  # online, from_pretrained downloads them
+        return None
     where = {"cache_dir": args.cache_dir, "revision": args.model_revision}
-    if not any(isinstance(try_to_load_from_cache(hub_id, name, **where), str) for name in WEIGHT_FILES):
-        raise ConfigError(
-            f"--model_name_or_path {hub_id}: HF_HUB_OFFLINE is set and its weights are not in the hub "
-            f"cache ({args.cache_dir or constants.HF_HUB_CACHE}); download them where there is a network (hf download "
-            f"{hub_id}) or pass a local folder"
-        )
+    for name in WEIGHT_FILES:  # from_pretrained's order
+        cached = try_to_load_from_cache(hub_id, name, **where)
+        if isinstance(cached, str):
+            return Path(cached).parent
+    raise ConfigError(
+        f"--model_name_or_path {hub_id}: HF_HUB_OFFLINE is set and its weights are not in the hub "
+        f"cache ({args.cache_dir or constants.HF_HUB_CACHE}); download them where there is a network (hf download "
+        f"{hub_id}) or pass a local folder"
+    )
 
 
 def hub_options(args: ModelArgs) -> dict[str, object]:

@@ -425,24 +425,14 @@ def hub_cache_with(root: Path, hub_id: str, files: list[Path]) -> Path:
     return root
 
 
-@pytest.mark.parametrize("with_weights", [False, True])
-def test_offline_a_hub_id_without_cached_weights_is_refused_before_any_data(
-    with_weights: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On a compute node without a network (HF_HUB_OFFLINE), a hub id whose config and tokenizer were cached
-    (AutoConfig, AutoTokenizer) but not its weights loaded everything, read and windowed the data, and only then
-    failed in from_pretrained."""
+def offline_hub_preflight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: list[Path]) -> str:
+    """What the preflight of a run of `--model_name_or_path someorg/tiny-qa` says, offline, with `files` as the
+    hub cache's snapshot of it: its refusal, or "past the preflight" where the data would have been read."""
     from huggingface_hub import constants
 
     from qa_train import trainer
     from qa_train.config.flags import parse_args
 
-    files = [p for p in TINY.iterdir() if p.is_file()]
-    if with_weights:
-        from transformers import AutoConfig, AutoModelForQuestionAnswering
-
-        AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(tmp_path / "w")
-        files.append(tmp_path / "w" / "model.safetensors")
     cache = hub_cache_with(tmp_path / "hub", "someorg/tiny-qa", files)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -454,16 +444,45 @@ def test_offline_a_hub_id_without_cached_weights_is_refused_before_any_data(
     flags = tiny_flags(tmp_path / "out", "--no_eval")
     for flag in ("--config_name", "--tokenizer_name"):
         del flags[flags.index(flag) : flags.index(flag) + 2]
-    flags += ["--model_name_or_path", "someorg/tiny-qa"]
     with pytest.raises((ConfigError, RuntimeError)) as stopped:
-        trainer.Trainer(parse_args(flags))
-    if with_weights:
-        assert str(stopped.value) == "past the preflight"
-    else:
-        assert str(stopped.value).startswith(
-            "--model_name_or_path someorg/tiny-qa: HF_HUB_OFFLINE is set and its "
-            f"weights are not in the hub cache ({cache})"
-        )
+        trainer.Trainer(parse_args([*flags, "--model_name_or_path", "someorg/tiny-qa"]))
+    return str(stopped.value)
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        (None, "past the preflight"),
+        (
+            "no weights",
+            "--model_name_or_path someorg/tiny-qa: HF_HUB_OFFLINE is set and its weights are not in the hub ",
+        ),
+        (
+            "other sizes",
+            "--model_name_or_path someorg/tiny-qa: its weights do not fit its config.json: bert.embeddings."
+            "word_embeddings.weight is [3707, 128] in the weights, [5000, 128] by the config",
+        ),
+        ("truncated", "--model_name_or_path someorg/tiny-qa: model.safetensors is not a readable safetensors file ("),
+    ],
+)
+def test_offline_a_hub_ids_cached_weights_are_checked_before_any_data(
+    fault: str | None, said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a compute node without a network (HF_HUB_OFFLINE) the cache's snapshot is what from_pretrained loads. A
+    hub id whose config and tokenizer were cached (AutoConfig, AutoTokenizer) but not its weights, or whose weights
+    were cut short or are of other shapes than the cached config, loaded everything, read and windowed the data,
+    and only then failed in from_pretrained."""
+    from transformers import AutoConfig, AutoModelForQuestionAnswering
+
+    AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(tmp_path / "w")
+    weights, config = tmp_path / "w" / "model.safetensors", tmp_path / "w" / "config.json"
+    if fault == "other sizes":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "vocab_size": 5000}))
+    if fault == "truncated":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    files = [p for p in TINY.iterdir() if p.is_file() and p.name != "config.json"] + [config]
+    message = offline_hub_preflight(tmp_path, monkeypatch, files if fault == "no weights" else [*files, weights])
+    assert message.startswith(said), message
 
 
 def test_a_model_folder_under_home_is_checked_where_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
