@@ -189,7 +189,7 @@ class Trainer:
                 "name": out.run_name,
                 "group": os.environ.get("WANDB_RUN_GROUP"),
                 "job_type": os.environ.get("WANDB_JOB_TYPE"),
-                "id": os.environ.get("WANDB_RUN_ID"),
+                "id": os.environ.get("WANDB_RUN_ID") or None,  # empty (`export WANDB_RUN_ID=`): wandb refuses ""
                 "resume": "allow" if out.resume_from_checkpoint else None,
             },
             out.tensorboard_dir,

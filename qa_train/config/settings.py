@@ -125,6 +125,22 @@ def _check_interval(value: float | None, flag: str) -> None:
     )
 
 
+def _check_wandb_names(named: list[tuple[str, str, str | None]]) -> None:
+    """A W&B project name or run id (by flag or variable, W&B's setting, value) that wandb.init refuses ("a/b"): the
+    run's tracker guard turned that into a warning after --overwrite_output_dir had removed the last run, and trained
+    on without W&B. wandb's own settings judge them, imported (about a second) only for a name out of the ordinary."""
+    given = [(source, setting, value) for source, setting, value in named if value is not None]
+    if all(re.fullmatch(r"[\w.-]{1,128}", value) for _, _, value in given):  # what W&B takes for either: no import
+        return
+    import wandb
+
+    for source, setting, value in given:
+        try:
+            wandb.Settings(**{setting: value})  # type: ignore[arg-type]
+        except wandb.errors.UsageError as err:
+            raise ConfigError(f"{source}: {err} (W&B would refuse it as the run starts)") from None
+
+
 def every_n_steps(value: float, total_steps: int) -> int:
     """The interval in steps: a share below 1 of the run's steps is rounded up, as Trainer does."""
     return max(1, math.ceil(value * total_steps)) if value < 1 else int(value)
@@ -713,6 +729,16 @@ class OutputArgs:
             mode = os.environ.get("WANDB_MODE")
             if mode and mode not in WANDB_MODES:  # wandb.init would fail, and accelerate go on without W&B
                 raise ConfigError(f"WANDB_MODE={mode}: not one of {', '.join(WANDB_MODES)} (W&B's modes)")
+            # An empty variable is unset, as the run takes it.
+            from_variable = None if self.wandb_project else os.environ.get("WANDB_PROJECT") or None
+            run_id = os.environ.get("WANDB_RUN_ID") or None
+            _check_wandb_names(
+                [
+                    ("--wandb_project", "project", self.wandb_project),
+                    ("WANDB_PROJECT", "project", from_variable),
+                    ("WANDB_RUN_ID", "run_id", run_id),
+                ]
+            )
         if self.wandb_project is None:
             self.wandb_project = os.environ.get("WANDB_PROJECT") or "qa-train"
         if self.checkpointing_steps is not None and self.checkpointing_steps != "epoch":

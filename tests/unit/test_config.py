@@ -517,6 +517,36 @@ def test_a_wandb_mode_wandb_does_not_have_is_refused_where_wandb_runs(monkeypatc
         parse_args([])
 
 
+@pytest.mark.parametrize(
+    ("variables", "argv", "said"),
+    [
+        ({"WANDB_PROJECT": "team/squad"}, [], "WANDB_PROJECT: Invalid project name 'team/squad': cannot contain "),
+        ({}, ["--wandb_project", "squad:v2"], "--wandb_project: Invalid project name 'squad:v2': cannot contain "),
+        ({}, ["--wandb_project", "x" * 129], "--wandb_project: Invalid project name 'xxx"),
+        ({"WANDB_RUN_ID": "job 7"}, [], None),  # W&B takes a space within
+        ({"WANDB_RUN_ID": "job:7"}, [], "WANDB_RUN_ID: Run ID cannot contain the characters: "),
+        ({"WANDB_RUN_ID": " job-7"}, [], "WANDB_RUN_ID: Run ID cannot start or end with whitespace"),
+        ({"WANDB_PROJECT": "team/squad"}, ["--wandb_project", "squad"], None),  # the flag wins
+        ({"WANDB_PROJECT": "team/squad"}, ["--report_to", "none"], None),  # W&B does not run
+        ({"WANDB_PROJECT": "", "WANDB_RUN_ID": ""}, [], None),  # empty: unset
+        ({"WANDB_PROJECT": "équipe.squad-v2", "WANDB_RUN_ID": "qa-train-1234"}, [], None),
+    ],
+)
+def test_a_wandb_project_or_run_id_wandb_refuses_is_refused_where_wandb_runs(
+    variables: dict[str, str], argv: list[str], said: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WANDB_PROJECT=team/squad trained to the end without W&B, after --overwrite_output_dir had removed the last
+    run: wandb.init refused the name, and the tracker's guard went on without it after a warning."""
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    if said is None:
+        parse_args(argv)
+        return
+    with pytest.raises(ConfigError) as err:
+        parse_args(argv)
+    assert str(err.value).startswith(said) and str(err.value).endswith("(W&B would refuse it as the run starts)")
+
+
 def test_the_log_level_sets_qa_trains_and_the_libraries_loggers_on_the_main_process() -> None:
     import logging
 
