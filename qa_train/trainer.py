@@ -284,8 +284,9 @@ class Trainer:
         )
         self.log_every = every_n_steps(args.output.logging_steps, self.steps.total_steps)
         self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.steps.total_steps)
-        for warning in unreached_intervals(args, self.steps.total_steps) if self.is_main else []:
-            log.warning(warning)
+        if self.is_main:
+            for warning in unreached_intervals(args, self.steps.total_steps, self.steps.updates_per_epoch):
+                log.warning(warning)
         with loading("--model_name_or_path", args.model.model_name_or_path or ""):  # a hub id's weights, offline
             model = load_model(args.model, self.tokenizer, self.model_config)
         # The checkpoint is checked against this run before anything is loaded; converted weights go in here,

@@ -146,27 +146,30 @@ def every_n_steps(value: float, total_steps: int) -> int:
     return max(1, math.ceil(value * total_steps)) if value < 1 else int(value)
 
 
-def unreached_intervals(args: TrainArgs, total_steps: int) -> list[str]:
-    """Warnings for a checkpoint or evaluation interval longer than the whole run: Trainer says nothing, and a run
-    meant to be resumable, or to be judged as it trains, finds out only at its end. Said, not refused: a short trial
-    of a long run's flags is a habit."""
+def unreached_intervals(args: TrainArgs, total_steps: int, updates_per_epoch: int) -> list[str]:
+    """Warnings for a checkpoint or evaluation interval longer than the whole run (steps, or an epoch the run does
+    not finish): Trainer says nothing, and a run meant to be resumable, or to be judged as it trains, finds out only
+    at its end. Said, not refused: a short trial of a long run's flags is a habit."""
     if not args.eval.do_train or total_steps == 0:
         return []
     said = []
+    short = f"more than the run's {total_steps} steps"
+    epoch = f"an epoch ({updates_per_epoch} steps), which the run's {total_steps} steps do not finish"
     every = args.output.checkpoint_every
-    if isinstance(every, int) and every > total_steps:
+    if (every == "epoch" and total_steps < updates_per_epoch) or (isinstance(every, int) and every > total_steps):
         said.append(
-            f"--checkpointing_steps {every} is more than the run's {total_steps} steps: no checkpoint will be saved "
+            f"--checkpointing_steps {every} is {epoch if every == 'epoch' else short}: no checkpoint will be saved "
             "(a stop request still writes one)"
         )
-    if args.eval.eval_strategy == "steps":
+    strategy = args.eval.eval_strategy
+    interval = every_n_steps(args.eval.eval_steps or args.output.logging_steps, total_steps)
+    if (strategy == "epoch" and total_steps < updates_per_epoch) or (strategy == "steps" and interval > total_steps):
         flag = "--eval_steps" if args.eval.eval_steps else "--eval_steps (by default --logging_steps)"
-        interval = every_n_steps(args.eval.eval_steps or args.output.logging_steps, total_steps)
-        if interval > total_steps:
-            said.append(
-                f"{flag} {interval} is more than the run's {total_steps} steps: no evaluation during training"
-                + (" for --save_best to choose from" if args.eval.save_best else "")
-            )
+        said.append(
+            (f"--eval_strategy epoch: {epoch}" if strategy == "epoch" else f"{flag} {interval} is {short}")
+            + ": no evaluation during training"
+            + (" for --save_best to choose from" if args.eval.save_best else "")
+        )
     return said
 
 

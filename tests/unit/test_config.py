@@ -762,6 +762,9 @@ def test_an_arguments_file_takes_a_whole_number_for_checkpointing_steps(tmp_path
         (["--checkpointing_steps", "50"], 40, ["--checkpointing_steps 50 is more than the run's 40 steps: no check"]),
         (["--checkpointing_steps", "40"], 40, []),
         (["--checkpointing_steps", "epoch"], 40, []),
+        (["--checkpointing_steps", "epoch"], 20, ["--checkpointing_steps epoch is an epoch (30 steps), which the run"]),
+        (["--eval_strategy", "epoch"], 40, []),
+        (["--eval_strategy", "epoch"], 20, ["--eval_strategy epoch: an epoch (30 steps), which the run's 20 steps do"]),
         (["--eval_strategy", "steps", "--eval_steps", "41"], 40, ["--eval_steps 41 is more than the run's 40 steps"]),
         (["--eval_strategy", "steps", "--eval_steps", "0.5"], 40, []),
         # Trainer's habit: --eval_steps falls back on --logging_steps (10 here).
@@ -776,7 +779,7 @@ def test_an_interval_longer_than_the_run_is_said(argv: list[str], total: int, sa
     """Trainer says nothing; a run meant to leave checkpoints or scores as it trains found out only at its end."""
     from qa_train.config.settings import unreached_intervals
 
-    warnings = unreached_intervals(parse_args(argv), total)
+    warnings = unreached_intervals(parse_args(argv), total, 30)
     assert len(warnings) == len(said) and all(w.startswith(s) for w, s in zip(warnings, said, strict=True)), warnings
     if "--save_best" in argv:
         assert warnings[0].endswith("no evaluation during training for --save_best to choose from")
