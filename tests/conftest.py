@@ -89,6 +89,36 @@ def tiny_flags(output_dir: Path, *extra: str) -> list[str]:
     ]
 
 
+PAST_PREFLIGHT = "past the preflight"
+
+
+def preflight_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) -> str:
+    """What the Trainer says of the tiny run with `flags` in place of its --config_name/--tokenizer_name: its
+    refusal, or PAST_PREFLIGHT where it got as far as reading the data (nothing is read or trained)."""
+    from qa_train import trainer
+    from qa_train.config.flags import parse_args
+    from qa_train.config.settings import ConfigError
+
+    class Past(Exception):
+        pass
+
+    def past(*args: object) -> None:
+        raise Past
+
+    monkeypatch.setattr(trainer, "load_splits", past)
+    argv = tiny_flags(tmp_path / "out", "--no_eval")
+    for flag in ("--config_name", "--tokenizer_name"):
+        at = argv.index(flag)
+        del argv[at : at + 2]
+    try:
+        trainer.Trainer(parse_args([*argv, *flags]))
+    except ConfigError as err:
+        return str(err)
+    except Past:
+        return PAST_PREFLIGHT
+    raise AssertionError("the Trainer was built without reading its data")
+
+
 def cpu_launch(config: str, main_port: int, processes: int = 2) -> list[str]:
     """`qa-train launch --cpu` of accelerate_configs/CONFIG.yaml (or a YAML path) up to its `--`; the training
     flags follow."""

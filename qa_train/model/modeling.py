@@ -146,14 +146,15 @@ def weight_shapes(flag: str, source: str, folder: Path | None = None) -> dict[st
     found = next((name for name in WEIGHT_FILES if (folder / name).is_file()), None)  # from_pretrained's order
     if found is None:
         return {}
+    safetensors = found.startswith("model.safetensors")
     files = [folder / found]
     if found.endswith(".index.json"):
         try:
             files = [folder / name for name in sorted(set(json.loads(files[0].read_text())["weight_map"].values()))]
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            kind = "safetensors" if found.startswith("model.safetensors") else "PyTorch weights"
+            kind = "safetensors" if safetensors else "PyTorch weights"
             raise ConfigError(f"{flag} {source}: {found} is not a {kind} index ({one_line(err)})") from None
-    read = _safetensors_shapes if found.startswith("model.safetensors") else _torch_shapes
+    read = _safetensors_shapes if safetensors else _torch_shapes
     shapes: dict[str, tuple[int, ...]] = {}
     for path in files:
         if not path.is_file():

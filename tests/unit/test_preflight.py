@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import TINY, main_here, tiny_flags
+from conftest import PAST_PREFLIGHT, TINY, main_here, preflight_says, tiny_flags
 
 from qa_train.config.outputdir import Cleared, claim, clear_previous_run
 from qa_train.config.settings import ConfigError, ModelArgs, OutputArgs
@@ -427,32 +427,19 @@ def hub_cache_with(root: Path, hub_id: str, files: list[Path]) -> Path:
 
 def offline_hub_preflight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: list[Path]) -> str:
     """What the preflight of a run of `--model_name_or_path someorg/tiny-qa` says, offline, with `files` as the
-    hub cache's snapshot of it: its refusal, or "past the preflight" where the data would have been read."""
+    hub cache's snapshot of it."""
     from huggingface_hub import constants
-
-    from qa_train import trainer
-    from qa_train.config.flags import parse_args
 
     cache = hub_cache_with(tmp_path / "hub", "someorg/tiny-qa", files)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-
-    def past_the_preflight(*args: object) -> None:
-        raise RuntimeError("past the preflight")
-
-    monkeypatch.setattr(trainer, "load_splits", past_the_preflight)
-    flags = tiny_flags(tmp_path / "out", "--no_eval")
-    for flag in ("--config_name", "--tokenizer_name"):
-        del flags[flags.index(flag) : flags.index(flag) + 2]
-    with pytest.raises((ConfigError, RuntimeError)) as stopped:
-        trainer.Trainer(parse_args([*flags, "--model_name_or_path", "someorg/tiny-qa"]))
-    return str(stopped.value)
+    return preflight_says(tmp_path, monkeypatch, "--model_name_or_path", "someorg/tiny-qa")
 
 
 @pytest.mark.parametrize(
     ("fault", "said"),
     [
-        (None, "past the preflight"),
+        (None, PAST_PREFLIGHT),
         (
             "no weights",
             "--model_name_or_path someorg/tiny-qa: HF_HUB_OFFLINE is set and its weights are not in the hub ",
