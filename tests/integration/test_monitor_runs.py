@@ -80,13 +80,14 @@ def test_zero3_partitions_reach_the_weight_checks(tmp_path) -> None:
     """Under ZeRO-3 a parameter is an empty placeholder outside a gather, and its values live in the rank's
     partition: the load's nan/inf check and the check before a checkpoint or export read placeholders and passed
     a model holding inf."""
-    import os
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from conftest import ROOT, base_env
 
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}  # what a launcher gives zero.Init
+    # base_env: DeepSpeed's CPU communication op loads from where `make install` built it, not built anew in
+    # torch's default folder (a fresh clone's CI would compile it).
+    env = {**base_env(tmp_path), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}  # what a launcher gives zero.Init
     args = [str(tmp_path / "store"), str(tmp_path / "model"), str(ROOT / "qa_train" / "assets" / "tiny-bert")]
     proc = subprocess.run(
         [sys.executable, "-c", ZERO3_WEIGHTS, *args], env=env, capture_output=True, text=True, timeout=200
