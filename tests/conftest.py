@@ -372,8 +372,10 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], P
             if not (folder / "DONE").is_file():
                 shutil.rmtree(folder, ignore_errors=True)
                 folder.mkdir()
-                # DDP, the reference, also evaluates: evaluation comes after training and changes no step.
-                extra = ("--do_eval", "true") if config == "ddp" else ()
+                # DDP, the reference, also evaluates: evaluation comes after training and changes no step. FSDP
+                # recomputes each layer in the backward pass, which must gather its sharded weights again: its
+                # match with DDP holds that too (one launch fewer than a run of its own).
+                extra = {"ddp": ("--do_eval", "true"), "fsdp": ("--gradient_checkpointing",)}.get(config, ())
                 env = base_env(folder)
                 if config == "fsdp":  # test_strategies.py reads what its ranks left alive at exit
                     env.update(exit_probe_env(folder / "exit"))

@@ -73,7 +73,8 @@ def on_one(
         ("fsdp", "fsdp"),
         ("zero3_offload", "zero3_offload"),  # ZeRO-2 offload's CPU Adam loads a converted checkpoint below
         ("zero3", "zero3"),
-        ("zero2", "zero2"),  # ZeRO-1 writes the same files (one optimizer class); it is a target below
+        # ZeRO-2's (and ZeRO-1's, the same files) are read at another strategy below, and ZeRO-2 is a target on one
+        # process there (fsdp -> zero2_offload), through the same conversion.
         ("ddp", "single"),
     ],
 )

@@ -8,6 +8,7 @@ number of processes and under another strategy as the uninterrupted run goes on 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -27,6 +28,8 @@ def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     """Weights as the strategy itself stored them, consolidated independently of our export."""
     if (checkpoint / "model.safetensors").is_file():
         return load_file(checkpoint / "model.safetensors")
+    if (checkpoint / "pytorch_model_fsdp.bin").is_file():  # FSDP's FULL_STATE_DICT: rank 0's torch.save
+        return torch.load(checkpoint / "pytorch_model_fsdp.bin")
     if (checkpoint / "pytorch_model_fsdp_0").is_dir():  # FSDP's sharded state dict, in torch.distributed.checkpoint
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -81,9 +84,12 @@ def test_ddp_reference_run(ddp_run: Path) -> None:
 def test_sharded_strategies_match_ddp(
     config: str, stage: int | None, offload: str, ddp_run: Path, uninterrupted: Callable[[str], Path]
 ) -> None:
-    """FSDP too: accelerate leaves it out on CPU, qa_train applies FSDP2 there (gloo), sharded per layer."""
+    """FSDP too: accelerate leaves it out on CPU, qa_train applies FSDP2 there (gloo), sharded per layer; its run
+    recomputes each layer in the backward pass (--gradient_checkpointing), which must gather the layer's sharded
+    weights again (non-reentrant checkpointing does) to train as DDP does."""
     out = uninterrupted(config)
     m = read_metrics(out)
+    assert m["args"]["gradient_checkpointing"] is (config == "fsdp")
     strategy = f"zero{stage}" if stage else "fsdp"
     assert (m["world_size"], m["strategy"], m["zero_stage"], m["offload"]) == (2, strategy, stage, offload)
     if config == "fsdp":  # sharded for real: each rank wrote its own half of the weights
@@ -105,15 +111,15 @@ def test_sharded_strategies_match_ddp(
     assert_export_is_trained(out)
 
 
-@pytest.mark.parametrize("config", ["zero3", "fsdp"])
-def test_sharded_weights_with_gradient_checkpointing_train_as_without(
-    config: str, uninterrupted: Callable[[str], Path], tmp_path: Path
+def test_zero3_weights_with_gradient_checkpointing_train_as_without(
+    uninterrupted: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    """ZeRO-3 and FSDP gather each layer's sharded weights in hooks; the recompute in the backward pass must gather
-    them again (non-reentrant checkpointing does): the same losses and exported weights as without it."""
-    plain = uninterrupted(config)
+    """ZeRO-3 gathers each layer's partitioned weights in hooks; the recompute in the backward pass must gather
+    them again: the same losses and exported weights as without it. (FSDP's uninterrupted run recomputes, and
+    matches DDP's.)"""
+    plain = uninterrupted("zero3")
     out = tmp_path / "run"
-    run_ok(launch_cmd(config, out, "--gradient_checkpointing"), base_env(tmp_path))
+    run_ok(launch_cmd("zero3", out, "--gradient_checkpointing"), base_env(tmp_path))
     assert read_metrics(out)["args"]["gradient_checkpointing"] is True
     ours, ref = step_log(out), step_log(plain)
     assert sorted(ours) == sorted(ref)
@@ -124,15 +130,38 @@ def test_sharded_weights_with_gradient_checkpointing_train_as_without(
         torch.testing.assert_close(exported[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def fsdp_full_config(folder: Path) -> Path:
+    """accelerate_configs/fsdp.yaml with accelerate's FULL_STATE_DICT checkpoints: rank 0 writes and reads them."""
+    config = folder / "fsdp_full.yaml"
+    config.write_text(
+        (ROOT / "accelerate_configs" / "fsdp.yaml").read_text().replace("SHARDED_STATE_DICT", "FULL_STATE_DICT")
+    )
+    return config
+
+
+@pytest.fixture(scope="module")
+def fsdp_full_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """FSDP2 in bf16 with FULL_STATE_DICT checkpoints: one run for the export's dtype and the damaged checkpoint."""
+    folder = tmp_path_factory.mktemp("fsdp-full-bf16")
+    out = folder / "run"
+    run_ok(launch_cmd(str(fsdp_full_config(folder)), out, "--mixed_precision", "bf16"), base_env(folder))
+    return out
+
+
 # ZeRO-2's export of its fp32 master weights is held by test_the_deepspeed_export_holds_every_tensor_in_fp32[2].
 @pytest.mark.parametrize("config", ["zero3_offload", "fsdp"])
-def test_bf16_exports_the_fp32_master_weights(config: str, tmp_path: Path, ddp_run: Path) -> None:
+def test_bf16_exports_the_fp32_master_weights(
+    config: str, tmp_path: Path, ddp_run: Path, request: pytest.FixtureRequest
+) -> None:
     """Under bf16 DeepSpeed's engine computes with a 16-bit copy of the weights, which accelerate's get_state_dict
     returns: the export holds the fp32 master weights instead, equal to DeepSpeed's own zero_to_fp32 consolidation
     of the last checkpoint, and its config says float32 (transformers 5 loads a model in the dtype its config
     records). FSDP2 in bf16 (16-bit gathers over fp32 shards) exports its fp32 shards, as its checkpoint holds."""
-    out = tmp_path / "run"
-    run_ok(launch_cmd(config, out, "--mixed_precision", "bf16"), base_env(tmp_path))
+    if config == "fsdp":
+        out = request.getfixturevalue("fsdp_full_bf16")
+    else:
+        out = tmp_path / "run"
+        run_ok(launch_cmd(config, out, "--mixed_precision", "bf16"), base_env(tmp_path))
     assert read_metrics(out)["mixed_precision"] == "bf16"
     assert {t.dtype for t in load_file(out / "final" / "model.safetensors").values()} == {torch.float32}
     assert json.loads((out / "final" / "config.json").read_text())["dtype"] == "float32"
@@ -279,26 +308,27 @@ def test_fsdp_ranks_free_their_model_before_leaving_the_process_group(uninterrup
     assert [p["os_exit"] for p in probes] == [0, 0], probes
 
 
-def test_a_full_state_dict_checkpoint_damaged_at_its_own_size_is_refused_by_every_rank(tmp_path: Path) -> None:
+def test_a_full_state_dict_checkpoint_damaged_at_its_own_size_is_refused_by_every_rank(
+    fsdp_full_bf16: Path, tmp_path: Path
+) -> None:
     """FSDP's FULL_STATE_DICT checkpoint is read by rank 0 alone, inside accelerate's loader, while the other ranks
     wait in its broadcast: damage that kept the file's size made rank 0 fail there and the others hang until the
     process group's timeout. The manifest's CRC32s refuse it on every rank before anything is loaded."""
-    config = tmp_path / "fsdp_full.yaml"
-    config.write_text(
-        (ROOT / "accelerate_configs" / "fsdp.yaml").read_text().replace("SHARDED_STATE_DICT", "FULL_STATE_DICT")
-    )
-    env, out = base_env(tmp_path), tmp_path / "run"
-    cmd = [str(config) if part == "accelerate_configs/fsdp.yaml" else part for part in launch_cmd("fsdp", out)]
-    run_ok([*cmd, "--max_train_steps", "4"], env)
-    checkpoint = out / "checkpoints" / "step_00000004"
+    checkpoint = tmp_path / "step_00000004"
+    shutil.copytree(fsdp_full_bf16 / "checkpoints" / checkpoint.name, checkpoint)
     [weights] = [p for p in checkpoint.iterdir() if p.name.startswith("pytorch_model_fsdp")]
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
+    config = str(fsdp_full_config(tmp_path))
     proc = subprocess.run(
-        [*cmd, "--max_train_steps", "8", "--resume_from_checkpoint", str(checkpoint)],
+        [
+            *launch_cmd(config, tmp_path / "run", "--mixed_precision", "bf16"),
+            "--resume_from_checkpoint",
+            str(checkpoint),
+        ],
         cwd=ROOT,
-        env=env,
+        env=base_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=300,
@@ -306,6 +336,7 @@ def test_a_full_state_dict_checkpoint_damaged_at_its_own_size_is_refused_by_ever
     assert proc.returncode == 2, proc.stderr[-3000:]
     [line] = error_lines(proc.stderr)
     assert str(checkpoint) in line and f"{weights.name}: its contents differ from the manifest's CRC32" in line
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("checkpoints/step_*"))
 
 
 def test_a_stop_request_is_said_once_and_only_the_main_process_draws_library_bars(tmp_path: Path) -> None:
