@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PY, TINY, base_env, error_lines, export_answers, read_metrics, run_cmd, run_ok, tiny_flags
+from conftest import PY, TINY, base_env, error_lines, export_answers, main_here, read_metrics, run_ok, tiny_flags
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForQuestionAnswering
 
@@ -50,17 +50,25 @@ def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: P
     assert resumed["train_steps"] == 6 and resumed["compile_time_s"] is None, "nothing compiled: no compile time"
 
 
-def test_a_backend_that_cannot_compile_is_one_line_and_exit_2(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("in_process", "own_logging")
+def test_a_backend_that_cannot_compile_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """torch.compile fails at the first step (here tvm, whose package is not installed): it was a multi-line
     traceback and exit 1; now one line naming the flag and the cause, exit 2, and nothing written."""
     import importlib.util
 
+    import torch
+
     assert importlib.util.find_spec("tvm") is None, "this test needs a machine without apache-tvm"
-    env, out = base_env(tmp_path), tmp_path / "run"
+    out = tmp_path / "run"
     flags = tiny_flags(out, "--max_train_steps", "2", "--no_eval", "--torch_compile_backend", "tvm", "--disable_tqdm")
-    proc = run_cmd([PY, "-m", "qa_train", *flags], env)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    [line] = error_lines(proc.stderr)
+    try:
+        code, _, err = main_here(flags, capsys)
+    finally:
+        torch._dynamo.reset()  # the failed compile's state is this process's, not the next test's
+    assert code == 2, err[-3000:]
+    [line] = error_lines(err)
     assert line.startswith("qa_train: error: --torch_compile_backend tvm: compiling the model failed (ImportError: ")
     assert list(out.iterdir()) == []
 
