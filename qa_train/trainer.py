@@ -22,7 +22,7 @@ import torch
 
 from qa_train import __version__
 from qa_train.config.outputdir import clear_previous_run
-from qa_train.config.settings import TrainArgs, every_n_steps, unreached_intervals
+from qa_train.config.settings import TrainArgs, eval_interval, every_n_steps, unreached_intervals
 from qa_train.core import collector, logs
 from qa_train.core.preemption import StopRequest
 from qa_train.data.batching import windows_in_step
@@ -283,7 +283,7 @@ class Trainer:
             else StepPlan(updates_per_epoch=0, total_steps=0, num_epochs=0, warmup_steps=0)  # --do_train false
         )
         self.log_every = every_n_steps(args.output.logging_steps, self.steps.total_steps)
-        self.eval_every = every_n_steps(args.eval.eval_steps or args.output.logging_steps, self.steps.total_steps)
+        self.eval_every = eval_interval(args, self.steps.total_steps)
         if self.is_main:
             for warning in unreached_intervals(args, self.steps.total_steps, self.steps.updates_per_epoch):
                 log.warning(warning)

@@ -146,6 +146,11 @@ def every_n_steps(value: float, total_steps: int) -> int:
     return max(1, math.ceil(value * total_steps)) if value < 1 else int(value)
 
 
+def eval_interval(args: TrainArgs, total_steps: int) -> int:
+    """Steps between evaluations under --eval_strategy steps: --eval_steps, else --logging_steps (Trainer's habit)."""
+    return every_n_steps(args.eval.eval_steps or args.output.logging_steps, total_steps)
+
+
 def unreached_intervals(args: TrainArgs, total_steps: int, updates_per_epoch: int) -> list[str]:
     """Warnings for a checkpoint or evaluation interval longer than the whole run (steps, or an epoch the run does
     not finish): Trainer says nothing, and a run meant to be resumable, or to be judged as it trains, finds out only
@@ -162,7 +167,7 @@ def unreached_intervals(args: TrainArgs, total_steps: int, updates_per_epoch: in
             "(a stop request still writes one)"
         )
     strategy = args.eval.eval_strategy
-    interval = every_n_steps(args.eval.eval_steps or args.output.logging_steps, total_steps)
+    interval = eval_interval(args, total_steps)
     if (strategy == "epoch" and total_steps < updates_per_epoch) or (strategy == "steps" and interval > total_steps):
         flag = "--eval_steps" if args.eval.eval_steps else "--eval_steps (by default --logging_steps)"
         said.append(
