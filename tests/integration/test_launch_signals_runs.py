@@ -409,13 +409,27 @@ class Signalled(NamedTuple):
     log: str
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """A suite started in the background by a shell (`make test &`) ignores SIGINT, and so would the run, as qa_train
+    leaves an ignored Ctrl-C ignored (nohup): the run is started as from a terminal, where Ctrl-C is at its default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _signal_held_run(cmd: list[str], out: Path, ranks: int, sig: signal.Signals, tmp_path: Path) -> Signalled:
     """Run `cmd` in a session of its own, held after step 3 by the test hook; once every rank holds, send `sig`
     to its whole group (as `kill -<sig> -<pgid>`, SLURM and Ctrl-C do) and wait for every process to end."""
     env = {**base_env(tmp_path), "QA_TRAIN_TEST_HOLD_AT_STEP": "3", "OMP_NUM_THREADS": "1"}
     log = tmp_path / "run.log"
     with log.open("w") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_ctrl_c_as_in_a_terminal,
+        )
     tree: list[psutil.Process] = []
     try:
         _wait_for([out / f"HOLDING-rank{r}" for r in range(ranks)], proc, 90)
@@ -423,7 +437,10 @@ def _signal_held_run(cmd: list[str], out: Path, ranks: int, sig: signal.Signals,
         running = sum(supervise.runs_module(p, "qa_train") for p in tree)
         t0 = time.monotonic()
         os.killpg(proc.pid, sig)
-        code = proc.wait(timeout=60)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run did not end within 60 s of {sig.name}\n{_why_stuck(proc, log)}")
         _, alive = psutil.wait_procs(tree, timeout=max(1.0, 60 - (time.monotonic() - t0)))
         left = [p for p in alive if _alive(p)]
         return Signalled(code, tree, running, left, time.monotonic() - t0, log.read_text())
@@ -432,6 +449,25 @@ def _signal_held_run(cmd: list[str], out: Path, ranks: int, sig: signal.Signals,
             proc.kill()
             proc.wait()
         _kill(tree)
+
+
+def _why_stuck(proc: subprocess.Popen, log: Path) -> str:
+    """What a run that ignored its stop signal was doing: each thread's signal masks (an ignored or blocked SIGINT
+    inherited from the test process would hold it until the test hook gives up) and, through faulthandler's SIGABRT
+    (PYTHONFAULTHANDLER, base_env), every thread's Python stack at the end of its log."""
+    masks = []
+    for task in sorted(Path(f"/proc/{proc.pid}/task").glob("*")):
+        try:
+            lines = (task / "status").read_text().splitlines()
+        except OSError:
+            continue
+        masks.append(f"thread {task.name}: " + " ".join(x for x in lines if x.startswith(("Name", "Sig", "ShdPnd"))))
+    proc.send_signal(signal.SIGABRT)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        pass
+    return "\n".join([*masks, log.read_text()[-6000:]])
 
 
 @pytest.mark.parametrize(
