@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         check_inductor_cache(os.environ)
         # The run's first process holds the output dir for the run's life: a second run there is refused at once.
-        lock = claim(args.output, lock=rank == 0)
+        lock = claim(args.output, lock=rank == 0, sources=args.sources())
     except ConfigError as err:
         _say(str(err), rank)
         return REFUSED

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,16 +113,18 @@ def _inside(path: Path, folder: Path) -> bool:
     return path.resolve().is_relative_to(folder.resolve())
 
 
-def claim(output: OutputArgs, lock: bool = False) -> DirLock | None:
+def claim(output: OutputArgs, lock: bool = False, sources: Mapping[str, str] | None = None) -> DirLock | None:
     """Refuse an occupied or unwritable output_dir, or with `lock` (the run's first process) one that another run
     holds; returns the held lock. Nothing is removed here: --overwrite_output_dir's clearing waits for
     `clear_previous_run`, after the data is read, the model loaded and the resume checked, so a refused record or
-    checkpoint cannot cost the old run."""
+    checkpoint cannot cost the old run. `sources` ({flag: path or name}, TrainArgs.sources) must not lie inside
+    what that clearing removes."""
     out = Path(output.output_dir)
     check_writable(out)
     held = hold(out) if lock else None  # before the contents are read: a live run may be writing them
     try:
         _check_occupied(output)
+        _check_sources(output, sources or {})
     except ConfigError:
         if held is not None:
             held.release()
@@ -164,6 +167,25 @@ def _check_occupied(output: OutputArgs) -> None:
             f"--output_dir {out}: holds another run ({', '.join(found)}) than the one in "
             f"--resume_from_checkpoint {resume}; choose an empty --output_dir or --overwrite_output_dir"
         )
+
+
+def _check_sources(output: OutputArgs, sources: Mapping[str, str]) -> None:
+    """The old run goes before the new one trains: a model (its final/ or best/), tokenizer or data file read from
+    inside it would be lost with it if the new run then failed (diverged, ran out of memory, was preempted)."""
+    out = Path(output.output_dir)
+    found = run_files(out)
+    if not replaces(output, found):
+        return
+    for flag, value in sources.items():
+        if not Path(value).exists():  # a hub name
+            continue
+        for name in found:
+            if _inside(Path(value), out / name):
+                raise ConfigError(
+                    f"{flag} {value}: is inside the run in --output_dir {out} ({name}), which "
+                    "--overwrite_output_dir removes before this run trains; copy it elsewhere first, or choose "
+                    "another --output_dir"
+                )
 
 
 def continues(output: OutputArgs, found: list[str]) -> bool:

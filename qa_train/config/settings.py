@@ -1083,6 +1083,20 @@ class TrainArgs:
         """The windows and span rules this run reads answers with, as its export records them (ANSWERING_KEY)."""
         return answering(self.data, self.eval)
 
+    def sources(self) -> dict[str, str]:
+        """{flag: value} of every model, tokenizer and data source the run reads, as given (hub names too)."""
+        m, d = self.model, self.data
+        given = {
+            "--model_name_or_path": m.model_name_or_path,
+            "--config_name": m.config_name,
+            "--tokenizer_name": m.tokenizer_name,
+            "--dataset_name": d.dataset_name,
+            "--train_file": d.train_file,
+            "--validation_file": d.validation_file,
+            "--test_file": d.test_file,
+        }
+        return {flag: value for flag, value in given.items() if value}
+
 
 def answering(d: DataArgs, e: EvalArgs) -> dict[str, Any]:
     """The windows and span rules of these settings, by flag name (what ANSWERING_KEY records)."""

@@ -60,6 +60,36 @@ def test_overwrite_removes_the_old_run_on_the_main_process_only(tmp_path: Path) 
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
+def test_overwrite_refuses_to_train_from_inside_the_run_it_removes(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Training on from the last run's export in the same folder (`--model_name_or_path runs/x/final --output_dir
+    runs/x --overwrite_output_dir`) removed that export once the model was loaded, before the first step: a run that
+    then failed left neither model. Refused before anything is read; a source beside the run, a hub name, a folder
+    that is itself the output_dir, and a resume that continues the run are not."""
+    from qa_train.__main__ import main
+
+    out = finished_run(tmp_path / "out")
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    final = str(out / "final")
+    assert main([*tiny_flags(out, "--max_train_steps", "1", "--overwrite_output_dir"), "--tokenizer_name", final]) == 2
+    assert capsys.readouterr().err == (
+        f"qa_train: error: --tokenizer_name {final}: is inside the run in --output_dir {out} (final), which "
+        "--overwrite_output_dir removes before this run trains; copy it elsewhere first, or choose another "
+        "--output_dir\n"
+    )
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    overwrite = OutputArgs(output_dir=str(out), overwrite_output_dir=True)
+    step = str(out / "checkpoints" / "step_00000002")
+    with pytest.raises(ConfigError, match=r"^--model_name_or_path .*step_00000002: is inside .* \(checkpoints\)"):
+        claim(overwrite, sources={"--model_name_or_path": step})
+    (out / "data.json").write_text("{}")  # the user's, which the overwrite keeps
+    claim(overwrite, sources={"--train_file": str(out / "data.json"), "--model_name_or_path": str(out)})
+    claim(overwrite, sources={"--model_name_or_path": "bert-base-uncased", "--dataset_name": "squad"})
+    resumed = OutputArgs(output_dir=str(out), overwrite_output_dir=True, resume_from_checkpoint="latest")
+    claim(resumed, sources={"--model_name_or_path": final})  # continued, not removed
+
+
 def test_a_stale_stop_request_goes_with_overwrite_and_is_not_a_run(tmp_path: Path) -> None:
     """A PREEMPT file left by a run killed before it answered would stop the next run at its first logging step."""
     out = tmp_path / "out"
