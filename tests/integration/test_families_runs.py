@@ -36,6 +36,18 @@ def questions_without_answers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def family_flags(model_dir: str, test_file: Path, out: Path) -> list[str]:
+    """A few steps of a family's model on the demo data, evaluated, then answering `test_file`."""
+    return [
+        *("--config_name", model_dir, "--tokenizer_name", model_dir),
+        *("--train_file", str(DEMO_TRAIN), "--validation_file", str(DEMO_DEV)),
+        *("--max_train_samples", "64", "--max_eval_samples", "16", "--max_seq_length", "128", "--doc_stride", "32"),
+        *("--per_device_train_batch_size", "8", "--max_train_steps", "4", "--learning_rate", "1e-3"),
+        *("--do_predict", "--test_file", str(test_file)),
+        *("--report_to", "none", "--disable_tqdm", "--output_dir", str(out)),
+    ]
+
+
 @pytest.fixture(autouse=True)
 def fresh_accelerator():
     """Runs share this process: each family starts from a blank accelerate state."""
@@ -62,40 +74,7 @@ def test_family_trains_exports_and_predicts_with_default_flags(
 
     monkeypatch.setenv("QA_TRAIN_CACHE", str(tmp_path / "cache"))
     out, model_dir = tmp_path / "run", str(family_dirs[family])
-    args = parse_args(
-        [
-            "--config_name",
-            model_dir,
-            "--tokenizer_name",
-            model_dir,
-            "--train_file",
-            str(DEMO_TRAIN),
-            "--validation_file",
-            str(DEMO_DEV),
-            "--max_train_samples",
-            "64",
-            "--max_eval_samples",
-            "16",
-            "--max_seq_length",
-            "128",
-            "--doc_stride",
-            "32",
-            "--per_device_train_batch_size",
-            "8",
-            "--max_train_steps",
-            "4",
-            "--learning_rate",
-            "1e-3",
-            "--do_predict",
-            "--test_file",
-            str(questions_without_answers),
-            "--report_to",
-            "none",
-            "--disable_tqdm",
-            "--output_dir",
-            str(out),
-        ]
-    )
+    args = parse_args(family_flags(model_dir, questions_without_answers, out))
     metrics = run(args)
     assert metrics is not None and metrics.train_steps == 4 and np.isfinite(metrics.train_loss)
     assert 0 <= metrics.exact_match <= metrics.f1 <= 100
@@ -123,45 +102,8 @@ def test_family_trains_under_fsdp_on_two_processes_and_its_export_answers_alike(
     from qa_train.predict import Predictor
 
     out, model_dir = tmp_path / "run", str(family_dirs[family])
-    flags = [
-        "--config_name",
-        model_dir,
-        "--tokenizer_name",
-        model_dir,
-        "--train_file",
-        str(DEMO_TRAIN),
-        "--validation_file",
-        str(DEMO_DEV),
-        "--max_train_samples",
-        "64",
-        "--max_eval_samples",
-        "16",
-        "--max_seq_length",
-        "128",
-        "--doc_stride",
-        "32",
-        "--per_device_train_batch_size",
-        "8",
-        "--max_train_steps",
-        "4",
-        "--learning_rate",
-        "1e-3",
-        "--do_predict",
-        "--test_file",
-        str(questions_without_answers),
-        "--report_to",
-        "none",
-        "--disable_tqdm",
-        "--output_dir",
-        str(out),
-    ]
-    run_ok(
-        [
-            *cpu_launch("fsdp", port(29760 + FAMILIES.index(family))),
-            *flags,
-        ],
-        base_env(tmp_path),
-    )
+    flags = family_flags(model_dir, questions_without_answers, out)
+    run_ok([*cpu_launch("fsdp", port(29760 + FAMILIES.index(family))), *flags], base_env(tmp_path))
     m = read_metrics(out)
     assert (m["strategy"], m["distributed_type"], m["world_size"], m["train_steps"]) == ("fsdp", "FSDP", 2, 4)
     predicted = json.loads((out / "predict_predictions.json").read_text())
