@@ -5,9 +5,12 @@ The train loop never branches on the strategy; what the libraries force is handl
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -16,7 +19,7 @@ from qa_train.config.settings import ConfigError, TrainArgs
 from qa_train.strategy.checks import LaunchError
 
 if TYPE_CHECKING:
-    pass
+    from collections.abc import Iterator
 
 log = logging.getLogger("qa_train")
 
@@ -137,16 +140,17 @@ def make_accelerator(args: TrainArgs, log_with: list[Any], mixed_precision: str)
 
         op_builds.prepare()
     try:
-        accelerator = Accelerator(
-            gradient_accumulation_steps=args.optim.gradient_accumulation_steps,
-            mixed_precision=mixed_precision,
-            kwargs_handlers=handlers,
-            log_with=log_with or None,
-            # Seeded per-epoch shuffling: a resumed run sees the batches the interrupted one would have.
-            # non_blocking: accelerate's default copy of each (pinned) batch waits for the GPU to finish the queued
-            # step, so the host could not prepare the next one meanwhile.
-            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=on_cuda),
-        )
+        with main_process_prints():
+            accelerator = Accelerator(
+                gradient_accumulation_steps=args.optim.gradient_accumulation_steps,
+                mixed_precision=mixed_precision,
+                kwargs_handlers=handlers,
+                log_with=log_with or None,
+                # Seeded per-epoch shuffling: a resumed run sees the batches the interrupted one would have.
+                # non_blocking: accelerate's default copy of each (pinned) batch waits for the GPU to finish the
+                # queued step, so the host could not prepare the next one meanwhile.
+                dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=on_cuda),
+            )
     except (KeyError, ValueError) as err:
         refused = fsdp_config_error(err)
         if refused is None:
@@ -159,6 +163,23 @@ def make_accelerator(args: TrainArgs, log_with: list[Any], mixed_precision: str)
         # DeepSpeed strategy imports it inside Accelerator(), too early for this: qa_train.strategy.launch --cpu sets it.)
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     return accelerator
+
+
+@contextlib.contextmanager
+def main_process_prints() -> Iterator[None]:
+    """What libraries print to stdout here, from the main process alone: DeepSpeed on CPU prints its op load from
+    every rank inside Accelerator(), where no logger can be told. Another rank's output is kept and shown if the
+    block fails, so nothing that explains a failure is lost."""
+    if os.environ.get("RANK", "0") == "0":
+        yield
+        return
+    kept = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(kept):
+            yield
+    except BaseException:
+        sys.stdout.write(kept.getvalue())
+        raise
 
 
 def process_group_kwargs(backend: str | None, timeout_s: float) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -19,6 +20,7 @@ from qa_train.config.settings import ConfigError
 from qa_train.strategy.build import (
     check_launcher_overrides,
     fsdp_config_error,
+    main_process_prints,
     process_group_kwargs,
     resolve_mixed_precision,
 )
@@ -578,3 +580,17 @@ def test_a_ddp_timeout_under_a_second_is_refused_before_the_ranks_connect(value:
 )
 def test_a_collective_fault_is_told_from_any_other_error(message: str, expected: str | None) -> None:
     assert collective_fault(RuntimeError(message)) == expected
+
+
+def test_library_prints_come_from_the_main_process_and_a_failure_shows_every_rank_s(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DeepSpeed on CPU prints its op load from every rank inside Accelerator(): rank 0 alone says it, and another
+    rank's print is shown after all when the block fails."""
+    for rank, fails, shown in [("0", False, True), ("1", False, False), ("1", True, True)]:
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(RuntimeError) if fails else contextlib.nullcontext(), main_process_prints():
+            print("DeepSpeed op loaded")
+            if fails:
+                raise RuntimeError("no group")
+        assert (capsys.readouterr().out == "DeepSpeed op loaded\n") is shown, (rank, fails)
