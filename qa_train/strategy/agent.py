@@ -23,6 +23,7 @@ without it, as a user would type it.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -110,8 +111,15 @@ def without_log_folder(which: str, args: list[str]) -> list[str]:
     return args if asked else ["--log_dir", os.devnull, *args]
 
 
+def _said_by_the_agent(record: logging.LogRecord) -> bool:
+    """torch's own `failed (exitcode: N) local_rank: R ...` line is dropped: the agent's one line says the same,
+    with its own choice of the first failure among ranks that failed in the same second."""
+    return not str(record.msg).startswith("failed (exitcode")
+
+
 def _start(which: str, args: list[str]) -> None:
     """torchrun or accelerate launch, in this process, to their end."""
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_said_by_the_agent)
     if which == "torchrun":
         from torch.distributed.run import main as torchrun
 
