@@ -123,8 +123,9 @@ def claim(output: OutputArgs, lock: bool = False, sources: Mapping[str, str] | N
     check_writable(out)
     held = hold(out) if lock else None  # before the contents are read: a live run may be writing them
     try:
-        _check_occupied(output)
-        _check_sources(output, sources or {})
+        found = run_files(out)
+        _check_occupied(output, found)
+        _check_sources(output, found, sources or {})
     except ConfigError:
         if held is not None:
             held.release()
@@ -132,9 +133,8 @@ def claim(output: OutputArgs, lock: bool = False, sources: Mapping[str, str] | N
     return held
 
 
-def _check_occupied(output: OutputArgs) -> None:
+def _check_occupied(output: OutputArgs, found: list[str]) -> None:
     out = Path(output.output_dir)
-    found = run_files(out)
     for name in REPLACED:
         foreign = owned(out / name).keep if name in found else []
         if foreign == [out / name] and foreign[0].is_dir():  # not an export at all: what is in it
@@ -169,18 +169,18 @@ def _check_occupied(output: OutputArgs) -> None:
         )
 
 
-def _check_sources(output: OutputArgs, sources: Mapping[str, str]) -> None:
+def _check_sources(output: OutputArgs, found: list[str], sources: Mapping[str, str]) -> None:
     """The old run goes before the new one trains: a model (its final/ or best/), tokenizer or data file read from
     inside it would be lost with it if the new run then failed (diverged, ran out of memory, was preempted)."""
     out = Path(output.output_dir)
-    found = run_files(out)
     if not replaces(output, found):
         return
     for flag, value in sources.items():
-        if not Path(value).exists():  # a hub name
+        path = Path(value)
+        if not path.exists():  # a hub name
             continue
         for name in found:
-            if _inside(Path(value), out / name):
+            if _inside(path, out / name):
                 raise ConfigError(
                     f"{flag} {value}: is inside the run in --output_dir {out} ({name}), which "
                     "--overwrite_output_dir removes before this run trains; copy it elsewhere first, or choose "
