@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -355,32 +356,58 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.enable()
 
 
+def shared_once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+    """The folder `make` fills, once for the whole session: under pytest-xdist the workers share it (the first to need
+    it makes it under a file lock; another waits for it), so test files running side by side do not each launch the
+    same runs."""
+    base = factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's folder, or this one
+    folder = shared / name
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{folder}.lock"):
+        if not (folder / "DONE").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            (folder / "DONE").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """One uninterrupted run per config (8 steps, a checkpoint every 4) for the whole session: under pytest-xdist the
-    workers share it (the first to need a config runs it under a file lock; another waits for it), so the strategy
-    files can run side by side without each launching the same references."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's folder, or this one
+    """One uninterrupted run per config (8 steps, a checkpoint every 4) for the whole session (shared_once), so the
+    strategy files can run side by side without each launching the same references."""
 
-    def run(config: str) -> Path:
+    def launch(config: str, folder: Path) -> None:
         from strategy_runs import launch_cmd  # tests/integration, on the path once a test there is collected
 
-        folder = shared / "uninterrupted" / config
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(f"{folder}.lock"):
-            if not (folder / "DONE").is_file():
-                shutil.rmtree(folder, ignore_errors=True)
-                folder.mkdir()
-                # DDP, the reference, also evaluates: evaluation comes after training and changes no step. FSDP
-                # recomputes each layer in the backward pass, which must gather its sharded weights again: its
-                # match with DDP holds that too (one launch fewer than a run of its own).
-                extra = {"ddp": ("--do_eval", "true"), "fsdp": ("--gradient_checkpointing",)}.get(config, ())
-                env = base_env(folder)
-                if config == "fsdp":  # test_strategies.py reads what its ranks left alive at exit
-                    env.update(exit_probe_env(folder / "exit"))
-                run_ok(launch_cmd(config, folder / "run", *extra), env)
-                (folder / "DONE").touch()
-        return folder / "run"
+        # DDP, the reference, also evaluates: evaluation comes after training and changes no step. FSDP recomputes
+        # each layer in the backward pass, which must gather its sharded weights again: its match with DDP holds
+        # that too (one launch fewer than a run of its own).
+        extra = {"ddp": ("--do_eval", "true"), "fsdp": ("--gradient_checkpointing",)}.get(config, ())
+        env = base_env(folder)
+        if config == "fsdp":  # test_strategies.py reads what its ranks left alive at exit
+            env.update(exit_probe_env(folder / "exit"))
+        run_ok(launch_cmd(config, folder / "run", *extra), env)
 
-    return run
+    return lambda config: shared_once(tmp_path_factory, f"uninterrupted/{config}", partial(launch, config)) / "run"
+
+
+# The cases of tests/integration/deepspeed_probes.py, each a folder of deepspeed_probes()'s.
+DEEPSPEED_PROBES = ("checkpoint:2:none", "export:2", "checkpoint:3:offload", "export:3")
+
+
+@pytest.fixture(scope="session")
+def deepspeed_probes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every case of tests/integration/deepspeed_probes.py, in one torchrun launch of two processes for the session
+    (shared_once): test_strategies.py's exports and test_portable_deepspeed_runs.py's checkpoints."""
+
+    def launch(folder: Path) -> None:
+        from strategy_runs import PORTS
+
+        env = {**base_env(folder), "ACCELERATE_USE_DEEPSPEED": "true", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+        probes = ROOT / "tests" / "integration" / "deepspeed_probes.py"
+        cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(next(PORTS))]
+        run_ok([*cmd, str(probes), str(folder), *DEEPSPEED_PROBES], env)
+
+    return shared_once(tmp_path_factory, "deepspeed-probes", launch)

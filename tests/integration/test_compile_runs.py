@@ -44,7 +44,8 @@ def test_compiled_run_exports_and_checkpoints_the_plain_weight_names(tmp_path: P
     evaluated = json.loads((out / "eval_predictions.json").read_text())
     assert export_answers(out / "final", 40, device="cpu") == evaluated, "the export answers as the compiled run did"
 
-    # A compiled run's checkpoint resumes without compiling.
+    if not how:
+        return  # the checkpoints hold the same names either way: one resume shows they load without compiling
     run_ok([PY, "-m", "qa_train", *flags, "--max_train_steps", "6", "--resume_from_checkpoint", "latest"], env)
     resumed = read_metrics(out)
     assert resumed["train_steps"] == 6 and resumed["compile_time_s"] is None, "nothing compiled: no compile time"

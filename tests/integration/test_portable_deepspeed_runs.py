@@ -14,34 +14,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PY, base_env, port, run_ok
 from safetensors.torch import load_file
 
 from qa_train.strategy import portable
 from qa_train.strategy.zero_files import DeepSpeedFiles, ZeroFilesError
 
-PROBE = Path(__file__).with_name("deepspeed_checkpoint_probe.py")
-PORTS = iter(range(port(29790), port(29796)))
 # ZeRO-3 without offload writes the same files with one flat group per parameter group, a layout the offload case's
 # sub-groups include; test_resume_anywhere_runs.py holds its conversion to the uninterrupted run's losses.
 CASES = [(2, "none"), (3, "offload")]
 
 
-@pytest.fixture(scope="module")
-def written(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int, str], Path]:
-    """The probe's checkpoint after two steps of ZeRO-<stage> on two processes, written once per case."""
-    done: dict[tuple[int, str], Path] = {}
-
-    def write(stage: int, offload: str) -> Path:
-        if (stage, offload) not in done:
-            folder = tmp_path_factory.mktemp(f"zero{stage}-{offload}")
-            env = {**base_env(folder), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-            cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(next(PORTS))]
-            run_ok([*cmd, str(PROBE), str(stage), offload, str(folder / "checkpoint")], env)
-            done[stage, offload] = folder / "checkpoint"
-        return done[stage, offload]
-
-    return write
+@pytest.fixture
+def written(deepspeed_probes: Path) -> Callable[[int, str], Path]:
+    """The probe's checkpoint after two steps of ZeRO-<stage> on two processes (deepspeed_probes.py)."""
+    return lambda stage, offload: deepspeed_probes / f"checkpoint-{stage}-{offload}"
 
 
 def universal(checkpoint: Path, out: Path) -> Path:
@@ -72,11 +58,11 @@ def test_zero_files_convert_as_deepspeed_consolidates_them(
     stage: int, offload: str, written: Callable[[int, str], Path], tmp_path: Path
 ) -> None:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from deepspeed_checkpoint_probe import Probe
+    from deepspeed_probes import CheckpointProbe
 
     checkpoint = written(stage, offload)
     with torch.device("meta"):
-        shapes = {name: tuple(p.shape) for name, p in Probe().named_parameters()}
+        shapes = {name: tuple(p.shape) for name, p in CheckpointProbe().named_parameters()}
     assert shapes["odd"] == (7,) and shapes["lin.bias"] == (5,)  # padded: two ranks divide neither
     folder = tmp_path / "portable"
     portable.convert(checkpoint, shapes, folder)

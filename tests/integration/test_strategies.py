@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import PY, ROOT, base_env, error_lines, read_metrics, run_ok
+from conftest import ROOT, base_env, error_lines, read_metrics, run_ok
 from safetensors.torch import load_file
-from strategy_runs import PORTS, STEPS, launch_cmd, step_log
+from strategy_runs import STEPS, launch_cmd, step_log
 
 from qa_train.strategy.supervise import runs_module
 
@@ -111,27 +111,6 @@ def test_sharded_strategies_match_ddp(
     assert_export_is_trained(out)
 
 
-def test_zero3_weights_with_gradient_checkpointing_train_as_without(
-    uninterrupted: Callable[[str], Path], tmp_path: Path
-) -> None:
-    """ZeRO-3 gathers each layer's partitioned weights in hooks; the recompute in the backward pass must gather
-    them again: the same losses and exported weights as without it. (FSDP's uninterrupted run recomputes, and
-    matches DDP's.) DeepSpeed's line on loading its CPU communication op, printed by every rank inside
-    Accelerator(), comes from the main process alone."""
-    plain = uninterrupted("zero3")
-    out = tmp_path / "run"
-    proc = run_ok(launch_cmd("zero3", out, "--gradient_checkpointing"), base_env(tmp_path))
-    assert (proc.stdout + proc.stderr).count("DeepSpeed deepspeed.ops.comm") <= 1, proc.stdout[-3000:]
-    assert read_metrics(out)["args"]["gradient_checkpointing"] is True
-    ours, ref = step_log(out), step_log(plain)
-    assert sorted(ours) == sorted(ref)
-    for step in ref:
-        assert ours[step]["train/loss"] == pytest.approx(ref[step]["train/loss"], rel=1e-5), f"loss, step {step}"
-    exported, reference = (load_file(run / "final" / "model.safetensors") for run in (out, plain))
-    for name, tensor in reference.items():
-        torch.testing.assert_close(exported[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
-
-
 def fsdp_full_config(folder: Path) -> Path:
     """accelerate_configs/fsdp.yaml with accelerate's FULL_STATE_DICT checkpoints: rank 0 writes and reads them."""
     config = folder / "fsdp_full.yaml"
@@ -174,27 +153,11 @@ def test_bf16_exports_the_fp32_master_weights(
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_the_deepspeed_export_holds_every_tensor_in_fp32(stage: int, tmp_path: Path) -> None:
+def test_the_deepspeed_export_holds_every_tensor_in_fp32(stage: int, deepspeed_probes: Path) -> None:
     """A parameter without an fp32 master copy (frozen) was left out of the bf16 export (safe_get_full_fp32_param
     gives None for it), where from_pretrained would have initialised it afresh without a word; a tied weight and
-    the buffers must be there too, all in fp32, with integer buffers kept as integers."""
-    saved = tmp_path / "export.pt"
-    env = {**base_env(tmp_path), "ACCELERATE_USE_DEEPSPEED": "true", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    run_ok(
-        [
-            PY,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(next(PORTS)),
-            str(Path(__file__).with_name("deepspeed_export_probe.py")),
-            str(stage),
-            str(saved),
-        ],
-        env,
-    )
+    the buffers must be there too, all in fp32, with integer buffers kept as integers (deepspeed_probes.py)."""
+    saved = deepspeed_probes / f"export-{stage}" / "export.pt"
     state = torch.load(saved)
     assert sorted(state) == ["emb.weight", "frozen.bias", "frozen.weight", "out.weight", "scale", "steps"]
     assert {name: t.dtype for name, t in state.items() if name != "steps"} == dict.fromkeys(
@@ -286,16 +249,22 @@ def test_kill_and_resume_matches_uninterrupted(uninterrupted: Callable[[str], Pa
     assert_resumed_as_uninterrupted(out, reference, tol=0.0)
 
 
-def test_a_deepspeed_checkpoint_resumes_as_the_run_goes_on(
+def test_a_zero3_checkpoint_resumes_with_gradient_checkpointing_as_the_run_goes_on(
     uninterrupted: Callable[[str], Path], tmp_path: Path
 ) -> None:
     """DeepSpeed's own files resumed by the same number of processes, through its loader (what the kill above does
     for DDP; how a run ends does not change what its last checkpoint holds): steps 5-8 as uninterrupted, to
-    rounding. FSDP2's files load through one path at any process count: test_resume_anywhere_runs.py's 2 -> 1 -> 2."""
-    reference = uninterrupted("zero2")
+    rounding. They recompute each layer in the backward pass: ZeRO-3 gathers a layer's partitioned weights in hooks,
+    and the recompute must gather them again to train as the run without it did. DeepSpeed's line on loading its
+    CPU communication op, printed by every rank inside Accelerator(), comes from the main process alone. FSDP2's
+    files load through one path at any process count: test_resume_anywhere_runs.py's 2 -> 1 -> 2."""
+    reference = uninterrupted("zero3")
     out = tmp_path / "resumed"
     step_4 = reference / "checkpoints" / "step_00000004"
-    run_ok([*launch_cmd("zero2", out), "--resume_from_checkpoint", str(step_4)], base_env(tmp_path))
+    cmd = [*launch_cmd("zero3", out, "--gradient_checkpointing"), "--resume_from_checkpoint", str(step_4)]
+    proc = run_ok(cmd, base_env(tmp_path))
+    assert (proc.stdout + proc.stderr).count("DeepSpeed deepspeed.ops.comm") <= 1, proc.stdout[-3000:]
+    assert read_metrics(out)["args"]["gradient_checkpointing"] is True
     assert_resumed_as_uninterrupted(out, reference, tol=1e-5, first=5)
 
 
@@ -339,33 +308,3 @@ def test_a_full_state_dict_checkpoint_damaged_at_its_own_size_is_refused_by_ever
     [line] = error_lines(proc.stderr)
     assert str(checkpoint) in line and f"{weights.name}: its contents differ from the manifest's CRC32" in line
     assert not list((tmp_path / "run").glob("checkpoints/step_*")), "refused before any step"
-
-
-def test_a_stop_request_is_said_once_and_only_the_main_process_draws_library_bars(tmp_path: Path) -> None:
-    """Found by a rank-discipline hunt: under two processes the "stop requested" warning came once per rank, and so
-    did transformers' "Loading weights" bar (every rank loads the model): both are the main process's alone now."""
-    from conftest import high_padding_model
-
-    out = tmp_path / "run"
-    model = high_padding_model(tmp_path / "model")
-    # A stop requested at the first step (a PREEMPT file older than the run is an earlier run's, ignored). Output to
-    # a file: a pipe nobody reads while the test waits could fill and block the run.
-    log = tmp_path / "launch.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen(
-            [*launch_cmd("ddp", out), "--model_name_or_path", str(model)],
-            cwd=ROOT,
-            env={**base_env(tmp_path), "QA_TRAIN_TEST_HOLD_AT_STEP": "1"},
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 240
-        while not all((out / f"HOLDING-rank{r}").exists() for r in range(2)):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
-        (out / "PREEMPT").touch()
-        code = proc.wait(timeout=240)
-    said = log.read_text()
-    assert code == 75, said[-3000:]
-    assert said.count("stop requested: checkpoint saved at step 1") == 1, said[-3000:]
-    assert said.count("Loading weights: 100%") == 1, said[-3000:]
