@@ -89,30 +89,28 @@ def test_ddp_writes_exactly_one_prediction_per_question(ddp_run: dict[str, Path]
     assert json.loads((out / "metrics.json").read_text())["world_size"] == 2
 
 
-def test_answers_do_not_depend_on_world_size_or_entry_point(ddp_run: dict[str, Path], tmp_path: Path) -> None:
+def predict_here(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`qa-train predict`'s main in this process (a subprocess spends seconds importing the libraries; the process
+    path, ranks leaving their group and exiting, is held by the two-process test below): its code, stdout, stderr."""
+    from qa_train import predict
+
+    capsys.readouterr()
+    code = predict.main(argv)
+    said = capsys.readouterr()
+    return code, said.out, said.err
+
+
+@pytest.mark.usefixtures("in_process")
+def test_answers_do_not_depend_on_world_size_or_entry_point(
+    ddp_run: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """One process, batch 64, through qa_train.predict's file mode: the DDP run's answers, for evaluation
     (the same questions, labelled) and prediction alike."""
     out = tmp_path / "single"
-    run_ok(
-        [
-            PY,
-            "-m",
-            "qa_train.cli",
-            "predict",
-            str(ddp_run["model"]),
-            "--test_file",
-            str(ddp_run["test"]),
-            "--max_seq_length",
-            "192",
-            "--doc_stride",
-            "64",
-            "--per_device_eval_batch_size",
-            "64",
-            "--output_dir",
-            str(out),
-        ],
-        base_env(tmp_path),
-    )
+    flags = ["--test_file", str(ddp_run["test"]), "--max_seq_length", "192", "--doc_stride", "64"]
+    flags += ["--per_device_eval_batch_size", "64", "--output_dir", str(out)]
+    code, _, err = predict_here([str(ddp_run["model"]), *flags], capsys)
+    assert code == 0, err[-3000:]
     single = json.loads((out / "predict_predictions.json").read_text())
     assert single == json.loads((ddp_run["out"] / "predict_predictions.json").read_text())
     assert single == json.loads((ddp_run["out"] / "eval_predictions.json").read_text())
@@ -141,36 +139,23 @@ def test_predict_on_two_processes_answers_as_one_and_leaves_its_group(ddp_run: d
     assert [(r["rank"], r["gloo_threads"], r["os_exit"]) for r in ranks] == [("0", 0, 0), ("1", 0, 0)], ranks
 
 
-def test_predict_cli_answers_one_question_and_refuses_bad_input(ddp_run: dict[str, Path], tmp_path: Path) -> None:
-    from conftest import run_cmd
-
+@pytest.mark.usefixtures("in_process")
+def test_predict_cli_answers_one_question_and_refuses_bad_input(
+    ddp_run: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     article = json.loads(DEMO_DEV.read_text())["data"][0]["paragraphs"][0]
-    env = base_env(tmp_path)
-    proc = run_ok(
-        [
-            PY,
-            "-m",
-            "qa_train.cli",
-            "predict",
-            str(ddp_run["model"]),
-            "-q",
-            article["qas"][0]["question"],
-            "-c",
-            article["context"],
-            "--max_seq_length",
-            "192",
-            "--doc_stride",
-            "64",
-        ],
-        env,
+    question = ["-q", article["qas"][0]["question"], "-c", article["context"]]
+    code, said, err = predict_here(
+        [str(ddp_run["model"]), *question, "--max_seq_length", "192", "--doc_stride", "64"], capsys
     )
-    one = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert code == 0, err[-3000:]
+    one = json.loads(said.strip().splitlines()[-1])
     assert article["context"][one["start"] : one["end"]] == one["answer"] != ""
     assert (
         one["answer"] == json.loads((ddp_run["out"] / "predict_predictions.json").read_text())[article["qas"][0]["id"]]
     )
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"id": "x1", "context": "Some text.", "question": "  "}) + "\n")
-    proc = run_cmd([PY, "-m", "qa_train.cli", "predict", str(ddp_run["model"]), "--test_file", str(bad)], env)
-    assert proc.returncode == 2 and f"{bad}: line 1: question x1: empty question" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    code, _, err = predict_here([str(ddp_run["model"]), "--test_file", str(bad)], capsys)
+    assert code == 2 and f"{bad}: line 1: question x1: empty question" in err
+    assert "Traceback" not in err

@@ -98,11 +98,12 @@ def ended(env: dict[str, str], job_id: int, *logs: Path) -> dict[str, str]:
     return info
 
 
-def first_start_only(bin_dir: Path, variable: str) -> Path:
-    """A `python` for the jobs that drops `variable` from a requeued job's restarts (SLURM_RESTART_COUNT > 0)."""
+def on_restarts(bin_dir: Path, command: str) -> Path:
+    """A `python` for the jobs that runs the shell `command` first in a requeued job's restarts
+    (SLURM_RESTART_COUNT > 0): `unset VAR`, `export VAR=value`."""
     bin_dir.mkdir()
     wrapper = bin_dir / "python"
-    wrapper.write_text(f'#!/bin/sh\n[ "${{SLURM_RESTART_COUNT:-0}}" = 0 ] || unset {variable}\nexec {PY} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\n[ "${{SLURM_RESTART_COUNT:-0}}" = 0 ] || {command}\nexec {PY} "$@"\n')
     wrapper.chmod(0o755)
     return bin_dir
 
@@ -155,7 +156,7 @@ def test_the_schedulers_warning_signal_checkpoints_requeues_and_the_restart_resu
     # stopped (a restart that resumed before step 4 would hold there again, with no signal to come).
     settings |= {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "QA_TRAIN_TEST_HOLD_AT_STEP": "4"}
     env = job_env(tmp_path, slurm, **settings)
-    env["PATH"] = f"{first_start_only(tmp_path / 'bin', 'QA_TRAIN_TEST_HOLD_AT_STEP')}:{env['PATH']}"
+    env["PATH"] = f"{on_restarts(tmp_path / 'bin', 'unset QA_TRAIN_TEST_HOLD_AT_STEP')}:{env['PATH']}"
     batch = tmp_path / "batch.out"
     limits = ["--time", "2", "--signal", "B:USR1@85", "--output", str(batch)]
     job_id = sbatch(clone, env, "--nodes", "2", *limits, "slurm/train.sbatch", *train_flags(12))
@@ -189,22 +190,39 @@ def test_the_schedulers_warning_signal_checkpoints_requeues_and_the_restart_resu
     assert text.count(f"compile cache {tmp_path / 'inductor'}") == 2 and f"job {job_id} (restart 1): 1 nodes" in text
 
 
-def test_a_requeue_from_outside_checkpoints_and_the_restart_resumes(clone: Path, slurm, tmp_path: Path) -> None:
-    """`scontrol requeue` of a running job (an operator, or preemption with PreemptMode=REQUEUE): SLURM sends
-    SIGTERM to every process of the job, the rank checkpoints at the step it holds at, and the job starts again
-    from there. One node: two nodes agreeing to stop is the warning signal's test."""
+def test_a_requeue_from_outside_restarts_from_a_checkpoint_and_scancel_ends_the_job_there(
+    clone: Path, slurm, tmp_path: Path
+) -> None:
+    """`scontrol requeue` of a running 2-node job (an operator, or preemption with PreemptMode=REQUEUE): SLURM sends
+    SIGTERM to every process of the job on both nodes, each rank checkpoints at the step it holds at, and the job
+    starts again from there. The restart then gets `scancel --signal=TERM`, which reaches every process too: each
+    rank checkpoints and stops (exit 75), and the job ends there (only the warning signal requeues by itself). A
+    new submission of the same command continues it, on fewer nodes too: the warning signal's restart above."""
     out, logs = tmp_path / "out", tmp_path / "logs"
     settings = {"OUTPUT_DIR": str(out), "LOG_DIR": str(logs), "MAIN_PORT": str(port(29762))}
     env = job_env(tmp_path, slurm, **settings, QA_TRAIN_TEST_HOLD_AT_STEP="3")
+    env["PATH"] = f"{on_restarts(tmp_path / 'bin', 'export QA_TRAIN_TEST_HOLD_AT_STEP=6')}:{env['PATH']}"
     batch = tmp_path / "batch.out"
-    job_id = sbatch(clone, env, "--nodes", "1", "--output", str(batch), "slurm/train.sbatch", *train_flags(8))
-    wait_until("rank holding at step 3", holding(out, 1))
+    job_id = sbatch(clone, env, "--nodes", "2", "--output", str(batch), "slurm/train.sbatch", *train_flags(8))
+    wait_until("ranks holding at step 3", holding(out, 2))
     scontrol(env, "requeue", str(job_id))
+    # The restart waits for its begin time (seconds) and imports for longer: it cannot hold yet.
+    wait_until("requeue", lambda: int(job(env, job_id)["Restarts"]) >= 1)
+    for held in out.glob("HOLDING-rank*"):
+        held.unlink()
+    wait_until("the restart's ranks holding at step 6", holding(out, 2))
+    subprocess.run(["scancel", "--signal=TERM", str(job_id)], env=env, check=True)
     info = ended(env, job_id, batch, logs / "node0.log")
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1")
+    assert (info["JobState"], info["Restarts"], info["NodeList"]) == ("FAILED", "1", "qa-n[1-2]"), info
+    # srun reports its tasks' highest code: 75, or 143 where it ended the other node's task (after that rank had
+    # saved its share) once the first one exited 75.
+    assert info["ExitCode"] in ("75:0", "143:0"), info
     node0 = (logs / "node0.log").read_text()
     assert stopped_at(node0) == 3 and f"resumed from {out}/checkpoints/step_00000003" in node0
-    assert read_metrics(out)["train_steps"] == 8 and sorted(set(logged_steps(out))) == list(range(1, 9))
+    assert "stop requested: checkpoint saved at step 6" in node0
+    assert not (out / "metrics.json").exists()
+    assert json.loads((out / "checkpoints" / "step_00000006" / "trainer_state.json").read_text())["world_size"] == 2
+    assert sorted(set(logged_steps(out))) == list(range(1, 7))
 
 
 def test_a_node_count_sweep_runs_one_job_per_point_and_reports_speedup(clone: Path, slurm, tmp_path: Path) -> None:
@@ -245,40 +263,3 @@ def test_a_node_count_sweep_runs_one_job_per_point_and_reports_speedup(clone: Pa
     )
     assert json.loads((tmp_path / "report" / "report.json").read_text())["table"] == saved["table"]
     assert "| zero2 | zero2 | 2 | 2 | 1 |" in again.stdout
-
-
-def test_a_run_stopped_on_two_nodes_continues_on_one_with_the_same_global_batch(
-    clone: Path, slurm, tmp_path: Path
-) -> None:
-    """`scancel --signal=TERM` reaches every process of the job's steps on both nodes: each rank checkpoints at the
-    step it holds at and stops (exit 75), and the job ends there (only the warning signal requeues). The same
-    command submitted again with `--nodes 1` into the same output dir refits its accumulation to keep the global
-    batch of 16 and continues the checkpoint, with nothing but the node count changed (issue 36)."""
-    out = tmp_path / "out"
-    settings = {"OUTPUT_DIR": str(out), "LOG_DIR": str(tmp_path / "logs1"), "MAIN_PORT": str(port(29765))}
-    env = job_env(tmp_path, slurm, **settings, QA_TRAIN_TEST_HOLD_AT_STEP="3")
-    flags = ["--output", str(tmp_path / "batch.out"), "slurm/train.sbatch", *train_flags(6)]
-    job_id = sbatch(clone, env, "--nodes", "2", *flags)
-    wait_until("ranks holding at step 3", holding(out, 2))
-    subprocess.run(["scancel", "--signal=TERM", str(job_id)], env=env, check=True)
-    info = ended(env, job_id, tmp_path / "batch.out", tmp_path / "logs1" / "node0.log")
-    assert (info["JobState"], info["Restarts"], info["NodeList"]) == ("FAILED", "0", "qa-n[1-2]"), info
-    # srun reports its tasks' highest code: 75, or 143 where it ended the other node's task (after that rank had
-    # saved its share) once the first one exited 75.
-    assert info["ExitCode"] in ("75:0", "143:0"), info
-    assert stopped_at((tmp_path / "logs1" / "node0.log").read_text()) == 3
-    assert not (out / "metrics.json").exists()
-    assert json.loads((out / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())["world_size"] == 2
-
-    env = job_env(tmp_path, slurm, **{**settings, "LOG_DIR": str(tmp_path / "logs2")})
-    again = sbatch(clone, env, "--nodes", "1", *flags)
-    info = ended(env, again, tmp_path / "batch.out", tmp_path / "logs2" / "node0.log")
-    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), info
-    node0 = (tmp_path / "logs2" / "node0.log").read_text()
-    checkpoint = out / "checkpoints" / "step_00000003"
-    assert f"resuming {checkpoint}, written by 2 processes, on 1: --gradient_accumulation_steps 1 -> 2" in node0
-    assert f"resumed from {checkpoint} at step 3" in node0
-    m = read_metrics(out)
-    assert (m["world_size"], m["train_steps"], m["global_batch_size"]) == (1, 6, 16)
-    assert m["args"]["gradient_accumulation_steps"] == 2
-    assert sorted(set(logged_steps(out))) == list(range(1, 7))
