@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import DEMO_DEV, PY, port, read_metrics, run_cmd, run_ok, tiny_flags
+from conftest import DEMO_DEV, PY, main_here, port, read_metrics, run_cmd, run_ok, tiny_flags
 
 from qa_train.observe.recorder import tracker_keys
 
@@ -248,22 +248,17 @@ def test_world_size_guard_refuses_a_split_launch(tmp_path: Path, env: dict[str, 
     assert not (out / "metrics.json").exists()
 
 
-def test_profile_writes_a_trace_and_prints_top_operators(tmp_path: Path, env: dict[str, str]) -> None:
+@pytest.mark.usefixtures("in_process", "own_logging")
+def test_profile_writes_a_trace_and_prints_top_operators(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
-    proc = run_ok(
-        [
-            PY,
-            "-m",
-            "qa_train",
-            *tiny_flags(out, "--max_train_steps", "8", "--profile", "--no_eval", "--save_final_model", "false"),
-        ],
-        env,
-    )
+    flags = tiny_flags(out, "--max_train_steps", "8", "--profile", "--no_eval", "--save_final_model", "false")
+    code, said, err = main_here(flags, capsys)
+    assert code == 0, err[-3000:]
     traces = list((out / "profile").glob("rank0*.pt.trace.json"))
     assert len(traces) == 1, list((out / "profile").iterdir())
     events = json.loads(traces[0].read_text())["traceEvents"]
     names = {e.get("name") for e in events}
     assert "aten::addmm" in names or "aten::mm" in names, "the trace should hold the model's matmuls"
-    assert "Self CPU" in proc.stdout and "aten::" in proc.stdout, "the top-operator table goes to stdout"
+    assert "Self CPU" in said and "aten::" in said, "the top-operator table goes to stdout"
     # metrics.json's eval_runtime_s is present and empty when evaluation is skipped
     assert read_metrics(out)["eval_runtime_s"] is None

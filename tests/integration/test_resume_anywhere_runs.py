@@ -71,8 +71,10 @@ def on_one(
     ("source", "config"),
     [
         ("fsdp", "fsdp"),
-        ("zero3_offload", "zero3_offload"),  # ZeRO-2 offload's CPU Adam loads a converted checkpoint below
-        ("zero3", "zero3"),
+        # ZeRO-3 offload: DeepSpeed's partitions and its CPU Adam's state; ZeRO-3 without offload writes the same
+        # files (its partitions are converted at another strategy below). ZeRO-2 offload's CPU Adam loads a
+        # converted checkpoint below.
+        ("zero3_offload", "zero3_offload"),
         # ZeRO-2's (and ZeRO-1's, the same files) are read at another strategy below, and ZeRO-2 is a target on one
         # process there (fsdp -> zero2_offload), through the same conversion.
         ("ddp", "single"),
@@ -93,9 +95,11 @@ def test_a_checkpoint_of_two_processes_continues_on_one_with_accumulation_2(
     assert_continues(out, uninterrupted(source), range(5, 9))
 
 
-# ZeRO-3's partitions of one process converted for two under ZeRO-1: another strategy and world size at once.
+# ZeRO-3 offload's partitions of one process converted for two under ZeRO-1 (torch's Adam after DeepSpeed's CPU
+# Adam): another strategy and world size at once.
 @pytest.mark.parametrize(
-    ("source", "via", "config"), [("ddp", "single", "ddp"), ("fsdp", "fsdp", "fsdp"), ("zero3", "zero3", "zero1")]
+    ("source", "via", "config"),
+    [("ddp", "single", "ddp"), ("fsdp", "fsdp", "fsdp"), ("zero3_offload", "zero3_offload", "zero1")],
 )
 def test_a_checkpoint_of_one_process_continues_on_two(
     source: str,
