@@ -235,14 +235,17 @@ def in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RANK", raising=False)
 
 
-def main_here(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """`python -m qa_train`'s main in this process, a whole run included (a subprocess spends ~6 s importing the
-    libraries before its first line): its exit code, stdout and stderr. Its tests take `in_process`, and
-    `own_logging` where the run gets as far as logging."""
-    from qa_train import __main__ as entry
+def main_here(
+    argv: list[str], capsys: pytest.CaptureFixture[str], main: Callable[[list[str]], int] | None = None
+) -> tuple[int, str, str]:
+    """`python -m qa_train`'s main (or another verb's `main`, as `qa-train predict`'s) in this process, a whole run
+    included (a subprocess spends ~6 s importing the libraries before its first line): its exit code, stdout and
+    stderr. Its tests take `in_process`, and `own_logging` where the run gets as far as logging."""
+    if main is None:
+        from qa_train.__main__ import main
 
     capsys.readouterr()
-    code = entry.main(argv)
+    code = main(argv)
     said = capsys.readouterr()
     return code, said.out, said.err
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import psutil
 import pytest
-from conftest import PY, ROOT, base_env, cpu_launch, port, tiny_flags
+from conftest import PY, ROOT, base_env, cpu_launch, high_padding_model, port, tiny_flags
 
 from qa_train.strategy import supervise
 
@@ -484,8 +484,6 @@ def test_a_signal_to_the_launchers_group_checkpoints_every_rank_and_leaves_no_pr
     its child's parent-death signal stops the ranks instead. (SIGUSR1 reaches real ranks from SLURM's own warning
     in test_slurm_cluster.py.) Found by a rank-discipline hunt: the "stop requested" warning came once per rank, and
     so did transformers' "Loading weights" bar (every rank loads the model): both are the main process's alone."""
-    from conftest import high_padding_model
-
     out = tmp_path / "run"
     cmd = [
         *cpu_launch("ddp", port(base_port)),
@@ -555,7 +553,6 @@ def test_a_stop_signal_during_start_up_stops_the_run_at_its_first_step(tmp_path:
     which torchrun reports as a crash) but stop it with a checkpoint, as at any other moment, and at the first
     step, not --logging_steps later (a scheduler's grace period may not last that long). SIGUSR1 takes the same
     handler (catch_early_stop_signals; SLURM's warning test sends it to ranks that may still be starting)."""
-    sig = signal.SIGTERM
     from qa_train.core.errors import PREEMPTED
     from qa_train.strategy.checkpoint import complete_checkpoints
 
@@ -575,7 +572,7 @@ def test_a_stop_signal_during_start_up_stops_the_run_at_its_first_step(tmp_path:
         while not out.is_dir():  # claimed: the flags are parsed, torch and the data are still to come
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.01)
-        proc.send_signal(sig)
+        proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:

@@ -16,6 +16,7 @@ from conftest import (
     cpu_launch,
     exit_probe_env,
     high_padding_model,
+    main_here,
     port,
     run_ok,
 )
@@ -90,14 +91,11 @@ def test_ddp_writes_exactly_one_prediction_per_question(ddp_run: dict[str, Path]
 
 
 def predict_here(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """`qa-train predict`'s main in this process (a subprocess spends seconds importing the libraries; the process
-    path, ranks leaving their group and exiting, is held by the two-process test below): its code, stdout, stderr."""
+    """`qa-train predict` in this process (main_here): the process path, ranks leaving their group and exiting, is
+    held by the two-process test below."""
     from qa_train import predict
 
-    capsys.readouterr()
-    code = predict.main(argv)
-    said = capsys.readouterr()
-    return code, said.out, said.err
+    return main_here(argv, capsys, predict.main)
 
 
 @pytest.mark.usefixtures("in_process")
